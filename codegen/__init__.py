@@ -1,0 +1,1 @@
+"""Scheduling, LLVM lowering and JIT compilation of te_grad graphs."""

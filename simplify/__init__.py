@@ -1,0 +1,1 @@
+"""isl-backed simplification of te_grad iteration domains."""

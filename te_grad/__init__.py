@@ -1,0 +1,26 @@
+"""te_grad: differentiate tensor expressions into fast, exact backward passes.
+
+The public API (see the README and DESIGN.md): build ops with
+:func:`placeholder`, :func:`compute`, :func:`reduce_axis` and the scalar
+functions; evaluate them with :func:`evaluate`; print them with :func:`show`.
+"""
+from . import dtypes
+from .errors import InternalError, TeGradError, UserError
+from .ir import Expr, Tensor
+from .dsl import (abs, all, any, call, cast, ceil, compute, const, cos, erf, exp, floor,
+                  if_then_else, log, logical_not, max, maximum, min, minimum, placeholder, pow,
+                  prod, reduce_axis, round, sigmoid, sin, sqrt, sum, tanh, trunc)
+from .evaluator import evaluate
+from .printer import show
+from . import nn
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TeGradError", "UserError", "InternalError", "Expr", "Tensor", "dtypes",
+    "placeholder", "compute", "reduce_axis", "sum", "prod", "max", "min",
+    "const", "cast", "if_then_else", "all", "any", "logical_not", "call",
+    "exp", "log", "sqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf", "pow",
+    "maximum", "minimum", "floor", "ceil", "trunc", "round",
+    "evaluate", "show", "nn",
+]

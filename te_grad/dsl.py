@@ -1,0 +1,392 @@
+"""The tensor-expression DSL: placeholders, compute ops, reductions, scalars.
+
+Every constructor here checks its arguments and promotes dtypes (rules in
+:mod:`te_grad.dtypes`), so the IR it returns is well typed: the operands of a
+Binary share a dtype, conditions are ``bool``, indices are ``int64``.
+"""
+from __future__ import annotations
+
+import builtins
+import functools
+import inspect
+import numbers
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import dtypes
+from .errors import UserError
+from .graph import free_vars
+from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce,
+                 ReduceAxis, Select, Tensor, Unary, Var, INTRINSICS)
+from .visitor import Visitor
+
+# ---------------------------------------------------------------------------
+# scalars and promotion
+# ---------------------------------------------------------------------------
+
+
+def const(value, dtype=None) -> Const:
+    """A constant. Without ``dtype``: bool -> bool, int -> int64, float -> float32."""
+    if isinstance(value, Expr):
+        raise UserError(f"tg.const expects a Python number, got the expression {value}")
+    if dtype is None:
+        if isinstance(value, (bool, np.bool_)):
+            dtype = dtypes.BOOL
+        elif isinstance(value, numbers.Integral):
+            dtype = dtypes.INT64
+        elif isinstance(value, numbers.Real):
+            dtype = dtypes.DEFAULT_FLOAT
+        else:
+            raise UserError(f"cannot make a constant from {value!r} of type {type(value).__name__}")
+    dtype = dtypes.canonical(dtype)
+    if dtypes.is_float(dtype):
+        value = float(value)
+    elif dtype == dtypes.BOOL:
+        value = bool(value)
+    else:
+        if isinstance(value, float) and not float(value).is_integer():
+            raise UserError(f"constant {value!r} is not an integer but dtype {dtype} was asked for")
+        value = int(value)
+        info = np.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            raise UserError(f"constant {value} does not fit in {dtype}")
+    return Const(value, dtype)
+
+
+def _is_scalar(x) -> bool:
+    return isinstance(x, (numbers.Number, np.bool_)) and not isinstance(x, Expr)
+
+
+def as_expr(x, like: str = None) -> Expr:
+    """``x`` as an expression; a Python scalar is typed weakly against dtype ``like``."""
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, Tensor):
+        raise UserError(f"tensor {x.name} used as a scalar; read an element with {x.name}[...]")
+    if not _is_scalar(x):
+        raise UserError(f"cannot use {x!r} (type {type(x).__name__}) in a tensor expression")
+    if isinstance(x, (bool, np.bool_)):
+        return const(bool(x), dtypes.BOOL)
+    if isinstance(x, numbers.Integral):
+        if like is None or like == dtypes.BOOL:
+            return const(int(x), dtypes.INT64)
+        return const(int(x), like)
+    if like is not None and dtypes.is_float(like):
+        return const(float(x), like)
+    return const(float(x), dtypes.DEFAULT_FLOAT)
+
+
+def _operands(a, b):
+    """Both operands as expressions of one promoted dtype."""
+    if not isinstance(a, Expr) and not isinstance(b, Expr):
+        a, b = as_expr(a), as_expr(b)
+    a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
+    b = as_expr(b, a.dtype)
+    dt = dtypes.promote(a.dtype, b.dtype)
+    return cast(dt, a), cast(dt, b)
+
+
+def cast(dtype, x) -> Expr:
+    """``x`` converted to ``dtype`` (no node if it already has that dtype)."""
+    dtype = dtypes.canonical(dtype)
+    x = as_expr(x, dtype)
+    if x.dtype == dtype:
+        return x
+    if isinstance(x, Const):  # fold: same conversion as the Cast node would do
+        return const(np.array(x.value, dtype=x.dtype).astype(dtype).item(), dtype)
+    return Cast(dtype, x)
+
+
+def binary(op: str, a, b) -> Expr:
+    """A typed binary node: arithmetic, min/max, pow or logical and/or."""
+    a, b = _operands(a, b)
+    dt = a.dtype
+    if op in ("and", "or"):
+        if dt != dtypes.BOOL:
+            raise UserError(f"'{op}' needs two conditions, got {a} ({a.dtype}) and {b} ({b.dtype})")
+        return Binary(op, a, b)
+    if dt == dtypes.BOOL:
+        raise UserError(f"arithmetic '{op}' on two conditions ({a}, {b}); "
+                        "use & and | to combine conditions or tg.cast to convert them")
+    if op == "div" and not dtypes.is_float(dt):
+        a, b = cast(dtypes.DEFAULT_FLOAT, a), cast(dtypes.DEFAULT_FLOAT, b)
+    if op == "pow" and not dtypes.is_float(dt):
+        a, b = cast(dtypes.DEFAULT_FLOAT, a), cast(dtypes.DEFAULT_FLOAT, b)
+    if op in ("floordiv", "floormod"):
+        if not dtypes.is_int(dt):
+            sym = "//" if op == "floordiv" else "%"
+            raise UserError(f"'{sym}' needs integer operands, got {a} ({a.dtype}) {sym} {b} ({b.dtype}); "
+                            "for floats use tg.floor(a / b)")
+        if isinstance(b, Const) and b.value == 0:
+            raise UserError(f"integer division by zero in {a} // 0")
+    return Binary(op, a, b)
+
+
+def unary(op: str, a) -> Expr:
+    a = as_expr(a)
+    if op == "not":
+        if a.dtype != dtypes.BOOL:
+            raise UserError(f"'~' / tg.logical_not needs a condition, got {a} ({a.dtype})")
+    elif a.dtype == dtypes.BOOL:
+        raise UserError(f"cannot negate the condition {a}; use ~ for logical not")
+    return Unary(op, a)
+
+
+def compare(op: str, a, b) -> Compare:
+    a, b = _operands(a, b)
+    if a.dtype == dtypes.BOOL and op not in ("eq", "ne"):
+        raise UserError(f"ordering comparison '{op}' between conditions {a} and {b}")
+    return Compare(op, a, b)
+
+
+def if_then_else(cond, then_value, else_value) -> Expr:
+    """``then_value`` where ``cond`` holds, else ``else_value``; the other branch is not evaluated."""
+    cond = as_expr(cond)
+    if cond.dtype != dtypes.BOOL:
+        raise UserError(f"tg.if_then_else needs a condition, got {cond} ({cond.dtype})")
+    t, f = _operands(then_value, else_value)
+    return Select(cond, t, f)
+
+
+def all(*conds) -> Expr:  # noqa: A001 - TVM's name
+    """Conjunction of conditions (``True`` for none)."""
+    conds = _flatten(conds)
+    out = as_expr(True)
+    for i, c in enumerate(conds):
+        out = as_expr(c) if i == 0 else binary("and", out, c)
+    return out
+
+
+def any(*conds) -> Expr:  # noqa: A001 - TVM's name
+    """Disjunction of conditions (``False`` for none)."""
+    conds = _flatten(conds)
+    out = as_expr(False)
+    for i, c in enumerate(conds):
+        out = as_expr(c) if i == 0 else binary("or", out, c)
+    return out
+
+
+def _flatten(args):
+    if len(args) == 1 and isinstance(args[0], (list, tuple)):
+        return list(args[0])
+    return list(args)
+
+
+def _intrinsic(name: str, *args) -> Expr:
+    args = [as_expr(a) for a in args]
+    for a in args:
+        if a.dtype == dtypes.BOOL:
+            raise UserError(f"tg.{name} of the condition {a}; cast it first with tg.cast")
+    float_dtypes = [a.dtype for a in args if dtypes.is_float(a.dtype)]
+    dt = functools.reduce(dtypes.promote, float_dtypes) if float_dtypes else dtypes.DEFAULT_FLOAT
+    return Call(name, tuple(cast(dt, a) for a in args))
+
+
+def exp(x): return _intrinsic("exp", x)
+def log(x): return _intrinsic("log", x)
+def sqrt(x): return _intrinsic("sqrt", x)
+def tanh(x): return _intrinsic("tanh", x)
+def sigmoid(x): return _intrinsic("sigmoid", x)
+def sin(x): return _intrinsic("sin", x)
+def cos(x): return _intrinsic("cos", x)
+def erf(x): return _intrinsic("erf", x)
+def floor(x): return _intrinsic("floor", x)
+def ceil(x): return _intrinsic("ceil", x)
+def trunc(x): return _intrinsic("trunc", x)
+def round(x): return _intrinsic("round", x)  # noqa: A001 - TVM's name; rounds half to even
+
+
+def abs(x):  # noqa: A001 - TVM's name
+    """Absolute value; keeps integer dtypes."""
+    x = as_expr(x)
+    if dtypes.is_int(x.dtype):
+        return maximum(x, -x)
+    return _intrinsic("abs", x)
+
+
+def pow(a, b): return binary("pow", a, b)  # noqa: A001
+def maximum(a, b): return binary("max", a, b)
+def minimum(a, b): return binary("min", a, b)
+def logical_not(c): return unary("not", c)
+
+
+def call(name: str, *args) -> Expr:
+    """An intrinsic by name (``tg.call("exp", x)``)."""
+    if name not in INTRINSICS:
+        raise UserError(f"unknown intrinsic {name!r}; known: {', '.join(INTRINSICS)}")
+    if name == "abs":
+        return abs(*args)
+    return _intrinsic(name, *args)
+
+
+# ---------------------------------------------------------------------------
+# reductions
+# ---------------------------------------------------------------------------
+
+
+def reduce_axis(dom, name: str = "k") -> ReduceAxis:
+    """A reduction variable over ``range(lo, hi)``; ``dom`` is ``(lo, hi)`` or an extent ``n``."""
+    if isinstance(dom, numbers.Integral):
+        lo, hi = 0, int(dom)
+    else:
+        try:
+            lo, hi = dom
+        except (TypeError, ValueError):
+            raise UserError(f"reduce_axis domain must be (lo, hi) or an extent, got {dom!r}") from None
+    for v in (lo, hi):
+        if not isinstance(v, numbers.Integral):
+            raise UserError(f"reduce_axis {name!r} bounds must be Python ints, got {dom!r}")
+    if hi < lo:
+        raise UserError(f"reduce_axis {name!r} has an empty range [{lo}, {hi})")
+    return ReduceAxis(name, dtypes.INDEX, const(int(lo)), const(int(hi)))
+
+
+def _reduction(combiner: str, expr, axis, where) -> Reduce:
+    axes = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
+    if not axes:
+        raise UserError(f"tg.{combiner} needs at least one reduce axis")
+    for ax in axes:
+        if not isinstance(ax, ReduceAxis):
+            raise UserError(f"tg.{combiner} axis must be made by tg.reduce_axis, got {ax!r}")
+    if len({id(a) for a in axes}) != len(axes):
+        raise UserError(f"tg.{combiner} lists the same axis twice: {[a.name for a in axes]}")
+    body = as_expr(expr)
+    if body.dtype == dtypes.BOOL:
+        raise UserError(f"tg.{combiner} of the condition {body}; cast it to a number first")
+    if where is not None:
+        where = as_expr(where)
+        if where.dtype != dtypes.BOOL:
+            raise UserError(f"where= of tg.{combiner} must be a condition, got {where} ({where.dtype})")
+    return Reduce(combiner, body, axes, where)
+
+
+def sum(expr, axis, where=None) -> Reduce:  # noqa: A001 - TVM's name
+    """Sum of ``expr`` over the reduce axes ``axis`` (one or a list), where ``where`` holds."""
+    return _reduction("sum", expr, axis, where)
+
+
+def prod(expr, axis, where=None) -> Reduce:
+    """Product of ``expr`` over ``axis``; 1 for an empty domain."""
+    return _reduction("prod", expr, axis, where)
+
+
+def max(expr, axis, where=None) -> Reduce:  # noqa: A001 - TVM's name
+    """Maximum of ``expr`` over ``axis``; -inf (or the dtype's minimum) for an empty domain."""
+    return _reduction("max", expr, axis, where)
+
+
+def min(expr, axis, where=None) -> Reduce:  # noqa: A001 - TVM's name
+    """Minimum of ``expr`` over ``axis``; +inf (or the dtype's maximum) for an empty domain."""
+    return _reduction("min", expr, axis, where)
+
+
+# ---------------------------------------------------------------------------
+# tensors
+# ---------------------------------------------------------------------------
+
+
+def _shape(shape, what: str):
+    if isinstance(shape, numbers.Integral):
+        shape = (shape,)
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise UserError(f"shape of {what} must be a tuple of ints, got {shape!r}") from None
+    for s in shape:
+        if not isinstance(s, numbers.Integral) or isinstance(s, bool) or s < 0:
+            raise UserError(f"shape of {what} must hold non-negative ints, got {shape!r}")
+    return tuple(int(s) for s in shape)
+
+
+def placeholder(shape, dtype="float32", name: str = "placeholder") -> Tensor:
+    """An input tensor of static ``shape`` (a tuple of ints; ``()`` for a scalar)."""
+    shape = _shape(shape, f"placeholder {name!r}")
+    return Tensor(name, shape, dtypes.canonical(dtype), PlaceholderOp())
+
+
+def _axis_names(fcompute: Callable, ndim: int, name: str):
+    try:
+        params = list(inspect.signature(fcompute).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    if params and params[0].kind == inspect.Parameter.VAR_POSITIONAL:
+        return [f"i{d}" for d in range(ndim)], True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) != ndim:
+        raise UserError(f"compute {name!r} has {ndim} dimensions but its function takes "
+                        f"{len(positional)} index arguments")
+    return [p.name for p in positional], False
+
+
+def compute(shape, fcompute: Callable, name: str = "compute", dtype=None) -> Tensor:
+    """``T[i, ...] = fcompute(i, ...)`` over the rectangular domain of ``shape``.
+
+    The function's parameter names name the axes. ``dtype`` casts the body.
+    """
+    shape = _shape(shape, f"compute {name!r}")
+    names, _ = _axis_names(fcompute, len(shape), name)
+    axes = tuple(Var(n, dtypes.INDEX) for n in names)
+    body = fcompute(*axes)
+    if isinstance(body, (tuple, list)):
+        raise UserError(f"compute {name!r} returned {len(body)} values; te_grad ops have one output")
+    body = as_expr(body)
+    if dtype is not None:
+        body = cast(dtype, body)
+    check_scopes(body, axes, name)
+    return Tensor(name, shape, body.dtype, ComputeOp(axes, body))
+
+
+class _ScopeChecker(Visitor):
+    def __init__(self, name):
+        self.name = name
+        self.bound = []
+
+    def visit_Reduce(self, node: Reduce):
+        for ax in node.axes:
+            if builtins.any(ax is b for b in self.bound):
+                raise UserError(f"in compute {self.name!r}: reduce axis {ax.name!r} is reduced over "
+                                "twice in nested reductions; give the inner reduction its own axis")
+        self.bound.extend(node.axes)
+        self.generic_visit(node)
+        del self.bound[len(self.bound) - len(node.axes):]
+
+
+def check_scopes(body: Expr, axes, name: str):
+    """Raise if ``body`` uses a variable that is not one of ``axes`` or bound by a reduction."""
+    _ScopeChecker(name).visit(body)
+    for v in free_vars(body):
+        if isinstance(v, ReduceAxis):
+            raise UserError(f"in compute {name!r}: reduce axis {v.name!r} is used outside a "
+                            f"reduction over it (wrap the expression in tg.sum(..., axis={v.name}))")
+        if not builtins.any(v is a for a in axes):
+            raise UserError(f"in compute {name!r}: index variable {v.name!r} belongs to another compute")
+
+
+def read(tensor: Tensor, indices) -> Read:
+    """``tensor[indices]``: checks the number of indices and that they are integers."""
+    if not isinstance(indices, tuple):
+        indices = tuple(indices) if isinstance(indices, list) else (indices,)
+    if len(indices) == 1 and isinstance(indices[0], (tuple, list)):
+        indices = tuple(indices[0])
+    if len(indices) != tensor.ndim:
+        raise UserError(f"tensor {tensor.name} has {tensor.ndim} dimensions {list(tensor.shape)} "
+                        f"but was indexed with {len(indices)} indices")
+    out = []
+    for d, ix in enumerate(indices):
+        if isinstance(ix, (slice, type(None), type(Ellipsis))):
+            raise UserError(f"tensor {tensor.name} index {d} is {ix!r}; te_grad reads one element at "
+                            "a time: use index variables")
+        if isinstance(ix, Tensor):
+            raise UserError(f"tensor {ix.name} used as index {d} of {tensor.name}; read one element "
+                            f"of it, e.g. {ix.name}[i]")
+        e = as_expr(ix, dtypes.INDEX)
+        if not dtypes.is_int(e.dtype):
+            raise UserError(f"index {d} of tensor {tensor.name} is {e} of dtype {e.dtype}; "
+                            "indices must be integers (a float tensor cannot be used as an index)")
+        e = cast(dtypes.INDEX, e)
+        if isinstance(e, Const) and not 0 <= e.value < tensor.shape[d]:
+            raise UserError(f"constant index {e.value} is out of bounds for dimension {d} of "
+                            f"tensor {tensor.name} with shape {list(tensor.shape)}")
+        out.append(e)
+    return Read(tensor, tuple(out))

@@ -1,0 +1,340 @@
+"""The te_grad intermediate representation.
+
+Expressions are immutable dataclasses holding tuples. Equality of expression
+nodes is *structural* (``a.same_as(b)``) and hashing is cached, except for the
+binders -- :class:`Var` and :class:`ReduceAxis` -- and :class:`Tensor`, which
+are compared by identity (two different loops both named ``i`` are different
+loops). The Python operators on expressions build IR, as in TVM:
+``i == j`` is a :class:`Compare` node. Its truth value (used by dict lookups)
+is structural equality of the two sides, so expressions still work as keys.
+
+Nodes are built through :mod:`te_grad.dsl`, which promotes dtypes and checks
+arguments; constructors here assume well-typed operands.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional, Tuple
+
+from . import dtypes
+from .errors import UserError
+
+ARITH_OPS = ("add", "sub", "mul", "div", "floordiv", "floormod", "min", "max", "pow")
+LOGIC_OPS = ("and", "or")
+COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
+UNARY_OPS = ("neg", "not")
+COMBINERS = ("sum", "prod", "max", "min")
+INTRINSICS = ("exp", "log", "sqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf",
+              "floor", "ceil", "trunc", "round")
+
+
+class Expr:
+    """Base of every scalar expression node."""
+
+    __slots__ = ()
+
+    # -- structural identity -------------------------------------------------
+    def same_as(self, other) -> bool:
+        """Structural equality (identity for variables and tensors)."""
+        return structurally_equal(self, other)
+
+    def __hash__(self):
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((type(self).__name__,) + tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def children(self) -> Tuple["Expr", ...]:
+        """The direct sub-expressions, in a fixed order."""
+        return tuple(c for c in _child_fields(self) if isinstance(c, Expr))
+
+    def __bool__(self):
+        raise UserError(
+            f"the symbolic expression {self} has no Python truth value; "
+            "use tg.if_then_else, tg.all / tg.any, or & | ~ to combine conditions")
+
+    def __repr__(self):
+        from .printer import expr_to_str
+        return expr_to_str(self)
+
+    __str__ = __repr__
+
+    # -- operators build IR ----------------------------------------------------
+    def _dsl(self):
+        from . import dsl
+        return dsl
+
+    def __add__(self, o): return self._dsl().binary("add", self, o)
+    def __radd__(self, o): return self._dsl().binary("add", o, self)
+    def __sub__(self, o): return self._dsl().binary("sub", self, o)
+    def __rsub__(self, o): return self._dsl().binary("sub", o, self)
+    def __mul__(self, o): return self._dsl().binary("mul", self, o)
+    def __rmul__(self, o): return self._dsl().binary("mul", o, self)
+    def __truediv__(self, o): return self._dsl().binary("div", self, o)
+    def __rtruediv__(self, o): return self._dsl().binary("div", o, self)
+    def __floordiv__(self, o): return self._dsl().binary("floordiv", self, o)
+    def __rfloordiv__(self, o): return self._dsl().binary("floordiv", o, self)
+    def __mod__(self, o): return self._dsl().binary("floormod", self, o)
+    def __rmod__(self, o): return self._dsl().binary("floormod", o, self)
+    def __pow__(self, o): return self._dsl().binary("pow", self, o)
+    def __rpow__(self, o): return self._dsl().binary("pow", o, self)
+    def __neg__(self): return self._dsl().unary("neg", self)
+    def __pos__(self): return self
+    def __invert__(self): return self._dsl().unary("not", self)
+    def __and__(self, o): return self._dsl().binary("and", self, o)
+    def __rand__(self, o): return self._dsl().binary("and", o, self)
+    def __or__(self, o): return self._dsl().binary("or", self, o)
+    def __ror__(self, o): return self._dsl().binary("or", o, self)
+    def __lt__(self, o): return self._dsl().compare("lt", self, o)
+    def __le__(self, o): return self._dsl().compare("le", self, o)
+    def __gt__(self, o): return self._dsl().compare("gt", self, o)
+    def __ge__(self, o): return self._dsl().compare("ge", self, o)
+    def __eq__(self, o): return self._dsl().compare("eq", self, o)
+    def __ne__(self, o): return self._dsl().compare("ne", self, o)
+
+
+def _child_fields(node):
+    for f in fields(node):
+        v = getattr(node, f.name)
+        if isinstance(v, tuple):
+            yield from v
+        else:
+            yield v
+
+
+def structurally_equal(a, b) -> bool:
+    """True if ``a`` and ``b`` are the same expression tree (binders by identity)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (Var, Tensor)):
+        return False
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(structurally_equal(x, y) for x, y in zip(a, b))
+    if not isinstance(a, Expr):
+        return a == b and type(a) is type(b)
+    if hash(a) != hash(b):
+        return False
+    return all(structurally_equal(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
+
+
+@dataclass(frozen=True, eq=False)
+class Const(Expr):
+    """A literal of a given dtype."""
+    value: object
+    dtype: str
+
+    def __hash__(self):
+        return hash(("Const", self.value, self.dtype))
+
+
+@dataclass(frozen=True, eq=False)
+class Var(Expr):
+    """An index variable bound by a compute op (one per output dimension)."""
+    name: str
+    dtype: str = dtypes.INDEX
+
+    def __hash__(self):
+        return id(self)
+
+    def children(self):
+        return ()
+
+
+@dataclass(frozen=True, eq=False)
+class ReduceAxis(Var):
+    """A reduction variable ranging over ``lo <= axis < hi``.
+
+    ``lo`` and ``hi`` are integer expressions; they are constants when the user
+    writes ``tg.reduce_axis((lo, hi))`` and may depend on enclosing variables
+    in simplified gradients.
+    """
+    lo: Expr = None
+    hi: Expr = None
+
+    def __hash__(self):
+        return id(self)
+
+    def children(self):
+        return (self.lo, self.hi)
+
+    @property
+    def extent(self):
+        """The number of values as an int, when both bounds are constants."""
+        if isinstance(self.lo, Const) and isinstance(self.hi, Const):
+            return max(0, self.hi.value - self.lo.value)
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class Binary(Expr):
+    """``a op b`` for arithmetic (``ARITH_OPS``) and logic (``LOGIC_OPS``); operands share a dtype."""
+    op: str
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self):
+        return self.a.dtype
+
+
+@dataclass(frozen=True, eq=False)
+class Unary(Expr):
+    """``-a`` (``neg``) or logical ``not a`` (``not``)."""
+    op: str
+    a: Expr
+
+    @property
+    def dtype(self):
+        return self.a.dtype
+
+
+@dataclass(frozen=True, eq=False)
+class Compare(Expr):
+    """``a op b`` for ``COMPARE_OPS``; a ``bool`` condition."""
+    op: str
+    a: Expr
+    b: Expr
+    dtype = dtypes.BOOL
+
+    def __bool__(self):
+        # Lets expressions serve as dict keys and makes ``x == y`` usable in
+        # Python conditionals for structural equality, as TVM does.
+        if self.op == "eq":
+            return structurally_equal(self.a, self.b)
+        if self.op == "ne":
+            return not structurally_equal(self.a, self.b)
+        return Expr.__bool__(self)
+
+
+@dataclass(frozen=True, eq=False)
+class Select(Expr):
+    """``t if cond else f``; only the chosen branch is evaluated."""
+    cond: Expr
+    t: Expr
+    f: Expr
+
+    @property
+    def dtype(self):
+        return self.t.dtype
+
+
+@dataclass(frozen=True, eq=False)
+class Call(Expr):
+    """An intrinsic function (``INTRINSICS``) of float arguments."""
+    name: str
+    args: Tuple[Expr, ...]
+
+    @property
+    def dtype(self):
+        return self.args[0].dtype
+
+
+@dataclass(frozen=True, eq=False)
+class Cast(Expr):
+    """Conversion of ``a`` to ``dtype`` (float to int truncates toward zero)."""
+    dtype: str
+    a: Expr
+
+
+@dataclass(frozen=True, eq=False)
+class Read(Expr):
+    """``tensor[indices]``: one element of a tensor."""
+    tensor: "Tensor"
+    indices: Tuple[Expr, ...]
+
+    @property
+    def dtype(self):
+        return self.tensor.dtype
+
+
+@dataclass(frozen=True, eq=False)
+class Reduce(Expr):
+    """``combiner`` of ``body`` over the points of ``axes`` where ``where`` holds.
+
+    An empty domain gives the combiner's identity (0, 1, -inf, +inf).
+    """
+    combiner: str
+    body: Expr
+    axes: Tuple[ReduceAxis, ...]
+    where: Optional[Expr] = None
+
+    @property
+    def dtype(self):
+        return self.body.dtype
+
+
+# ---------------------------------------------------------------------------
+# Tensors and the operations that define them
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class PlaceholderOp:
+    """An input: its values come from the caller."""
+
+    def inputs(self):
+        return ()
+
+
+@dataclass(frozen=True, eq=False)
+class ComputeOp:
+    """``T[axes] = body`` over the rectangular domain of the tensor's shape."""
+    axes: Tuple[Var, ...]
+    body: Expr
+
+    def inputs(self):
+        from .graph import tensors_read
+        return tensors_read(self.body)
+
+
+class Tensor:
+    """A named, typed, statically shaped array defined by an op.
+
+    Tensors are compared by identity. ``T[i, j]`` builds a :class:`Read`.
+    """
+
+    __slots__ = ("name", "shape", "dtype", "op")
+
+    def __init__(self, name: str, shape: Tuple[int, ...], dtype: str, op):
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "op", op)
+
+    def __setattr__(self, key, value):
+        raise AttributeError("te_grad tensors are immutable")
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def is_placeholder(self) -> bool:
+        return isinstance(self.op, PlaceholderOp)
+
+    def __getitem__(self, indices):
+        from .dsl import read
+        return read(self, indices)
+
+    def __repr__(self):
+        kind = "placeholder" if self.is_placeholder else type(self.op).__name__.replace("Op", "").lower()
+        return f"Tensor({self.name}: {self.dtype}{list(self.shape)}, {kind})"
+
+    def __bool__(self):
+        return True
+
+    def __iter__(self):
+        raise UserError(f"tensor {self.name} is not iterable; index it with {self.name}[i, ...]")
+
+    def _repr_html_(self):
+        from .printer import show_html
+        return show_html(self)

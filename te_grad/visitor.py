@@ -1,0 +1,91 @@
+"""One visitor base and one mutator base for the expression IR.
+
+Subclasses override ``visit_<NodeClass>`` for the nodes they care about; every
+other node is walked (Visitor) or rebuilt from its visited children (Mutator).
+A Mutator returns the very same node when nothing below it changed, and
+visits each distinct node object once (results are memoized by identity).
+"""
+from dataclasses import fields, replace
+
+from .ir import Expr, Reduce, ReduceAxis, Var
+
+
+class Visitor:
+    """Walks an expression tree, children before nothing: override visit_X to act."""
+
+    def visit(self, node):
+        method = getattr(self, "visit_" + type(node).__name__, None)
+        if method is not None:
+            return method(node)
+        return self.generic_visit(node)
+
+    def generic_visit(self, node):
+        for child in node.children():
+            self.visit(child)
+
+
+class Mutator:
+    """Rebuilds an expression bottom-up; returns the same node when unchanged.
+
+    Reduce axes whose bounds change are replaced by fresh axes, and every use
+    of the old axis inside the reduction is renamed to the new one.
+    """
+
+    def __init__(self):
+        self._memo = {}
+        self._axis_map = {}
+
+    def visit(self, node):
+        key = id(node)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        method = getattr(self, "visit_" + type(node).__name__, None)
+        out = method(node) if method is not None else self.generic_visit(node)
+        self._memo[key] = (node, out)
+        return out
+
+    def visit_Var(self, node):
+        return node
+
+    def visit_ReduceAxis(self, node):
+        return self._axis_map.get(node, node)
+
+    def visit_Reduce(self, node: Reduce):
+        new_axes = []
+        for ax in node.axes:
+            lo, hi = self.visit(ax.lo), self.visit(ax.hi)
+            if lo is ax.lo and hi is ax.hi:
+                new_axes.append(ax)
+            else:
+                fresh = ReduceAxis(ax.name, ax.dtype, lo, hi)
+                self._axis_map[ax] = fresh
+                new_axes.append(fresh)
+        if any(a is not b for a, b in zip(new_axes, node.axes)):
+            self._memo.clear()  # uses of renamed axes must be revisited
+        body = self.visit(node.body)
+        where = None if node.where is None else self.visit(node.where)
+        for ax in node.axes:
+            if self._axis_map.pop(ax, None) is not None:
+                self._memo.clear()
+        if body is node.body and where is node.where and all(a is b for a, b in zip(new_axes, node.axes)):
+            return node
+        return Reduce(node.combiner, body, tuple(new_axes), where)
+
+    def generic_visit(self, node):
+        changes = {}
+        for f in fields(node):
+            value = getattr(node, f.name)
+            if isinstance(value, Expr) and not isinstance(value, Var):
+                new = self.visit(value)
+            elif isinstance(value, Var):
+                new = self.visit(value)
+            elif isinstance(value, tuple) and value and isinstance(value[0], Expr):
+                new = tuple(self.visit(v) for v in value)
+                if all(a is b for a, b in zip(new, value)):
+                    new = value
+            else:
+                continue
+            if new is not value:
+                changes[f.name] = new
+        return replace(node, **changes) if changes else node
