@@ -12,6 +12,7 @@ from .dsl import (abs, all, any, call, cast, ceil, compute, const, cos, erf, exp
                   prod, reduce_axis, round, sigmoid, sin, sqrt, sum, tanh, trunc)
 from .evaluator import evaluate
 from .printer import show
+from .autodiff import DifferentiationResult, differentiate, gradient
 from . import nn
 
 __version__ = "0.1.0"
@@ -22,5 +23,5 @@ __all__ = [
     "const", "cast", "if_then_else", "all", "any", "logical_not", "call",
     "exp", "log", "sqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf", "pow",
     "maximum", "minimum", "floor", "ceil", "trunc", "round",
-    "evaluate", "show", "nn",
+    "evaluate", "show", "nn", "differentiate", "gradient", "DifferentiationResult",
 ]
