@@ -1,1 +1,36 @@
-"""te_grad.nn: common operators written purely in the te_grad DSL."""
+"""te_grad.nn: common operators written purely in the te_grad DSL.
+
+Every operator here is a handful of ``tg.compute`` tensors; none has a
+hand-written gradient. Layouts follow PyTorch and TVM: activations NCHW,
+convolution weights OIHW. Invalid shapes or parameters raise
+:class:`te_grad.UserError` naming the operator and the bad value.
+"""
+from .activation import gelu, leaky_relu, log_softmax, relu, sigmoid, softmax, tanh
+from .conv import conv2d, conv2d_output_shape, conv2d_transpose
+from .elementwise import (add, bias_add, broadcast_shape, divide, maximum, minimum, multiply,
+                          power, subtract)
+from .embedding import embedding, take
+from .linear import batch_matmul, dense, matmul
+from .loss import binary_cross_entropy, mse_loss, softmax_cross_entropy
+from .normalization import batch_norm, layer_norm
+from .pool import avg_pool2d, global_avg_pool2d, global_max_pool2d, max_pool2d
+from .shape import concat, flatten, pad, reshape, split, strided_slice, transpose
+
+__all__ = [
+    # linear algebra
+    "dense", "matmul", "batch_matmul",
+    # convolution and pooling
+    "conv2d", "conv2d_transpose", "conv2d_output_shape",
+    "max_pool2d", "avg_pool2d", "global_avg_pool2d", "global_max_pool2d",
+    # activations
+    "relu", "leaky_relu", "sigmoid", "tanh", "gelu", "softmax", "log_softmax",
+    # normalization
+    "layer_norm", "batch_norm",
+    # layout
+    "reshape", "flatten", "transpose", "concat", "split", "pad", "strided_slice",
+    # broadcast arithmetic
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "bias_add",
+    "broadcast_shape",
+    # gathers and losses
+    "embedding", "take", "mse_loss", "binary_cross_entropy", "softmax_cross_entropy",
+]

@@ -1,0 +1,173 @@
+"""Helpers shared by the operators of :mod:`te_grad.nn`: argument checks and named computes."""
+from __future__ import annotations
+
+import inspect
+import numbers
+from typing import Callable, Sequence, Tuple
+
+from .. import dsl, dtypes
+from ..errors import UserError
+from ..ir import Tensor
+
+#: axis names used for ranks where no better names are given
+_GENERIC = ("i", "j", "l", "m", "p", "q")
+
+
+def axis_names(ndim: int, names: Sequence[str] = None) -> Tuple[str, ...]:
+    """Readable, distinct names for ``ndim`` output axes (``names`` if it fits)."""
+    if names is not None and len(names) == ndim:
+        return tuple(names)
+    if ndim <= len(_GENERIC):
+        return _GENERIC[:ndim]
+    return tuple(f"i{d}" for d in range(ndim))
+
+
+def compute(shape, fcompute: Callable, name: str, names: Sequence[str] = None) -> Tensor:
+    """``tg.compute`` whose function receives the tuple of index variables.
+
+    This lets rank-generic ops build their bodies while still giving the axes
+    readable names (``names`` or ``i, j, l, ...``) in printed formulas.
+    """
+    shape = tuple(shape)
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+              for n in axis_names(len(shape), names)]
+
+    def fn(*idx):
+        return fcompute(tuple(idx))
+
+    fn.__signature__ = inspect.Signature(params)
+    return dsl.compute(shape, fn, name=name)
+
+
+def check_tensor(op: str, x, what: str = "input", ndim=None) -> Tensor:
+    """Raise unless ``x`` is a tensor (of rank ``ndim``: an int or a tuple of allowed ranks)."""
+    if not isinstance(x, Tensor):
+        raise UserError(f"{op}: {what} must be a tensor, got {x!r}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if x.ndim not in allowed:
+            want = " or ".join(f"{n}-D" for n in allowed)
+            raise UserError(f"{op}: {what} {x.name} must be {want}, got shape {list(x.shape)}")
+    return x
+
+
+def check_float(op: str, x: Tensor, what: str = "input") -> Tensor:
+    if not dtypes.is_float(x.dtype):
+        raise UserError(f"{op}: {what} {x.name} must have a float dtype, got {x.dtype}")
+    return x
+
+
+def check_int_dtype(op: str, x: Tensor, what: str) -> Tensor:
+    if not dtypes.is_int(x.dtype):
+        raise UserError(f"{op}: {what} {x.name} must have dtype int32 or int64, got {x.dtype}")
+    return x
+
+
+def is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def int_tuple(op: str, what: str, value, n: int, minimum: int = None) -> Tuple[int, ...]:
+    """``value`` (an int or a sequence of ``n`` ints) as a tuple of ``n`` ints ``>= minimum``."""
+    if is_int(value):
+        out = (int(value),) * n
+    else:
+        try:
+            out = tuple(value)
+        except TypeError:
+            raise UserError(f"{op}: {what} must be an int or {n} ints, got {value!r}") from None
+        if len(out) != n or not all(is_int(v) for v in out):
+            raise UserError(f"{op}: {what} must be an int or {n} ints, got {value!r}")
+        out = tuple(int(v) for v in out)
+    if minimum is not None and any(v < minimum for v in out):
+        raise UserError(f"{op}: {what} must be >= {minimum}, got {value!r}")
+    return out
+
+
+def padding4(op: str, padding) -> Tuple[int, int, int, int]:
+    """2-D padding as ``(top, left, bottom, right)``.
+
+    Accepts an int (all sides), ``(ph, pw)`` (symmetric) or ``(top, left, bottom, right)``.
+    """
+    form = "an int, (ph, pw) or (top, left, bottom, right)"
+    if is_int(padding):
+        p = (int(padding),) * 4
+    else:
+        try:
+            vals = tuple(padding)
+        except TypeError:
+            raise UserError(f"{op}: padding must be {form}, got {padding!r}") from None
+        if not all(is_int(v) for v in vals) or len(vals) not in (2, 4):
+            raise UserError(f"{op}: padding must be {form}, got {padding!r}")
+        vals = tuple(int(v) for v in vals)
+        p = vals + vals if len(vals) == 2 else vals
+    if any(v < 0 for v in p):
+        raise UserError(f"{op}: padding must be non-negative, got {padding!r}")
+    return p
+
+
+def normalize_axis(op: str, axis, ndim: int) -> int:
+    """``axis`` in ``[-ndim, ndim)`` as a non-negative int."""
+    if not is_int(axis):
+        raise UserError(f"{op}: axis must be an int, got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise UserError(f"{op}: axis {axis} is out of range for a tensor of rank {ndim}")
+    return int(axis) % ndim
+
+
+def prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def affine(var, scale: int = 1, offset: int = 0):
+    """``var * scale + offset`` without building multiplications by 1 or additions of 0."""
+    e = var if scale == 1 else var * scale
+    if offset == 0:
+        return e
+    return e + offset if offset > 0 else e - (-offset)
+
+
+def reduce_axes(extents, names):
+    """One reduce axis per extent; an extent of 1 gives the constant 0 instead of an axis.
+
+    Returns ``(indices, axes)``: the index expressions to use in the body and the
+    list of real axes to reduce over.
+    """
+    idx, axes = [], []
+    for ext, nm in zip(extents, names):
+        if ext == 1:
+            idx.append(0)
+        else:
+            ax = dsl.reduce_axis((0, ext), name=nm)
+            idx.append(ax)
+            axes.append(ax)
+    return idx, axes
+
+
+def reduce(combiner: str, expr, axes):
+    """``combiner`` of ``expr`` over ``axes``, or ``expr`` itself when there are no axes."""
+    if not axes:
+        return expr
+    return getattr(dsl, combiner)(expr, axis=list(axes))
+
+
+def tap(base, r, scale):
+    """``base + r * scale`` where ``r`` is a reduce axis or the constant 0."""
+    if isinstance(r, int):
+        return base
+    term = r if abs(scale) == 1 else r * abs(scale)
+    return base + term if scale > 0 else base - term
+
+
+def floordiv(e, d: int):
+    """``e // d`` (no node when ``d`` is 1)."""
+    return e if d == 1 else e // d
+
+
+def guard(conds):
+    """The conjunction of the conditions that are not None, or None if there are none."""
+    conds = [c for c in conds if c is not None]
+    return dsl.all(*conds) if conds else None

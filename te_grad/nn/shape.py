@@ -1,0 +1,332 @@
+"""Layout operators: reshape, flatten, transpose, concat, split, pad and strided_slice.
+
+Every output element reads one input element through a quasi-affine index map
+(sums, constant multiples, ``//`` and ``%`` by constants), with guards only
+where an output element has no source (padding, the boundaries of a concat).
+"""
+from __future__ import annotations
+
+import functools
+import numbers
+from typing import List, Sequence
+
+from .. import dsl, dtypes
+from ..errors import UserError
+from ..ir import Tensor
+from ._util import affine, check_tensor, compute, is_int, normalize_axis, prod
+
+__all__ = ["reshape", "flatten", "transpose", "concat", "split", "pad", "strided_slice"]
+
+
+def _newshape(x: Tensor, newshape) -> tuple:
+    if is_int(newshape):
+        newshape = (newshape,)
+    try:
+        shape = tuple(newshape)
+    except TypeError:
+        raise UserError(f"reshape: newshape must be a tuple of ints, got {newshape!r}") from None
+    if not all(is_int(s) and s >= -1 for s in shape) or sum(s == -1 for s in shape) > 1:
+        raise UserError(f"reshape: newshape must hold non-negative ints and at most one -1, "
+                        f"got {newshape!r}")
+    if -1 in shape:
+        known = prod(s for s in shape if s != -1)
+        if known == 0 or x.size % known:
+            raise UserError(f"reshape: cannot reshape {x.name} of shape {list(x.shape)} "
+                            f"({x.size} elements) into {list(shape)}")
+        shape = tuple(x.size // known if s == -1 else int(s) for s in shape)
+    if prod(shape) != x.size:
+        raise UserError(f"reshape: cannot reshape {x.name} of shape {list(x.shape)} ({x.size} "
+                        f"elements) into {list(shape)} ({prod(shape)} elements)")
+    return tuple(int(s) for s in shape)
+
+
+def _blocks(a: Sequence[int], b: Sequence[int]):
+    """Split two shapes of equal size into runs of dimensions with equal products."""
+    if 0 in a or 0 in b:
+        return [(list(range(len(a))), list(range(len(b))))]
+    blocks, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        si, sj = i, j
+        pa, pb = a[i], b[j]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb:
+                pa, i = pa * a[i], i + 1
+            else:
+                pb, j = pb * b[j], j + 1
+        blocks.append((list(range(si, i)), list(range(sj, j))))
+    if i < len(a) or j < len(b):  # the remaining dimensions all have size 1
+        rest = (list(range(i, len(a))), list(range(j, len(b))))
+        if blocks:
+            blocks[-1] = (blocks[-1][0] + rest[0], blocks[-1][1] + rest[1])
+        else:
+            blocks.append(rest)
+    return blocks
+
+
+def _reshape_index(in_shape, out_shape, idx):
+    """The input index read by output ``idx`` of a row-major reshape."""
+    out = [0] * len(in_shape)
+    for ins, outs in _blocks(in_shape, out_shape):
+        flat, stride = 0, 1
+        for d in reversed(outs):
+            if out_shape[d] != 1:
+                term = affine(idx[d], stride)
+                flat = term if isinstance(flat, int) else term + flat
+            stride *= out_shape[d]
+        stride, first = 1, next((d for d in ins if in_shape[d] != 1), None)
+        for d in reversed(ins):
+            if in_shape[d] == 1 or isinstance(flat, int):
+                out[d] = 0
+                continue
+            e = flat if stride == 1 else flat // stride
+            out[d] = e if d == first else e % in_shape[d]
+            stride *= in_shape[d]
+    return tuple(out)
+
+
+def reshape(x: Tensor, newshape, name: str = "reshape") -> Tensor:
+    """``x`` with its elements, in row-major order, laid out in ``newshape``.
+
+    ``newshape`` is a tuple of ints of the same total size; one entry may be -1
+    (inferred). Output element ``idx`` reads the input element with the same
+    row-major flat position; runs of dimensions whose products agree are mapped
+    separately, so merging or splitting axes gives short index formulas.
+    """
+    check_tensor("reshape", x, "input")
+    shape = _newshape(x, newshape)
+    return compute(shape, lambda idx: x[_reshape_index(x.shape, shape, idx)], name=name)
+
+
+def flatten(x: Tensor) -> Tensor:
+    """``x`` (N, d1, d2, ...) reshaped to (N, d1*d2*...), keeping dimension 0.
+
+    Same as TVM's ``batch_flatten`` (``torch.flatten(x, 1)`` for rank >= 2); a 1-D ``x``
+    becomes (N, 1).
+    """
+    check_tensor("flatten", x, "input")
+    if x.ndim < 1:
+        raise UserError(f"flatten: input {x.name} is 0-d; it needs a batch dimension")
+    return reshape(x, (x.shape[0], prod(x.shape[1:])), name="flatten")
+
+
+def transpose(x: Tensor, axes=None) -> Tensor:
+    """``x`` with its axes permuted: output axis ``d`` is input axis ``axes[d]``.
+
+    ``axes`` defaults to reversing the axes (as ``numpy.transpose``); negative
+    entries count from the end. ``out[i_0, ..., i_{r-1}] = x[j]`` with ``j[axes[d]] = i_d``.
+    """
+    op = "transpose"
+    check_tensor(op, x, "input")
+    if axes is None:
+        axes = tuple(reversed(range(x.ndim)))
+    try:
+        axes = tuple(axes)
+    except TypeError:
+        raise UserError(f"{op}: axes must be a permutation of the axes of {x.name}, got {axes!r}") \
+            from None
+    perm = tuple(normalize_axis(op, a, x.ndim) for a in axes)
+    if sorted(perm) != list(range(x.ndim)):
+        raise UserError(f"{op}: axes {axes!r} is not a permutation of range({x.ndim})")
+    shape = tuple(x.shape[p] for p in perm)
+
+    def body(idx):
+        src = [None] * x.ndim
+        for d, p in enumerate(perm):
+            src[p] = idx[d]
+        return x[tuple(src)]
+
+    return compute(shape, body, name=op)
+
+
+def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """The tensors joined along ``axis``; all other dimensions must agree.
+
+    Along ``axis`` the output at position ``i`` reads tensor ``t`` at ``i - offset_t``
+    where ``offset_t <= i < offset_t + size_t``: a chain of ``tg.if_then_else`` on ``i``.
+    Dtypes promote as in arithmetic.
+    """
+    op = "concat"
+    if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)) or not tensors:
+        raise UserError(f"{op}: expects a non-empty list of tensors, got {tensors!r}")
+    for t in tensors:
+        check_tensor(op, t, "every input")
+    first = tensors[0]
+    axis = normalize_axis(op, axis, first.ndim)
+    for t in tensors[1:]:
+        if t.ndim != first.ndim or any(t.shape[d] != first.shape[d]
+                                       for d in range(t.ndim) if d != axis):
+            raise UserError(f"{op}: {t.name} of shape {list(t.shape)} does not match "
+                            f"{first.name} of shape {list(first.shape)} outside axis {axis}")
+    parts, offset = [], 0
+    for t in tensors:
+        if t.shape[axis]:
+            parts.append((offset, t))
+        offset += t.shape[axis]
+    shape = first.shape[:axis] + (offset,) + first.shape[axis + 1:]
+    dtype = functools.reduce(dtypes.promote, [t.dtype for t in tensors])
+
+    def body(idx):
+        def at(t, off):
+            return dsl.cast(dtype, t[idx[:axis] + (affine(idx[axis], 1, -off),) + idx[axis + 1:]])
+
+        if not parts:
+            return dsl.cast(dtype, 0)
+        off, t = parts[-1]
+        val = at(t, off)
+        for (off, t), (nxt, _) in zip(reversed(parts[:-1]), reversed(parts[1:])):
+            val = dsl.if_then_else(idx[axis] < nxt, at(t, off), val)
+        return val
+
+    return compute(shape, body, name=op)
+
+
+def _slice_axis(x: Tensor, axis: int, start: int, stop: int, name: str) -> Tensor:
+    shape = x.shape[:axis] + (stop - start,) + x.shape[axis + 1:]
+
+    def body(idx):
+        return x[idx[:axis] + (affine(idx[axis], 1, start),) + idx[axis + 1:]]
+
+    return compute(shape, body, name=name)
+
+
+def split(x: Tensor, indices_or_sections, axis: int = 0) -> List[Tensor]:
+    """``x`` cut along ``axis`` into a list of tensors, as ``numpy.split``.
+
+    ``indices_or_sections`` is either an int ``k`` (``k`` equal parts; it must
+    divide the axis) or a sorted list of cut positions (``[2, 5]`` gives
+    ``[:2]``, ``[2:5]``, ``[5:]``; positions beyond the axis are clipped). Part
+    ``t`` reads ``x`` at ``i + start_t`` along the axis.
+    """
+    op = "split"
+    check_tensor(op, x, "input")
+    axis = normalize_axis(op, axis, x.ndim)
+    n = x.shape[axis]
+    if is_int(indices_or_sections):
+        k = int(indices_or_sections)
+        if k < 1 or n % k:
+            raise UserError(f"{op}: {k} sections do not divide axis {axis} of {x.name} "
+                            f"(size {n})")
+        cuts = [n // k * t for t in range(1, k)]
+    else:
+        try:
+            cuts = list(indices_or_sections)
+        except TypeError:
+            raise UserError(f"{op}: indices_or_sections must be an int or a list of ints, got "
+                            f"{indices_or_sections!r}") from None
+        if not all(is_int(c) and c >= 0 for c in cuts) or cuts != sorted(cuts):
+            raise UserError(f"{op}: split indices must be sorted non-negative ints, got "
+                            f"{indices_or_sections!r}")
+        cuts = [min(int(c), n) for c in cuts]
+    bounds = [0] + cuts + [n]
+    return [_slice_axis(x, axis, a, b, op) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _pad_width(x: Tensor, pad_width):
+    def bad():
+        return UserError(f"pad: pad_width must be an int, (before, after) or one (before, after) "
+                         f"pair per axis of {x.name} (rank {x.ndim}), with non-negative ints; "
+                         f"got {pad_width!r}")
+    if is_int(pad_width):
+        pairs = [(pad_width, pad_width)] * x.ndim
+    else:
+        try:
+            items = list(pad_width)
+        except TypeError:
+            raise bad() from None
+        if len(items) == 2 and all(is_int(v) for v in items):
+            pairs = [tuple(items)] * x.ndim
+        elif len(items) == 1 and isinstance(items[0], (tuple, list)):
+            pairs = [tuple(items[0])] * x.ndim
+        elif len(items) == x.ndim:
+            pairs = [tuple(p) if isinstance(p, (tuple, list)) else p for p in items]
+        else:
+            raise bad()
+    for p in pairs:
+        if not (isinstance(p, tuple) and len(p) == 2 and all(is_int(v) and v >= 0 for v in p)):
+            raise bad()
+    return [(int(a), int(b)) for a, b in pairs]
+
+
+def pad(x: Tensor, pad_width, value=0.0) -> Tensor:
+    """``x`` padded with the constant ``value``, as ``numpy.pad(x, pad_width)`` in constant mode.
+
+    ``pad_width`` is an int, a (before, after) pair for every axis, or one pair
+    per axis. The output has ``before + size + after`` elements along each axis and
+    reads ``x[i - before]`` where ``before <= i < before + size``, else ``value``.
+    The result keeps the dtype of ``x`` (``value`` must be representable in it).
+    """
+    check_tensor("pad", x, "input")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise UserError(f"pad: value must be a number, got {value!r}")
+    pairs = _pad_width(x, pad_width)
+    try:
+        fill = dsl.const(value, x.dtype)
+    except UserError as err:
+        raise UserError(f"pad: value {value!r} does not fit the dtype of {x.name}: {err}") from None
+    shape = tuple(b + s + a for (b, a), s in zip(pairs, x.shape))
+
+    def body(idx):
+        conds = []
+        for i, (b, a), s in zip(idx, pairs, x.shape):
+            if b:
+                conds.append(i >= b)
+            if a:
+                conds.append(i < b + s)
+        val = x[tuple(affine(i, 1, -b) for i, (b, _) in zip(idx, pairs))]
+        return dsl.if_then_else(dsl.all(*conds), val, fill) if conds else val
+
+    return compute(shape, body, name="pad")
+
+
+def strided_slice(x: Tensor, begin, end, strides=None) -> Tensor:
+    """``x[begin[0]:end[0]:strides[0], begin[1]:end[1]:strides[1], ...]`` with numpy semantics.
+
+    ``begin``, ``end`` and ``strides`` list one entry per leading axis (missing
+    axes are kept whole; a ``None`` entry means the default); negative positions
+    count from the end and out-of-range ones are clipped, as in Python slicing.
+    Strides may be negative. Along each axis the output reads ``start + i * stride``.
+    """
+    op = "strided_slice"
+    check_tensor(op, x, "input")
+    begin, end = list(_seq(op, "begin", begin)), list(_seq(op, "end", end))
+    strides = [1] * len(begin) if strides is None else list(_seq(op, "strides", strides))
+    if not len(begin) == len(end) == len(strides) or len(begin) > x.ndim:
+        raise UserError(f"{op}: begin {begin}, end {end} and strides {strides} must have the same "
+                        f"length, at most the rank {x.ndim} of {x.name}")
+    for s in strides:
+        if s == 0:
+            raise UserError(f"{op}: strides must be non-zero, got {strides}")
+    starts, steps, shape = [], [], []
+    for d, n in enumerate(x.shape):
+        if d < len(begin):
+            sl = slice(begin[d], end[d], strides[d])
+        else:
+            sl = slice(None)
+        start, stop, step = sl.indices(n)
+        starts.append(start)
+        steps.append(step)
+        shape.append(len(range(start, stop, step)))
+
+    def body(idx):
+        src = []
+        for i, start, step in zip(idx, starts, steps):
+            if step > 0:
+                src.append(affine(i, step, start))
+            else:  # start - i * |step|
+                src.append(start - (i if step == -1 else i * -step))
+        return x[tuple(src)]
+
+    return compute(tuple(shape), body, name=op)
+
+
+def _seq(op, what, v):
+    if is_int(v):
+        v = (v,)
+    try:
+        v = tuple(v)
+    except TypeError:
+        raise UserError(f"{op}: {what} must be a list of ints, got {v!r}") from None
+    if not all(e is None or is_int(e) for e in v):
+        raise UserError(f"{op}: {what} must be a list of ints (or None), got {v!r}")
+    return tuple(None if e is None else int(e) for e in v)
