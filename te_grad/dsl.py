@@ -154,7 +154,7 @@ def all(*conds) -> Expr:  # noqa: A001 - TVM's name
     conds = _flatten(conds)
     out = as_expr(True)
     for i, c in enumerate(conds):
-        out = as_expr(c) if i == 0 else binary("and", out, c)
+        out = _condition(c, "tg.all") if i == 0 else binary("and", out, c)
     return out
 
 
@@ -163,8 +163,15 @@ def any(*conds) -> Expr:  # noqa: A001 - TVM's name
     conds = _flatten(conds)
     out = as_expr(False)
     for i, c in enumerate(conds):
-        out = as_expr(c) if i == 0 else binary("or", out, c)
+        out = _condition(c, "tg.any") if i == 0 else binary("or", out, c)
     return out
+
+
+def _condition(c, who: str) -> Expr:
+    c = as_expr(c)
+    if c.dtype != dtypes.BOOL:
+        raise UserError(f"{who} needs conditions, got {c} ({c.dtype})")
+    return c
 
 
 def _flatten(args):
@@ -215,6 +222,8 @@ def call(name: str, *args) -> Expr:
     """An intrinsic by name (``tg.call("exp", x)``)."""
     if name not in INTRINSICS:
         raise UserError(f"unknown intrinsic {name!r}; known: {', '.join(INTRINSICS)}")
+    if len(args) != 1:  # every intrinsic is unary
+        raise UserError(f"intrinsic {name!r} takes 1 argument, got {len(args)}")
     if name == "abs":
         return abs(*args)
     return _intrinsic(name, *args)

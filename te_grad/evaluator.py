@@ -39,7 +39,7 @@ _INTRINSIC = {
     "sin": np.sin, "cos": np.cos, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc,
     "round": np.rint,  # half to even, like LLVM's roundeven
     "sigmoid": lambda x: 0.5 * (np.tanh(0.5 * x) + 1.0),  # overflow-free logistic
-    "erf": lambda x: _erf(x).astype(x.dtype),
+    "erf": lambda x: np.asarray(_erf(x)).astype(x.dtype),  # a 0-d input gives a Python float
 }
 _ARITH = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
           "min": np.minimum, "max": np.maximum, "pow": np.power,
@@ -83,7 +83,8 @@ class _ExprEvaluator:
             self.env[id(ax)] = np.arange(self.tensor.shape[d], dtype=np.int64).reshape(
                 [self.tensor.shape[d] if e == d else 1 for e in range(nd)])
         out = self.eval(op.body, None)
-        return np.ascontiguousarray(np.broadcast_to(out, self.tensor.shape).astype(self.tensor.dtype))
+        # np.array, not np.ascontiguousarray: the latter turns a 0-d result into shape (1,)
+        return np.array(np.broadcast_to(out, self.tensor.shape), dtype=self.tensor.dtype, order="C")
 
     def eval(self, e: Expr, mask) -> np.ndarray:
         out = getattr(self, "e_" + type(e).__name__)(e, mask)
@@ -166,6 +167,8 @@ class _ExprEvaluator:
             self._out_of_bounds(e, idx, bad)
         if not safe:
             return np.asarray(arr[()])
+        if arr.size == 0:  # an empty tensor: every point of this read was guarded off
+            return np.zeros(np.broadcast_shapes(*[ix.shape for ix in safe]), dtype=arr.dtype)
         return arr[tuple(safe)]
 
     def _out_of_bounds(self, e: Read, idx, bad):

@@ -43,14 +43,15 @@ class _FreeVars(Visitor):
         self.visit_Var(node)
 
     def visit_Reduce(self, node: Reduce):
-        for ax in node.axes:
+        n = len(self.bound)
+        for ax in node.axes:  # an axis' bounds may use enclosing variables and the earlier axes
             self.visit(ax.lo)
             self.visit(ax.hi)
-        self.bound.extend(node.axes)
+            self.bound.append(ax)
         self.visit(node.body)
         if node.where is not None:
             self.visit(node.where)
-        del self.bound[len(self.bound) - len(node.axes):]
+        del self.bound[n:]
 
 
 def free_vars(expr: Expr) -> Tuple[Var, ...]:

@@ -120,7 +120,7 @@ def structurally_equal(a, b) -> bool:
     return all(structurally_equal(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Const(Expr):
     """A literal of a given dtype."""
     value: object
@@ -130,7 +130,7 @@ class Const(Expr):
         return hash(("Const", self.value, self.dtype))
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Var(Expr):
     """An index variable bound by a compute op (one per output dimension)."""
     name: str
@@ -143,7 +143,7 @@ class Var(Expr):
         return ()
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class ReduceAxis(Var):
     """A reduction variable ranging over ``lo <= axis < hi``.
 
@@ -168,7 +168,7 @@ class ReduceAxis(Var):
         return None
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Binary(Expr):
     """``a op b`` for arithmetic (``ARITH_OPS``) and logic (``LOGIC_OPS``); operands share a dtype."""
     op: str
@@ -180,7 +180,7 @@ class Binary(Expr):
         return self.a.dtype
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Unary(Expr):
     """``-a`` (``neg``) or logical ``not a`` (``not``)."""
     op: str
@@ -191,7 +191,7 @@ class Unary(Expr):
         return self.a.dtype
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Compare(Expr):
     """``a op b`` for ``COMPARE_OPS``; a ``bool`` condition."""
     op: str
@@ -209,7 +209,7 @@ class Compare(Expr):
         return Expr.__bool__(self)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Select(Expr):
     """``t if cond else f``; only the chosen branch is evaluated."""
     cond: Expr
@@ -221,7 +221,7 @@ class Select(Expr):
         return self.t.dtype
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Call(Expr):
     """An intrinsic function (``INTRINSICS``) of float arguments."""
     name: str
@@ -232,14 +232,14 @@ class Call(Expr):
         return self.args[0].dtype
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Cast(Expr):
     """Conversion of ``a`` to ``dtype`` (float to int truncates toward zero)."""
     dtype: str
     a: Expr
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Read(Expr):
     """``tensor[indices]``: one element of a tensor."""
     tensor: "Tensor"
@@ -250,7 +250,7 @@ class Read(Expr):
         return self.tensor.dtype
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Reduce(Expr):
     """``combiner`` of ``body`` over the points of ``axes`` where ``where`` holds.
 

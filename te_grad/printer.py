@@ -101,6 +101,8 @@ class ExprPrinter:
 
     def p_Read(self, e: Read):
         name = self.tensors.name(e.tensor, e.tensor.name)
+        if not e.indices:  # a 0-d tensor, read as in the DSL
+            return f"{name}[()]", _ATOM
         return f"{name}[{', '.join(self(i) for i in e.indices)}]", _ATOM
 
     def p_Reduce(self, e: Reduce):
