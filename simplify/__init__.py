@@ -1,1 +1,31 @@
-"""isl-backed simplification of te_grad iteration domains."""
+"""isl-backed simplification of te_grad iteration domains.
+
+- :func:`simplify`: exact, cheaper equivalents of tensors (gathers with tight
+  loops, real scatters for data-dependent indices, merged contributions);
+- :func:`iterations`: exact innermost-iteration counts;
+- :func:`check_bounds`: static proofs that reads stay in bounds.
+"""
+from __future__ import annotations
+
+from typing import Iterable, List, Set, Union
+
+from te_grad.ir import Tensor
+
+from .bounds import RuntimeCheck, check_bounds
+from .count import iterations
+from .rewrite import simplify_graph
+
+__all__ = ["simplify", "simplify_graph", "iterations", "check_bounds", "RuntimeCheck"]
+
+
+def simplify(tensors: Union[Tensor, Iterable[Tensor]], keep: Set[int] = frozenset()):
+    """Simplified equivalents of ``tensors`` (same structure: a tensor or a list).
+
+    Every read of the graph is first proven in bounds (a UserError otherwise).
+    """
+    single = isinstance(tensors, Tensor)
+    ts: List[Tensor] = [tensors] if single else list(tensors)
+    check_bounds(ts)
+    new = simplify_graph(ts, keep)
+    out = [new[id(t)] for t in ts]
+    return out[0] if single else out

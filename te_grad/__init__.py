@@ -15,6 +15,18 @@ from .printer import show
 from .autodiff import DifferentiationResult, differentiate, gradient
 from . import nn
 
+
+def simplify(tensors):
+    """Exact, cheaper equivalents of ``tensors`` (isl): see the ``simplify`` package."""
+    from simplify import simplify as _simplify
+    return _simplify(tensors)
+
+
+def iterations(tensors) -> int:
+    """Exact innermost-loop iterations to compute ``tensors`` from placeholders, each op once."""
+    from simplify import iterations as _iterations
+    return _iterations(tensors)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -24,4 +36,5 @@ __all__ = [
     "exp", "log", "sqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf", "pow",
     "maximum", "minimum", "floor", "ceil", "trunc", "round",
     "evaluate", "show", "nn", "differentiate", "gradient", "DifferentiationResult",
+    "simplify", "iterations",
 ]

@@ -26,7 +26,7 @@ from . import dtypes
 from .errors import InternalError, UserError
 from .graph import topo_order
 from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce,
-                 ReduceAxis, Select, Tensor, Unary, Var)
+                 ReduceAxis, ScatterOp, Select, Tensor, Unary, Var)
 from .printer import expr_to_str
 
 #: elements of one intermediate array above which a reduction is chunked
@@ -181,10 +181,52 @@ class _ExprEvaluator:
     # -- reductions ------------------------------------------------------------------
     def e_Reduce(self, e: Reduce, mask):
         outer_shape = self.shape
-        m = len(e.axes)
+        ranges, varying = self._axis_ranges(e.axes, mask, outer_shape)
+        ident = np.array(identity_of(e.combiner, e.dtype), dtype=e.dtype)
+        result = None
+        for part_ranges in self._chunks(ranges, outer_shape):
+            inner_mask, sizes = self._enter(e.axes, part_ranges, varying, e.where, mask, outer_shape)
+            body = self.eval(e.body, inner_mask)
+            full = np.broadcast_shapes(body.shape, sizes + (1,) * len(outer_shape),
+                                       () if inner_mask is None else np.shape(inner_mask))
+            body = np.broadcast_to(body, full)
+            if inner_mask is not None:
+                body = np.where(np.broadcast_to(inner_mask, full), body, ident)
+            part = np.asarray(_COMBINE[e.combiner].reduce(body, axis=tuple(range(len(e.axes)))),
+                              dtype=e.dtype)
+            self._leave(e.axes, outer_shape)
+            result = part if result is None else _COMBINE[e.combiner](result, part)
+        return ident if result is None else result
+
+    def run_scatter(self) -> np.ndarray:
+        """``T = 0; T[indices] += value`` over the scatter's domain (np.add.at semantics)."""
+        op: ScatterOp = self.tensor.op
+        out = np.zeros(self.tensor.shape, dtype=self.tensor.dtype)
+        self.shape = ()
+        ranges, varying = self._axis_ranges(op.axes, None, ())
+        for part_ranges in self._chunks(ranges, ()):
+            mask, sizes = self._enter(op.axes, part_ranges, varying, op.where, None, ())
+            full = np.broadcast_shapes(sizes, () if mask is None else np.shape(mask))
+            sel = np.ones(full, dtype=bool) if mask is None else np.broadcast_to(mask, full)
+            idx = [np.broadcast_to(self.eval(i, mask), full)[sel] for i in op.indices]
+            for d, ix in enumerate(idx):
+                bad = (ix < 0) | (ix >= self.tensor.shape[d])
+                if np.any(bad):
+                    raise UserError(f"scatter into {self.tensor.name}: index {d} takes the value "
+                                    f"{int(ix[bad][0])}, outside [0, {self.tensor.shape[d]}) "
+                                    f"({expr_to_str(op.indices[d])})")
+            vals = np.broadcast_to(self.eval(op.value, mask), full)[sel]
+            np.add.at(out, tuple(idx), vals)
+            self._leave(op.axes, ())
+        return out
+
+    # -- iteration domains shared by reductions and scatters -----------------------
+    def _axis_ranges(self, axes, mask, outer_shape):
+        """The bounding range of each axis, and which axes have varying bounds."""
+        m = len(axes)
         ranges, varying = [], []
-        for t, ax in enumerate(e.axes):
-            # bounds may depend on outer variables and on earlier axes of this reduction
+        for t, ax in enumerate(axes):
+            # bounds may depend on outer variables and on earlier axes of this domain
             self.shape = tuple(hi - lo for lo, hi in ranges) + (1,) * (m - t) + tuple(outer_shape)
             lo, hi = self.eval(ax.lo, mask), self.eval(ax.hi, mask)
             lo_min = int(lo.min()) if lo.size else 0
@@ -193,21 +235,41 @@ class _ExprEvaluator:
             if lo.ndim or hi.ndim:
                 varying.append(t)
             self._bind_axis(ax, t, m, ranges[t], outer_shape)
-        self._unbind(e.axes)
+        self._unbind(axes)
         self.shape = outer_shape
+        return ranges, varying
+
+    def _chunks(self, ranges, outer_shape):
+        """Sub-ranges of ``ranges``, cut along the first axis, small enough to hold in memory."""
         sizes = [hi - lo for lo, hi in ranges]
-        ident = np.array(identity_of(e.combiner, e.dtype), dtype=e.dtype)
         if 0 in sizes:
-            return ident
+            return
         inner = int(np.prod(outer_shape, dtype=np.int64)) * int(np.prod(sizes[1:], dtype=np.int64))
         chunk = max(1, CHUNK_ELEMENTS // max(1, inner))
-        result = None
         lo0, hi0 = ranges[0]
         for start in range(lo0, hi0, chunk):
-            part_ranges = [(start, min(hi0, start + chunk))] + ranges[1:]
-            part = self._reduce_part(e, mask, part_ranges, varying, outer_shape, ident)
-            result = part if result is None else _COMBINE[e.combiner](result, part)
-        return result
+            yield [(start, min(hi0, start + chunk))] + list(ranges[1:])
+
+    def _enter(self, axes, ranges, varying, where, mask, outer_shape):
+        """Bind ``axes`` to ``ranges``; return the mask of the domain's points and its sizes."""
+        m = len(axes)
+        sizes = tuple(hi - lo for lo, hi in ranges)
+        for t, ax in enumerate(axes):
+            self._bind_axis(ax, t, m, ranges[t], outer_shape)
+        self.shape = sizes + tuple(outer_shape)
+        inner_mask = mask
+        for t in varying:
+            ax = axes[t]
+            value = self.env[id(ax)]
+            lo, hi = self.eval(ax.lo, inner_mask), self.eval(ax.hi, inner_mask)
+            inner_mask = _and(inner_mask, (value >= lo) & (value < hi))
+        if where is not None:
+            inner_mask = _and(inner_mask, self.eval(where, inner_mask))
+        return inner_mask, sizes
+
+    def _leave(self, axes, outer_shape):
+        self._unbind(axes)
+        self.shape = tuple(outer_shape)
 
     def _bind_axis(self, ax, t, m, rng, outer_shape):
         shape = [1] * (m + len(outer_shape))
@@ -217,31 +279,6 @@ class _ExprEvaluator:
     def _unbind(self, axes):
         for ax in axes:
             self.env.pop(id(ax), None)
-
-    def _reduce_part(self, e: Reduce, mask, ranges, varying, outer_shape, ident):
-        m = len(e.axes)
-        sizes = tuple(hi - lo for lo, hi in ranges)
-        for t, ax in enumerate(e.axes):
-            self._bind_axis(ax, t, m, ranges[t], outer_shape)
-        self.shape = sizes + tuple(outer_shape)
-        inner_mask = mask
-        for t in varying:
-            ax = e.axes[t]
-            value = self.env[id(ax)]
-            lo, hi = self.eval(ax.lo, inner_mask), self.eval(ax.hi, inner_mask)
-            inner_mask = _and(inner_mask, (value >= lo) & (value < hi))
-        if e.where is not None:
-            inner_mask = _and(inner_mask, self.eval(e.where, inner_mask))
-        body = self.eval(e.body, inner_mask)
-        full = np.broadcast_shapes(body.shape, sizes + (1,) * len(outer_shape),
-                                   () if inner_mask is None else np.shape(inner_mask))
-        body = np.broadcast_to(body, full)
-        if inner_mask is not None:
-            body = np.where(np.broadcast_to(inner_mask, full), body, ident)
-        out = _COMBINE[e.combiner].reduce(body, axis=tuple(range(m)))
-        self._unbind(e.axes)
-        self.shape = tuple(outer_shape)
-        return np.asarray(out, dtype=e.dtype)
 
 
 def check_feed(tensor: Tensor, value) -> np.ndarray:
@@ -294,6 +331,8 @@ def evaluate(tensors: Sequence[Tensor], feed: Dict[Tensor, object]) -> List[np.n
                 values[id(t)] = check_feed(t, feed[t])
             elif isinstance(t.op, ComputeOp):
                 values[id(t)] = _ExprEvaluator(values, t).run()
+            elif isinstance(t.op, ScatterOp):
+                values[id(t)] = _ExprEvaluator(values, t).run_scatter()
             else:
-                values[id(t)] = t.op.evaluate(values, t)
+                raise InternalError(f"the evaluator does not know the op of {t.name}: {type(t.op).__name__}")
     return [np.array(values[id(t)], copy=True) for t in tensors]

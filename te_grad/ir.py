@@ -289,6 +289,31 @@ class ComputeOp:
         return tensors_read(self.body)
 
 
+@dataclass(frozen=True, eq=False)
+class ScatterOp:
+    """``T = 0; for each point of axes where where: T[indices] += value``.
+
+    The accumulating form of a gradient whose index map is data-dependent
+    (``np.add.at`` semantics: repeated indices add up). ``axes`` are reduce
+    axes; a later axis's bounds may use earlier ones.
+    """
+    axes: Tuple[ReduceAxis, ...]
+    indices: Tuple[Expr, ...]
+    value: Expr
+    where: Optional[Expr] = None
+
+    def inputs(self):
+        from .graph import tensors_read
+        parts = [ax.lo for ax in self.axes] + [ax.hi for ax in self.axes] + list(self.indices) + [self.value]
+        if self.where is not None:
+            parts.append(self.where)
+        seen = {}
+        for p in parts:
+            for t in tensors_read(p):
+                seen.setdefault(id(t), t)
+        return tuple(seen.values())
+
+
 class Tensor:
     """A named, typed, statically shaped array defined by an op.
 

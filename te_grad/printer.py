@@ -12,7 +12,7 @@ import html
 from typing import Dict, Iterable, List, Union
 
 from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, Reduce, ReduceAxis,
-                 Select, Tensor, Unary, Var)
+                 ScatterOp, Select, Tensor, Unary, Var)
 
 _BIN_SYM = {"add": ("+", 8), "sub": ("-", 8), "mul": ("*", 9), "div": ("/", 9),
             "floordiv": ("//", 9), "floormod": ("%", 9), "pow": ("**", 11),
@@ -106,11 +106,7 @@ class ExprPrinter:
         return f"{name}[{', '.join(self(i) for i in e.indices)}]", _ATOM
 
     def p_Reduce(self, e: Reduce):
-        loops = []
-        for ax in e.axes:
-            rng = self(ax.hi) if isinstance(ax.lo, Const) and ax.lo.value == 0 else \
-                f"{self(ax.lo)}, {self(ax.hi)}"
-            loops.append(f"for {self.vars.name(ax, ax.name)} in range({rng})")
+        loops = [f"for {self.vars.name(ax, ax.name)} in range({_range_text(ax, self)})" for ax in e.axes]
         where = f" if {self(e.where)}" if e.where is not None else ""
         return f"{e.combiner}({self(e.body)} {' '.join(loops)}{where})", _ATOM
 
@@ -135,9 +131,24 @@ def tensor_lines(tensors: Iterable[Tensor], tensor_names: Namer = None) -> List[
             lines.append(f"input {tname}: {_type_str(t)}")
             continue
         p = ExprPrinter(Namer(), names)
-        lines.append(f"{tname}{op_header(t.op, p)} = {p(t.op.body)}    # {_type_str(t)}"
-                     if isinstance(t.op, ComputeOp) else f"{tname} = {t.op.describe(p)}    # {_type_str(t)}")
+        if isinstance(t.op, ScatterOp):
+            lines.append(f"{tname} = 0; {scatter_text(tname, t.op, p)}    # {_type_str(t)}")
+        else:
+            lines.append(f"{tname}{op_header(t.op, p)} = {p(t.op.body)}    # {_type_str(t)}")
     return lines
+
+
+def scatter_text(name: str, op: ScatterOp, p: ExprPrinter) -> str:
+    """``T[idx] += value for r in range(...) ... if cond``."""
+    loops = " ".join(f"for {p(ax)} in range({_range_text(ax, p)})" for ax in op.axes)
+    where = f" if {p(op.where)}" if op.where is not None else ""
+    return f"{name}[{', '.join(p(i) for i in op.indices)}] += {p(op.value)} {loops}{where}"
+
+
+def _range_text(ax, p: ExprPrinter) -> str:
+    if isinstance(ax.lo, Const) and ax.lo.value == 0:
+        return p(ax.hi)
+    return f"{p(ax.lo)}, {p(ax.hi)}"
 
 
 def op_header(op: ComputeOp, p: ExprPrinter) -> str:

@@ -165,12 +165,12 @@ def test_float_division_by_zero_follows_ieee():
 
 def _count_parts(monkeypatch):
     calls = []
-    orig = evaluator._ExprEvaluator._reduce_part
+    orig = evaluator._ExprEvaluator._enter
 
     def spy(self, *args, **kwargs):
         calls.append(1)
         return orig(self, *args, **kwargs)
-    monkeypatch.setattr(evaluator._ExprEvaluator, "_reduce_part", spy)
+    monkeypatch.setattr(evaluator._ExprEvaluator, "_enter", spy)
     return calls
 
 

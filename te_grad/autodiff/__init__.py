@@ -114,8 +114,9 @@ def differentiate(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Ten
 
     ``simplify=False`` returns the raw VJP: each contribution is a reduction
     over its consumer's whole iteration domain, constrained by the index
-    equality. The isl simplifier is not part of this release yet, so
-    ``simplify=True`` currently returns the same raw form.
+    equality. ``simplify=True`` (the default) proves the reads of the forward
+    graph in bounds and returns the isl-simplified gradients and adjoints
+    (see :func:`te_grad.simplify`); forward tensors are kept as they are.
     """
     outputs = _as_list(outputs, "outputs")
     inputs = _as_list(inputs, "inputs")
@@ -146,7 +147,21 @@ def differentiate(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Ten
             for x, c in vjp_of_compute(t, adj):
                 pending.setdefault(id(x), []).append(c)
     grads = [adjoints[x] if x in adjoints else zeros_like(x, f"d{x.name}") for x in inputs]
-    return DifferentiationResult(outputs, inputs, grads, adjoints, simplified=False)
+    if simplify:
+        grads, adjoints = _simplified(outputs, grads, adjoints, override)
+    return DifferentiationResult(outputs, inputs, grads, adjoints, simplified=simplify)
+
+
+def _simplified(outputs, grads, adjoints, override):
+    """Gradients and adjoints through the isl simplifier, forward tensors untouched."""
+    from simplify import check_bounds, simplify_graph
+    check_bounds(outputs)
+    keep = {id(t) for t in topo_order(outputs)}
+    for y in outputs:  # user-given heads are kept too
+        if adjoints.get(y) is not None and y not in override:
+            keep |= {id(t) for t in topo_order([adjoints[y]]) if t.is_placeholder}
+    new = simplify_graph(list(grads) + list(adjoints.values()), keep)
+    return [new[id(g)] for g in grads], {t: new[id(a)] for t, a in adjoints.items()}
 
 
 def gradient(outputs, inputs, head=None, override=None, simplify: bool = True) -> List[Tensor]:

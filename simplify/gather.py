@@ -1,0 +1,137 @@
+"""Simplify one reduction: tight loops over exactly the points that contribute.
+
+For ``T[j] = R over {r in box : where(j, r)} of body(j, r)``:
+
+1. (sum only) guards of the body -- ``if_then_else(c, x, 0)`` factors -- move
+   into the domain, so a zero branch is never iterated;
+2. the quasi-affine conjuncts of the domain (bounds, index equalities
+   ``g(r) == j``, padding guards, triangular masks, ``//`` and ``%``) go to isl,
+   which scans them into loop nests: dimensions fixed by equalities disappear
+   (a single-valued relation leaves no loop at all), congruences become
+   strided loops, the remaining bounds are tight;
+3. the other conjuncts (data-dependent or float conditions) stay as filters.
+
+If the index equality of some output dimension is data-dependent
+(``ids[i] == j``), the gather would loop over the whole domain for every
+output element; :mod:`.scatter` handles that case instead.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from te_grad import dsl
+from te_grad.evaluator import identity_of
+from te_grad.ir import Binary, Cast, Compare, Const, Expr, Reduce, ReduceAxis, Select, Unary, Var
+from te_grad.transform import substitute
+
+from .affine import conjuncts, isl_cond, isl_expr
+from .isl_bridge import Domain, LoopNest, Unsupported
+
+COMBINE = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b,
+           "max": dsl.maximum, "min": dsl.minimum}
+
+
+def _is_zero(e: Expr) -> bool:
+    return isinstance(e, Const) and e.value == 0
+
+
+def lift_guards(e: Expr) -> Tuple[List[Expr], Expr]:
+    """Split ``e`` into conditions and a value: ``e == (value if all(conds) else 0)``."""
+    if isinstance(e, Select):
+        if _is_zero(e.f):
+            conds, value = lift_guards(e.t)
+            return [e.cond] + conds, value
+        if _is_zero(e.t):
+            conds, value = lift_guards(e.f)
+            return [~e.cond] + conds, value
+    if isinstance(e, Binary) and e.op == "mul":
+        ca, a = lift_guards(e.a)
+        cb, b = lift_guards(e.b)
+        if ca or cb:
+            return ca + cb, a * b
+    if isinstance(e, Binary) and e.op == "div":
+        ca, a = lift_guards(e.a)
+        if ca:
+            return ca, a / e.b
+    if isinstance(e, Unary) and e.op == "neg":
+        ca, a = lift_guards(e.a)
+        if ca:
+            return ca, -a
+    if isinstance(e, Cast):
+        ca, a = lift_guards(e.a)
+        if ca:
+            return ca, dsl.cast(e.dtype, a)
+    return [], e
+
+
+class ReductionParts:
+    """A reduction split into what isl sees and what it does not."""
+
+    def __init__(self, red: Reduce, out_axes: Sequence[Var], shape: Sequence[int]):
+        self.red = red
+        self.body = red.body
+        conds = conjuncts(red.where)
+        if red.combiner == "sum":
+            lifted, self.body = lift_guards(red.body)
+            conds = conds + [c for lc in lifted for c in conjuncts(lc)]
+        self.names: Dict[int, str] = {}
+        self.params = []
+        for d, (ax, n) in enumerate(zip(out_axes, shape)):
+            self.names[id(ax)] = f"p{d}"
+            self.params.append((f"p{d}", ax, n))
+        self.dims = []
+        for n, ax in enumerate(red.axes):
+            self.names[id(ax)] = f"r{n}"
+            self.dims.append((f"r{n}", ax.name))
+        self.affine: List[str] = []
+        self.residual: List[Expr] = []
+        self.ok = True
+        for n, ax in enumerate(red.axes):
+            lo, hi = isl_expr(ax.lo, self.names), isl_expr(ax.hi, self.names)
+            if lo is None or hi is None:
+                self.ok = False
+                return
+            self.affine.append(f"{lo} <= r{n} < {hi}")
+        for c in conds:
+            text = isl_cond(c, self.names)
+            if text is None:
+                self.residual.append(c)
+            else:
+                self.affine.append(text)
+
+    def domain(self) -> Domain:
+        return Domain(self.params, self.dims, self.affine)
+
+
+def simplify_reduction(red: Reduce, out_axes: Sequence[Var], shape: Sequence[int]) -> Optional[Expr]:
+    """An exact replacement for ``red`` with tight loops, or None if isl cannot help."""
+    parts = ReductionParts(red, out_axes, shape)
+    if not parts.ok:
+        return None
+    try:
+        nests = parts.domain().scan()
+    except Unsupported:
+        return None
+    identity = dsl.const(identity_of(red.combiner, red.dtype), red.dtype)
+    terms = [_term(red, parts, nest, identity) for nest in nests]
+    if not terms:
+        return identity
+    out = terms[0]
+    for t in terms[1:]:
+        out = COMBINE[red.combiner](out, t)
+    return out
+
+
+def _term(red: Reduce, parts: ReductionParts, nest: LoopNest, identity: Expr) -> Expr:
+    mapping = {ax: v for ax, v in zip(red.axes, nest.values)}
+    body = substitute(parts.body, mapping)
+    filters = nest.filters + [substitute(c, mapping) for c in parts.residual]
+    if nest.axes:
+        value = Reduce(red.combiner, body, tuple(nest.axes), dsl.all(filters) if filters else None)
+    elif filters:
+        value = dsl.if_then_else(dsl.all(filters), body, identity)
+    else:
+        value = body
+    if nest.guards:
+        value = dsl.if_then_else(dsl.all(nest.guards), value, identity)
+    return value

@@ -1,0 +1,202 @@
+"""The one module that talks to isl.
+
+A :class:`Domain` is an integer set over *parameters* (the output indices of
+a tensor, fixed while one element is computed) and *dimensions* (the loop
+variables of a reduction), given by quasi-affine constraints in isl syntax
+(see :mod:`.affine`). :meth:`Domain.scan` asks isl's AST generator for a loop
+nest that visits exactly its points and converts that AST back to te_grad IR:
+isl eliminates every dimension an equality determines, turns congruences into
+strided loops, and gives tight (min/max/floordiv) bounds for the rest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import islpy as isl
+
+from te_grad import dsl
+from te_grad.errors import InternalError
+from te_grad.ir import Expr, ReduceAxis, Var
+
+
+class Unsupported(Exception):
+    """isl produced a loop form this bridge does not translate (callers fall back)."""
+
+
+@dataclass
+class LoopNest:
+    """One piece of a scanned domain.
+
+    ``guards`` hold on the parameters only; ``axes`` are the loops (outer
+    first, bounds may use parameters and outer axes); ``filters`` are extra
+    conditions inside the loops; ``values[d]`` is dimension ``d`` at each point.
+    """
+    guards: List[Expr] = field(default_factory=list)
+    axes: List[ReduceAxis] = field(default_factory=list)
+    filters: List[Expr] = field(default_factory=list)
+    values: List[Expr] = field(default_factory=list)
+
+
+class Domain:
+    """``{ [dims] : constraints }`` with parameters; see the module docstring."""
+
+    def __init__(self, params: Sequence[Tuple[str, Var, int]], dims: Sequence[Tuple[str, str]],
+                 constraints: Sequence[str]):
+        self.params = list(params)      # (isl name, IR variable, extent)
+        self.dims = list(dims)          # (isl name, readable hint)
+        self.constraints = list(constraints)
+        pnames = ", ".join(p[0] for p in self.params)
+        dnames = ", ".join(d[0] for d in self.dims)
+        body = " and ".join(self.constraints) if self.constraints else "0 = 0"
+        self.context = isl.Set(f"[{pnames}] -> {{ : " + (" and ".join(
+            f"0 <= {p[0]} < {p[2]}" for p in self.params) or "0 = 0") + " }")
+        try:
+            self.set = isl.Set(f"[{pnames}] -> {{ S[{dnames}] : {body} }}").intersect_params(self.context)
+        except isl.Error as err:
+            raise InternalError(f"isl rejected the domain {body!r}: {err}") from None
+
+    def is_empty(self) -> bool:
+        return self.set.is_empty()
+
+    def sample(self) -> Optional[Dict[str, int]]:
+        """One point of the domain (parameters and dimensions by isl name), or None if empty."""
+        if self.set.is_empty():
+            return None
+        flat = self.set.move_dims(isl.dim_type.set, 0, isl.dim_type.param, 0, len(self.params))
+        point = flat.sample_point()
+        names = [p[0] for p in self.params] + [d[0] for d in self.dims]
+        return {n: point.get_coordinate_val(isl.dim_type.set, i).to_python() for i, n in enumerate(names)}
+
+    def scan(self) -> List[LoopNest]:
+        """Loop nests that together visit every point of the domain exactly once."""
+        if self.set.is_empty():
+            return []
+        dnames = ", ".join(d[0] for d in self.dims)
+        sched = isl.UnionMap.from_map(isl.Map(f"{{ S[{dnames}] -> [{dnames}] }}").intersect_domain(self.set))
+        build = isl.AstBuild.from_context(self.context)
+        root = build.node_from_schedule_map(sched)
+        env: Dict[str, Expr] = {p[0]: p[1] for p in self.params}
+        out: List[LoopNest] = []
+        self._walk(root, env, LoopNest(), out)
+        return out
+
+    # -- AST to IR -----------------------------------------------------------------
+    def _walk(self, node, env, nest: LoopNest, out: List[LoopNest]):
+        kind = node.get_type()
+        if kind == isl.ast_node_type.block:
+            children = node.block_get_children()
+            for i in range(children.n_ast_node()):
+                self._walk(children.get_at(i), env, nest, out)
+        elif kind == isl.ast_node_type.mark:
+            self._walk(node.mark_get_node(), env, nest, out)
+        elif kind == isl.ast_node_type.if_:
+            cond = _expr(node.if_get_cond(), env)
+            self._walk(node.if_get_then_node(), env, _with_cond(nest, cond), out)
+            if node.if_has_else_node():
+                self._walk(node.if_get_else_node(), env, _with_cond(nest, ~cond), out)
+        elif kind == isl.ast_node_type.for_:
+            self._walk_for(node, env, nest, out)
+        elif kind == isl.ast_node_type.user:
+            call = node.user_get_expr()
+            values = [_expr(call.get_op_arg(i + 1), env) for i in range(call.get_op_n_arg() - 1)]
+            out.append(LoopNest(list(nest.guards), list(nest.axes), list(nest.filters), values))
+        else:
+            raise Unsupported(f"isl AST node {kind}")
+
+    def _walk_for(self, node, env, nest: LoopNest, out):
+        name = node.for_get_iterator().get_id().get_name()
+        init = _expr(node.for_get_init(), env)
+        if node.for_is_degenerate():
+            self._walk(node.for_get_body(), {**env, name: init}, nest, out)
+            return
+        stride = node.for_get_inc().get_val().to_python()
+        hi = _upper_bound(node.for_get_cond(), name, env)
+        hint = self._hint(name)
+        if stride == 1:
+            axis = ReduceAxis(hint, "int64", init, hi)
+            value = axis
+        else:
+            axis = ReduceAxis(hint, "int64", dsl.const(0), (hi - init + (stride - 1)) // stride)
+            value = init + stride * axis
+        inner = LoopNest(list(nest.guards), list(nest.axes) + [axis], list(nest.filters))
+        self._walk(node.for_get_body(), {**env, name: value}, inner, out)
+
+    def _hint(self, iterator: str) -> str:
+        if iterator.startswith("c") and iterator[1:].isdigit() and int(iterator[1:]) < len(self.dims):
+            return self.dims[int(iterator[1:])][1]
+        return iterator
+
+
+def _with_cond(nest: LoopNest, cond: Expr) -> LoopNest:
+    inner = LoopNest(list(nest.guards), list(nest.axes), list(nest.filters))
+    (inner.filters if nest.axes else inner.guards).append(cond)
+    return inner
+
+
+def _upper_bound(cond, iterator: str, env) -> Expr:
+    """The exclusive upper bound of a loop from its isl condition ``c <= e`` / ``c < e``."""
+    if cond.get_type() != isl.ast_expr_type.op:
+        raise Unsupported("loop condition is not a comparison")
+    op = cond.get_op_type()
+    if op in (isl.ast_expr_op_type.and_, isl.ast_expr_op_type.and_then):
+        return dsl.minimum(_upper_bound(cond.get_op_arg(0), iterator, env),
+                           _upper_bound(cond.get_op_arg(1), iterator, env))
+    lhs, rhs = cond.get_op_arg(0), cond.get_op_arg(1)
+    is_iter = (lhs.get_type() == isl.ast_expr_type.id and lhs.get_id().get_name() == iterator)
+    if not is_iter:
+        raise Unsupported(f"loop condition {cond.to_C_str()}")
+    bound = _expr(rhs, env)
+    if op == isl.ast_expr_op_type.le:
+        return bound + 1
+    if op == isl.ast_expr_op_type.lt:
+        return bound
+    raise Unsupported(f"loop condition {cond.to_C_str()}")
+
+
+def _fold(fn, args):
+    out = args[0]
+    for a in args[1:]:
+        out = fn(out, a)
+    return out
+
+
+_OPS = {
+    isl.ast_expr_op_type.and_: lambda a: _fold(lambda x, y: x & y, a),
+    isl.ast_expr_op_type.and_then: lambda a: _fold(lambda x, y: x & y, a),
+    isl.ast_expr_op_type.or_: lambda a: _fold(lambda x, y: x | y, a),
+    isl.ast_expr_op_type.or_else: lambda a: _fold(lambda x, y: x | y, a),
+    isl.ast_expr_op_type.max: lambda a: _fold(dsl.maximum, a),
+    isl.ast_expr_op_type.min: lambda a: _fold(dsl.minimum, a),
+    isl.ast_expr_op_type.minus: lambda a: -a[0],
+    isl.ast_expr_op_type.add: lambda a: a[0] + a[1],
+    isl.ast_expr_op_type.sub: lambda a: a[0] - a[1],
+    isl.ast_expr_op_type.mul: lambda a: a[0] * a[1],
+    isl.ast_expr_op_type.div: lambda a: a[0] // a[1],      # exact division
+    isl.ast_expr_op_type.fdiv_q: lambda a: a[0] // a[1],
+    isl.ast_expr_op_type.pdiv_q: lambda a: a[0] // a[1],   # numerator known >= 0
+    isl.ast_expr_op_type.pdiv_r: lambda a: a[0] % a[1],
+    isl.ast_expr_op_type.zdiv_r: lambda a: a[0] % a[1],    # only ever compared with 0
+    isl.ast_expr_op_type.cond: lambda a: dsl.if_then_else(a[0], a[1], a[2]),
+    isl.ast_expr_op_type.select: lambda a: dsl.if_then_else(a[0], a[1], a[2]),
+    isl.ast_expr_op_type.eq: lambda a: a[0] == a[1],
+    isl.ast_expr_op_type.le: lambda a: a[0] <= a[1],
+    isl.ast_expr_op_type.lt: lambda a: a[0] < a[1],
+    isl.ast_expr_op_type.ge: lambda a: a[0] >= a[1],
+    isl.ast_expr_op_type.gt: lambda a: a[0] > a[1],
+}
+
+
+def _expr(e, env) -> Expr:
+    kind = e.get_type()
+    if kind == isl.ast_expr_type.int:
+        return dsl.const(e.get_val().to_python())
+    if kind == isl.ast_expr_type.id:
+        name = e.get_id().get_name()
+        if name not in env:
+            raise InternalError(f"isl AST uses unknown name {name}")
+        return env[name]
+    fn = _OPS.get(e.get_op_type())
+    if fn is None:
+        raise Unsupported(f"isl AST operation {e.get_op_type()}")
+    return fn([_expr(e.get_op_arg(i), env) for i in range(e.get_op_n_arg())])

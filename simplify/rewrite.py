@@ -1,0 +1,175 @@
+"""Rewrite a tensor graph into its simplified form.
+
+Tensors are processed producers first. For each compute:
+1. reads of tensors already rewritten are redirected to their new versions;
+2. each top-level reduction (a summand, possibly under guards) is simplified
+   by :mod:`.gather`, or turned into a scatter by :mod:`.scatter`;
+3. producers that are cheap to fold in are inlined: constant tensors (the
+   ``ones`` head), and tensors read exactly once, at the consumer's own
+   index, as a top-level summand (the contributions of an adjoint sum), so
+   the contributions to one tensor become one compute;
+4. summed reductions over the same loops with the same filter are fused into
+   one reduction (softmax's two row sums of its backward become one).
+A tensor whose body does not change is kept as the same object.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Set
+
+from te_grad.graph import topo_order
+from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, Read, Reduce, Select, Tensor)
+from te_grad.ir import structurally_equal
+from te_grad.transform import substitute
+from te_grad.visitor import Mutator
+
+from .gather import simplify_reduction
+from .scatter import try_scatter
+
+
+def summands(e: Expr) -> List[Expr]:
+    """The operands of a chain of float ``+``."""
+    if isinstance(e, Binary) and e.op == "add":
+        return summands(e.a) + summands(e.b)
+    return [e]
+
+
+def _sum(terms: List[Expr]) -> Expr:
+    out = terms[0]
+    for t in terms[1:]:
+        out = out + t
+    return out
+
+
+class _ReadCounter(Mutator):
+    """Counts reads of each tensor (identity) across bodies."""
+
+    def __init__(self, counts):
+        super().__init__()
+        self.counts = counts
+
+    def visit_Read(self, node):
+        self.counts[id(node.tensor)] = self.counts.get(id(node.tensor), 0) + 1
+        return self.generic_visit(node)
+
+
+class _Redirect(Mutator):
+    """Redirects reads to rewritten tensors and inlines the ones marked inlinable."""
+
+    def __init__(self, new: Dict[int, Tensor], inline: Dict[int, Tensor]):
+        super().__init__()
+        self.new = new
+        self.inline = inline
+
+    def visit_Read(self, node: Read):
+        node = self.generic_visit(node)
+        target = self.new.get(id(node.tensor), node.tensor)
+        producer = self.inline.get(id(target))
+        if producer is not None:
+            return substitute(producer.op.body, dict(zip(producer.op.axes, node.indices)))
+        if target is node.tensor:
+            return node
+        return Read(target, node.indices)
+
+
+def _simplify_term(t: Tensor, e: Expr) -> Expr:
+    """Simplify a top-level term of ``t``'s body (a reduction, maybe guarded or cast)."""
+    if isinstance(e, Reduce):
+        out = simplify_reduction(e, t.op.axes, t.shape)
+        return e if out is None else out
+    if isinstance(e, Cast):
+        inner = _simplify_term(t, e.a)
+        return e if inner is e.a else Cast(e.dtype, inner)
+    if isinstance(e, Select) and isinstance(e.f, Const) and e.f.value == 0:
+        inner = _simplify_term(t, e.t)
+        return e if inner is e.t else Select(e.cond, inner, e.f)
+    return e
+
+
+def _fuse(terms: List[Expr]) -> List[Expr]:
+    """Merge summed reductions that share loops and filter into one reduction."""
+    out: List[Expr] = []
+    for term in terms:
+        for n, prev in enumerate(out):
+            merged = _merge(prev, term)
+            if merged is not None:
+                out[n] = merged
+                break
+        else:
+            out.append(term)
+    return out
+
+
+def _merge(a: Expr, b: Expr) -> Optional[Reduce]:
+    if not (isinstance(a, Reduce) and isinstance(b, Reduce)):
+        return None
+    if a.combiner != "sum" or b.combiner != "sum" or len(a.axes) != len(b.axes) or a.dtype != b.dtype:
+        return None
+    rename = dict(zip(b.axes, a.axes))
+    for ax_a, ax_b in zip(a.axes, b.axes):
+        if not (structurally_equal(ax_a.lo, substitute(ax_b.lo, rename))
+                and structurally_equal(ax_a.hi, substitute(ax_b.hi, rename))):
+            return None
+    where_b = None if b.where is None else substitute(b.where, rename)
+    if not structurally_equal(a.where, where_b):
+        return None
+    return Reduce("sum", a.body + substitute(b.body, rename), a.axes, a.where)
+
+
+def _inlinable(p: Tensor, reads: Dict[int, int], outputs: Set[int]) -> bool:
+    if not isinstance(p.op, ComputeOp):
+        return False
+    if isinstance(p.op.body, Const):
+        return True
+    return reads.get(id(p), 0) == 1 and id(p) not in outputs
+
+
+def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset()) -> Dict[int, Tensor]:
+    """Simplified versions of every tensor behind ``tensors``: ``{id(old): new}``.
+
+    Tensors whose id is in ``keep`` are left exactly as they are (and never inlined).
+    """
+    tensors = list(tensors)
+    order = topo_order(tensors)
+    reads: Dict[int, int] = {}
+    counter = _ReadCounter(reads)
+    for t in order:
+        if isinstance(t.op, ComputeOp):
+            counter.visit(t.op.body)
+    outputs = {id(t) for t in tensors} | set(keep)
+    new: Dict[int, Tensor] = {}
+    inline: Dict[int, Tensor] = {}
+    for t in order:
+        if id(t) in keep or not isinstance(t.op, ComputeOp):
+            new[id(t)] = t
+            continue
+        scatter = try_scatter(t)
+        if scatter is not None:
+            new[id(t)] = scatter
+            continue
+        own = [_simplify_term(t, s) for s in summands(_Redirect(new, {}).visit(t.op.body))]
+        body = _sum(own)
+        body = _Redirect({}, inline).visit(body) if inline else body
+        body = _sum(_fuse(summands(body)))
+        if body is t.op.body:
+            out = t
+        else:
+            out = Tensor(t.name, t.shape, t.dtype, ComputeOp(t.op.axes, body))
+        new[id(t)] = out
+        if _inlinable(out, reads, outputs) and _single_summand_reader(t, order):
+            inline[id(out)] = out
+    return new
+
+
+def _single_summand_reader(p: Tensor, order: List[Tensor]) -> bool:
+    """True if ``p``'s one reader reads it as a top-level summand at its own index, or p is elementwise."""
+    if isinstance(p.op.body, Const):
+        return True
+    for c in order:
+        if not isinstance(c.op, ComputeOp):
+            continue
+        for s in summands(c.op.body):
+            s_inner = s.a if isinstance(s, Cast) else s
+            if isinstance(s_inner, Read) and s_inner.tensor is p:
+                return len(s_inner.indices) == len(c.op.axes) and all(
+                    i is a for i, a in zip(s_inner.indices, c.op.axes)) and c.shape == p.shape
+    return False
