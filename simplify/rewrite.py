@@ -22,6 +22,7 @@ from te_grad.ir import structurally_equal
 from te_grad.transform import substitute
 from te_grad.visitor import Mutator
 
+from .fold import fold
 from .gather import simplify_reduction
 from .scatter import try_scatter
 
@@ -115,12 +116,13 @@ def _merge(a: Expr, b: Expr) -> Optional[Reduce]:
     return Reduce("sum", a.body + substitute(b.body, rename), a.axes, a.where)
 
 
-def _inlinable(p: Tensor, reads: Dict[int, int], outputs: Set[int]) -> bool:
+def _inlinable(original: Tensor, p: Tensor, reads: Dict[int, int], outputs: Set[int]) -> bool:
+    """``p`` (the simplified ``original``) may be folded into its readers."""
     if not isinstance(p.op, ComputeOp):
         return False
     if isinstance(p.op.body, Const):
         return True
-    return reads.get(id(p), 0) == 1 and id(p) not in outputs
+    return reads.get(id(original), 0) == 1 and id(original) not in outputs
 
 
 def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset()) -> Dict[int, Tensor]:
@@ -149,13 +151,13 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset()) -> D
         own = [_simplify_term(t, s) for s in summands(_Redirect(new, {}).visit(t.op.body))]
         body = _sum(own)
         body = _Redirect({}, inline).visit(body) if inline else body
-        body = _sum(_fuse(summands(body)))
+        body = fold(_sum(_fuse(summands(body))))
         if body is t.op.body:
             out = t
         else:
             out = Tensor(t.name, t.shape, t.dtype, ComputeOp(t.op.axes, body))
         new[id(t)] = out
-        if _inlinable(out, reads, outputs) and _single_summand_reader(t, order):
+        if _inlinable(t, out, reads, outputs) and _single_summand_reader(t, order):
             inline[id(out)] = out
     return new
 

@@ -10,6 +10,7 @@ import builtins
 import functools
 import inspect
 import numbers
+import operator
 from typing import Callable, Sequence
 
 import numpy as np
@@ -120,6 +121,28 @@ def binary(op: str, a, b) -> Expr:
                             "for floats use tg.floor(a / b)")
         if isinstance(b, Const) and b.value == 0:
             raise UserError(f"integer division by zero in {a} // 0")
+    return _folded(op, a, b)
+
+
+_INT_FOLD = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
+             "floormod": operator.mod, "min": builtins.min, "max": builtins.max}
+
+
+def _is(e: Expr, value) -> bool:
+    return isinstance(e, Const) and e.value == value
+
+
+def _folded(op: str, a: Expr, b: Expr) -> Expr:
+    """``Binary(op, a, b)`` without exact identities: integer constants are folded, and
+    ``x * 1``, ``x / 1``, ``x + 0``, ``x - 0`` are ``x`` (for floats up to the sign of a zero)."""
+    if isinstance(a, Const) and isinstance(b, Const) and dtypes.is_int(a.dtype) and op in _INT_FOLD:
+        return const(_INT_FOLD[op](a.value, b.value), a.dtype)
+    if (op == "mul" and _is(b, 1)) or (op in ("add", "sub") and _is(b, 0)) or (op == "div" and _is(b, 1)):
+        return a
+    if (op == "mul" and _is(a, 1)) or (op == "add" and _is(a, 0)):
+        return b
+    if op in ("floordiv",) and _is(b, 1) and dtypes.is_int(a.dtype):
+        return a
     return Binary(op, a, b)
 
 
