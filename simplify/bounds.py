@@ -23,7 +23,7 @@ from te_grad.graph import topo_order
 from te_grad.ir import Binary, ComputeOp, Expr, Read, Reduce, ScatterOp, Select, Tensor, Unary, Var
 from te_grad.printer import expr_to_str
 
-from .affine import isl_cond, isl_expr
+from .affine import conjuncts, isl_cond, isl_expr
 from .isl_bridge import Domain
 
 
@@ -65,16 +65,16 @@ class _Checker:
         self.runtime = runtime
 
     def under(self, cond: Expr, negate: bool, fn):
-        text = isl_cond(cond, self.ctx.names, negate)
-        if text is None:
-            self.ctx.opaque += 1
-        else:
-            self.ctx.conds.append(text)
+        """Run ``fn`` where ``cond`` (or its negation) holds: its quasi-affine conjuncts join the context."""
+        parts = [cond] if negate else conjuncts(cond)
+        texts = [isl_cond(c, self.ctx.names, negate) for c in parts]
+        known = [t for t in texts if t is not None]
+        opaque = len(known) < len(texts)
+        self.ctx.conds.extend(known)
+        self.ctx.opaque += opaque
         fn()
-        if text is None:
-            self.ctx.opaque -= 1
-        else:
-            self.ctx.conds.pop()
+        self.ctx.opaque -= opaque
+        del self.ctx.conds[len(self.ctx.conds) - len(known):]
 
     def visit(self, e: Expr):
         if isinstance(e, Read):

@@ -1,0 +1,223 @@
+"""The isl simplifier: exactness, structure of the simplified forms, counts, bounds, determinism."""
+import subprocess
+import sys
+
+import islpy as isl
+import numpy as np
+import pytest
+
+import te_grad as tg
+from te_grad.graph import topo_order
+from te_grad.ir import ComputeOp, Reduce, ScatterOp, Select
+from te_grad.suite import SUITE, workload
+from te_grad.testing import check_gradients, random_feed
+from te_grad.visitor import Visitor
+
+F64 = "float64"
+
+
+def ph(shape, name, dtype=F64):
+    return tg.placeholder(shape, dtype=dtype, name=name)
+
+
+class _Find(Visitor):
+    def __init__(self, kind):
+        self.kind, self.found = kind, []
+
+    def generic_visit(self, node):
+        if isinstance(node, self.kind):
+            self.found.append(node)
+        super().generic_visit(node)
+
+
+def nodes_of(t, kind):
+    f = _Find(kind)
+    f.visit(t.op.body)
+    return f.found
+
+
+def raw_and_simplified(out, inputs, feed, head_seed=1):
+    head = ph(out.shape, "head", out.dtype)
+    raw = tg.differentiate(out, inputs, head=head, simplify=False)
+    simp = tg.differentiate(out, inputs, head=head)
+    feed = dict(feed)
+    feed[head] = np.random.default_rng(head_seed).standard_normal(out.shape).astype(out.dtype)
+    return list(raw), list(simp), feed
+
+
+def assert_same_values(a, b, feed):
+    for x, y in zip(tg.evaluate(a, feed), tg.evaluate(b, feed)):
+        np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# the cheap-gradient promise on the reference suite (exact counts, full sizes)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(SUITE))
+def test_cheap_gradient_promise(name):
+    w = workload(name)
+    grads = tg.gradient(w.output, w.inputs)
+    size = sum(g.size for g in grads)
+    ratio = (tg.iterations(grads) - size) / tg.iterations(w.output)
+    assert ratio <= 3, f"{name}: simplified gradient costs {ratio:.2f}x the forward"
+    raw = tg.gradient(w.output, w.inputs, simplify=False)
+    assert tg.iterations(raw) > 1000 * tg.iterations(grads)  # the cliff, visible as a number
+
+
+# ---------------------------------------------------------------------------
+# structure: single-valued maps leave no loop, strides are exact, guards are gone
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda x: tg.nn.transpose(x, (1, 0)),
+    lambda x: tg.nn.reshape(x, (3, 8)),
+    lambda x: tg.nn.flatten(tg.nn.reshape(x, (2, 3, 4))),
+    lambda x: tg.nn.strided_slice(x, (1, 0), (6, 4), (2, 1)),
+    lambda x: tg.nn.pad(x, ((1, 2), (0, 1))),
+    lambda x: tg.compute((6, 4), lambda i, j: tg.exp(x[i, j]), name="e"),
+], ids=["transpose", "reshape", "flatten", "slice", "pad", "elementwise"])
+def test_single_valued_maps_leave_no_reduction(make):
+    x = ph((6, 4), "X")
+    y = make(x)
+    (dx,) = tg.gradient(y, [x])
+    for t in topo_order([dx]):
+        if isinstance(t.op, ComputeOp) and t.name.startswith("d"):
+            assert not nodes_of(t, Reduce), tg.show(t)
+    raw, simp, feed = raw_and_simplified(y, [x], random_feed([x], np.random.default_rng(0)))
+    assert_same_values(raw, simp, feed)
+
+
+def test_diagonal_read_is_exact():
+    x = ph((5, 5), "X")
+    y = tg.compute((5,), lambda i: x[i, i] * 3.0, name="diag")
+    (dx,) = tg.gradient(y, [x])
+    assert not nodes_of(dx, Reduce)
+    np.testing.assert_array_equal(tg.evaluate([dx], {x: np.zeros((5, 5))})[0], 3.0 * np.eye(5))
+
+
+def test_strided_conv_gradient_is_a_guard_free_gather():
+    x, w = ph((1, 2, 9, 9), "X"), ph((3, 2, 3, 3), "W")
+    y = tg.nn.conv2d(x, w, stride=2, padding=1)
+    dx, dw = tg.gradient(y, [x, w])
+    for g in (dx, dw):
+        assert isinstance(g.op, ComputeOp)  # a gather, not a scatter
+        assert not nodes_of(g, Select), tg.show(g)  # padding guards were lifted into the loops
+    # dX sums over exactly the taps of the forward that read X (not the padding): no zero is summed
+    taps = isl.Set("{ [f, c, oh, ow, ry, rx] : 0 <= f < 3 and 0 <= c < 2 and 0 <= oh < 5 and 0 <= ow < 5 "
+                   "and 0 <= ry < 3 and 0 <= rx < 3 and 0 <= 2*oh - 1 + ry < 9 and 0 <= 2*ow - 1 + rx < 9 }")
+    assert tg.iterations([dx]) == taps.count_val().to_python() < tg.iterations(y)
+    check_gradients(y, [x, w], random_feed([x, w], np.random.default_rng(0)), full_limit=0)
+
+
+def test_cumsum_where_becomes_tight_bounds():
+    x = ph((16, 16), "X")
+    k = tg.reduce_axis(16, "k")
+    y = tg.compute((16, 16), lambda i, j: tg.sum(x[i, k], axis=k, where=k <= j), name="cumsum")
+    ys = tg.simplify(y)
+    (red,) = nodes_of(ys, Reduce)
+    assert red.where is None
+    assert tg.iterations(ys) == 16 * 16 * 17 // 2 < tg.iterations(y) == 16 ** 3
+    feed = random_feed([x], np.random.default_rng(0))
+    np.testing.assert_allclose(tg.evaluate([ys], feed)[0], np.cumsum(feed[x], axis=1), rtol=1e-12)
+
+
+def test_contributions_to_one_tensor_are_merged():
+    x = ph((8, 10), "X")
+    y = tg.nn.softmax(x)
+    (dx,) = tg.gradient(y, [x])
+    names = [t.name for t in topo_order([dx]) if isinstance(t.op, ComputeOp)]
+    assert not any("_via_" in n for n in names), names
+    raw, simp, feed = raw_and_simplified(y, [x], random_feed([x], np.random.default_rng(1)))
+    assert_same_values(raw, simp, feed)
+
+
+def test_embedding_gradient_is_a_real_scatter():
+    table, ids = ph((50, 4), "table"), tg.placeholder((7,), dtype="int64", name="ids")
+    y = tg.nn.embedding(table, ids)
+    (dt,) = tg.gradient(y, [table])
+    scatters = [t for t in topo_order([dt]) if isinstance(t.op, ScatterOp)]
+    assert scatters, tg.show(dt)
+    assert tg.iterations(dt) <= y.size + table.size
+    feed = random_feed([table], np.random.default_rng(0))
+    feed[ids] = np.array([3, 3, 49, 0, 7, 3, 0])
+    raw, simp, feed = raw_and_simplified(y, [table], feed)
+    assert_same_values(raw, simp, feed)
+    assert "+=" in tg.show(simp[0])
+
+
+def test_scatter_checks_ids_at_run_time():
+    table, ids = ph((5, 2), "table"), tg.placeholder((3,), dtype="int64", name="ids")
+    (dt,) = tg.gradient(tg.nn.embedding(table, ids), [table])
+    with pytest.raises(tg.TeGradError, match="outside"):
+        tg.evaluate([dt], {table: np.zeros((5, 2)), ids: np.array([0, 9, 1])})
+
+
+# ---------------------------------------------------------------------------
+# exact counts agree with isl's own point counting on small domains
+# ---------------------------------------------------------------------------
+
+def test_counts_agree_with_isl_count_val():
+    x, w = ph((1, 2, 7, 7), "X"), ph((3, 2, 3, 3), "W")
+    y = tg.nn.conv2d(x, w, stride=2, padding=1)
+    dx, _ = tg.gradient(y, [x, w])
+    # dX[n, c, h, w] sums over (f, oh, ow) with 2*oh - 1 + ry == h, 2*ow - 1 + rx == w
+    s = isl.Set("{ [n, c, h, w, f, oh, ow, ry, rx] : n = 0 and 0 <= c < 2 and 0 <= h < 7 and 0 <= w < 7 "
+                "and 0 <= f < 3 and 0 <= oh < 4 and 0 <= ow < 4 and 0 <= ry < 3 and 0 <= rx < 3 "
+                "and 2*oh - 1 + ry = h and 2*ow - 1 + rx = w }")
+    assert tg.iterations([dx]) - tg.iterations([t for t in topo_order([dx]) if t is not dx]) == \
+        s.count_val().to_python()
+    k = tg.reduce_axis(9, "k")
+    tri = tg.simplify(tg.compute((9, 9), lambda i, j: tg.sum(x[0, 0, k % 7, j % 7], axis=k,
+                                                               where=(k >= i) & (k <= j)), name="tri"))
+    s2 = isl.Set("{ [i, j, k] : 0 <= i < 9 and 0 <= j < 9 and i <= k <= j }")
+    assert tg.iterations(tri) == s2.count_val().to_python()
+
+
+# ---------------------------------------------------------------------------
+# static bounds proofs
+# ---------------------------------------------------------------------------
+
+def test_out_of_bounds_read_is_reported_with_a_point():
+    x = ph((8,), "X")
+    y = tg.compute((8,), lambda i: x[i + 1] * 2.0, name="shifted")
+    with pytest.raises(tg.TeGradError, match=r"X\[i \+ 1\] in shifted.*i=7.*shape \[8\]"):
+        tg.simplify(y)
+    with pytest.raises(tg.TeGradError, match="out of bounds"):
+        tg.differentiate(y, [x])
+
+
+def test_guarded_reads_are_proven_safe():
+    from simplify import check_bounds
+    x = ph((8,), "X")
+    ids = tg.placeholder((8,), dtype="int64", name="ids")
+    y = tg.compute((8,), lambda i: tg.if_then_else(i < 7, x[i + 1], 0.0) + x[ids[i]]
+                   + tg.if_then_else((i > 0) & (x[i] > 0.0), x[i - 1], 0.0), name="y")
+    checks = check_bounds([y])
+    assert [str(c) for c in checks] == ["X[ids[i]] in y"]
+    guarded_by_data = tg.compute((8,), lambda i: tg.if_then_else(x[i] > 0.0, x[i - 1], 0.0), name="z")
+    assert [str(c) for c in check_bounds([guarded_by_data])] == ["X[i - 1] in z"]
+
+
+# ---------------------------------------------------------------------------
+# determinism
+# ---------------------------------------------------------------------------
+
+_PROGRAM = """
+import te_grad as tg
+x = tg.placeholder((1, 3, 8, 8), name="X"); w = tg.placeholder((4, 3, 3, 3), name="W")
+y = tg.nn.max_pool2d(tg.nn.relu(tg.nn.conv2d(x, w, stride=2, padding=1)), 2)
+print(tg.show(list(tg.differentiate(y, [x, w]))))
+"""
+
+
+def test_same_input_same_output_within_and_across_processes():
+    texts = set()
+    for _ in range(100):
+        scope = {}
+        exec(_PROGRAM.replace("print(", "out = ("), scope)
+        texts.add(scope["out"])
+    assert len(texts) == 1
+    runs = {subprocess.run([sys.executable, "-c", _PROGRAM], capture_output=True, text=True,
+                           check=True).stdout for _ in range(2)}
+    assert runs == {texts.pop() + "\n"}
