@@ -1,0 +1,456 @@
+"""Gradients of every te_grad.nn operator, in float64.
+
+For each operator and parameter case:
+
+- the simplified gradients match central finite differences
+  (:func:`te_grad.testing.check_gradients`);
+- the raw VJP (``simplify=False``) and the simplified one agree to 1e-10 for
+  the same head;
+- where every read is quasi-affine, the simplified gradients iterate at most
+  ``R * iterations(forward) + |gradients| + 4 * |output|`` times, and never more
+  than the raw form.
+
+Shapes are small: the raw form sums over the whole forward domain for every
+gradient element.
+"""
+import functools
+
+import numpy as np
+import pytest
+
+import te_grad as tg
+from te_grad import nn
+from te_grad.testing import check_gradients
+
+F64 = "float64"
+#: forward iterations allowed per read of the simplified gradients (see the module docstring)
+R = 3
+
+
+def ph(shape, name):
+    return tg.placeholder(shape, dtype=F64, name=name)
+
+
+def ids(shape, name, dtype="int64"):
+    return tg.placeholder(shape, dtype=dtype, name=name)
+
+
+def uniform(rng, shape, low=-1.0, high=1.0):
+    return rng.uniform(low, high, size=shape)
+
+
+def away_from_zero(rng, shape, low=0.1, high=1.0):
+    """Random values with magnitude in [low, high] and a random sign (no kink at 0)."""
+    return rng.uniform(low, high, size=shape) * rng.choice([-1.0, 1.0], size=shape)
+
+
+def distinct(rng, shape, gap=0.05):
+    """A random permutation of evenly spaced values: no ties, no near ties (max pooling)."""
+    n = int(np.prod(shape))
+    return (rng.permutation(n) * gap - n * gap / 2).reshape(shape).astype(F64)
+
+
+# ---------------------------------------------------------------------------
+# the cases: name -> builder returning (output, float inputs, feed)
+# ---------------------------------------------------------------------------
+
+CASES = {}
+OPTIONS = {}
+
+
+def case(name, *, quasi_affine=True, full_limit=64, directions=2, marks=()):
+    """Register a builder ``fn(rng) -> (output, inputs, feed)`` under ``name``."""
+    def deco(fn):
+        assert name not in CASES, name
+        CASES[name] = fn
+        OPTIONS[name] = dict(quasi_affine=quasi_affine, full_limit=full_limit,
+                             directions=directions, marks=marks)
+        return fn
+    return deco
+
+
+def simple(name, build, shapes, gen=uniform, **kw):
+    """Register ``build(*placeholders)`` with float64 placeholders of ``shapes`` fed by ``gen``."""
+    def fn(rng):
+        xs = [ph(s, f"X{i}") for i, s in enumerate(shapes)]
+        gens = gen if isinstance(gen, (list, tuple)) else [gen] * len(xs)
+        return build(*xs), xs, {x: g(rng, x.shape) for x, g in zip(xs, gens)}
+    case(name, **kw)(fn)
+
+
+# ----- linear algebra ------------------------------------------------------
+
+simple("dense", lambda x, w: nn.dense(x, w), [(3, 4), (5, 4)])
+simple("dense_bias", lambda x, w, b: nn.dense(x, w, b), [(3, 4), (5, 4), (5,)])
+for _ta in (False, True):
+    for _tb in (False, True):
+        simple(f"matmul_ta{int(_ta)}_tb{int(_tb)}",
+               functools.partial(lambda a, b, ta, tb: nn.matmul(a, b, ta, tb), ta=_ta, tb=_tb),
+               [(4, 3) if _ta else (3, 4), (5, 4) if _tb else (4, 5)])
+simple("batch_matmul", lambda a, b: nn.batch_matmul(a, b), [(2, 3, 4), (2, 4, 3)])
+simple("batch_matmul_tb", lambda a, b: nn.batch_matmul(a, b, transpose_b=True),
+       [(2, 3, 4), (2, 2, 4)])
+simple("batch_matmul_bcast_a", lambda a, b: nn.batch_matmul(a, b), [(1, 3, 4), (3, 4, 2)], directions=3)
+simple("batch_matmul_bcast_b_tb", lambda a, b: nn.batch_matmul(a, b, transpose_b=True),
+       [(3, 2, 4), (1, 3, 4)])
+
+# ----- convolutions --------------------------------------------------------
+
+CONV = {
+    # name: (x shape, w shape, kwargs)
+    "basic": ((1, 2, 5, 5), (3, 2, 3, 3), {}),
+    "stride2": ((1, 2, 6, 6), (2, 2, 3, 3), dict(stride=2)),
+    "pad1": ((1, 2, 4, 4), (2, 2, 3, 3), dict(padding=1)),
+    "pad_asym": ((1, 1, 5, 4), (2, 1, 3, 2), dict(padding=(1, 0, 2, 1))),
+    "pad_pair": ((1, 1, 4, 5), (2, 1, 3, 3), dict(padding=(0, 2))),
+    "dilation2": ((1, 2, 6, 6), (2, 2, 2, 2), dict(dilation=2)),
+    "stride2_pad1_dil2": ((2, 1, 6, 6), (2, 1, 3, 3), dict(stride=2, padding=1, dilation=2)),
+    "stride_1x2_dil_2x1": ((1, 2, 5, 6), (2, 2, 2, 3), dict(stride=(1, 2), dilation=(2, 1))),
+    "groups2": ((1, 4, 4, 4), (4, 2, 2, 2), dict(groups=2)),
+    "groups2_stride2_pad1": ((1, 4, 5, 5), (2, 2, 3, 3), dict(groups=2, stride=2, padding=1)),
+    "depthwise": ((1, 3, 4, 4), (3, 1, 3, 3), dict(groups=3, padding=1)),
+    "depthwise_mult2": ((1, 2, 5, 5), (4, 1, 2, 2), dict(groups=2, stride=2)),
+    "bias": ((1, 2, 4, 4), (3, 2, 2, 2), dict(bias=True)),
+    "bias_groups2_pad1": ((2, 2, 3, 3), (4, 1, 3, 3), dict(groups=2, padding=1, bias=True)),
+    "kernel1x1": ((2, 3, 3, 3), (2, 3, 1, 1), {}),
+    "kernel1x1_one_channel_stride2": ((1, 1, 5, 5), (2, 1, 1, 1), dict(stride=2)),
+    "stride3_dil2_pad_asym": ((1, 1, 8, 7), (1, 1, 2, 3), dict(stride=3, dilation=2,
+                                                                padding=(2, 1, 0, 3))),
+    "kernel_larger_than_stride_gaps": ((1, 1, 7, 7), (1, 1, 2, 2), dict(stride=3)),
+    "pad_beyond_kernel": ((1, 1, 3, 3), (1, 1, 2, 2), dict(padding=2)),
+}
+
+
+def _conv_case(fn, xs, ws, kw):
+    kw = dict(kw)
+    use_bias = kw.pop("bias", False)
+
+    def build(rng):
+        x, w = ph(xs, "x"), ph(ws, "w")
+        inputs = [x, w]
+        b = None
+        if use_bias:
+            b = ph((ws[0] if fn is nn.conv2d else ws[1] * kw.get("groups", 1),), "b")
+            inputs.append(b)
+        out = fn(x, w, bias=b, **kw)
+        return out, inputs, {t: uniform(rng, t.shape) for t in inputs}
+    return build
+
+
+for _name, (_xs, _ws, _kw) in CONV.items():
+    case(f"conv2d_{_name}", directions=3)(_conv_case(nn.conv2d, _xs, _ws, _kw))
+
+CONV_T = {
+    # x is (N, C_in, H, W); w is (C_in, C_out/groups, KH, KW)
+    "basic": ((1, 2, 3, 3), (2, 2, 2, 2), {}),
+    "stride2": ((1, 2, 3, 3), (2, 1, 3, 3), dict(stride=2)),
+    "pad1": ((1, 1, 4, 4), (1, 2, 3, 3), dict(padding=1)),
+    "stride2_pad1": ((1, 2, 3, 3), (2, 2, 3, 3), dict(stride=2, padding=1)),
+    "stride2_pad1_outpad1": ((1, 1, 3, 3), (1, 2, 3, 3),
+                             dict(stride=2, padding=1, output_padding=1)),
+    "stride_2x1_outpad_1x0": ((1, 1, 3, 3), (1, 2, 2, 3),
+                              dict(stride=(2, 1), output_padding=(1, 0))),
+    "pad_asym": ((1, 1, 4, 3), (1, 2, 3, 3), dict(padding=(1, 0, 0, 2))),
+    "dilation2": ((1, 1, 3, 3), (1, 2, 2, 2), dict(dilation=2)),
+    "groups2": ((1, 2, 3, 3), (2, 2, 2, 2), dict(groups=2, stride=2)),
+    "bias": ((1, 2, 3, 3), (2, 3, 2, 2), dict(bias=True, stride=2, padding=1)),
+    "depthwise": ((1, 2, 3, 3), (2, 1, 3, 3), dict(groups=2, stride=2, padding=1)),
+    "stride3_dil2_outpad2": ((1, 1, 2, 3), (1, 1, 2, 2),
+                             dict(stride=3, dilation=2, output_padding=2)),
+    "outpad_below_dilation": ((1, 1, 3, 3), (1, 1, 2, 2), dict(dilation=2, output_padding=1)),
+    "kernel1x1_stride2": ((1, 2, 3, 3), (2, 1, 1, 1), dict(stride=2)),
+    "pad_asym_stride2_groups2": ((2, 2, 3, 2), (2, 2, 3, 2),
+                                 dict(stride=2, padding=(0, 1, 2, 0), groups=2)),
+}
+for _name, (_xs, _ws, _kw) in CONV_T.items():
+    case(f"conv2d_transpose_{_name}", directions=3)(
+        _conv_case(nn.conv2d_transpose, _xs, _ws, _kw))
+
+# ----- pooling -------------------------------------------------------------
+
+MAX_POOL = {
+    "k2": ((1, 2, 4, 4), dict(kernel=2)),
+    "k3_s2": ((1, 1, 7, 7), dict(kernel=3, stride=2)),
+    "k3_s1_pad1": ((1, 2, 4, 4), dict(kernel=3, stride=1, padding=1)),
+    "k2_s1": ((2, 1, 4, 4), dict(kernel=2, stride=1)),
+    "k2_dil2": ((1, 1, 5, 5), dict(kernel=2, stride=1, dilation=2)),
+    "k3_s2_pad1_dil2": ((1, 1, 7, 7), dict(kernel=3, stride=2, padding=1, dilation=2)),
+    "k_2x3_pad_asym": ((1, 1, 5, 6), dict(kernel=(2, 3), stride=(1, 2), padding=(1, 0, 0, 1))),
+    "k2_s3_gaps": ((1, 2, 7, 7), dict(kernel=2, stride=3)),
+    "k1": ((1, 2, 3, 3), dict(kernel=1)),
+    "k_1x3_pad_0x1_dil_1x2": ((1, 1, 3, 7), dict(kernel=(1, 3), stride=1, padding=(0, 1),
+                                                 dilation=(1, 2))),
+}
+for _name, (_shape, _kw) in MAX_POOL.items():
+    simple(f"max_pool2d_{_name}", functools.partial(nn.max_pool2d, **_kw), [_shape],
+           gen=distinct, directions=3)
+
+AVG_POOL = {
+    "k2": ((1, 2, 4, 4), dict(kernel=2)),
+    "k3_s2": ((1, 1, 7, 7), dict(kernel=3, stride=2)),
+    "k3_s1_pad1": ((1, 2, 4, 4), dict(kernel=3, stride=1, padding=1)),
+    "k3_s1_pad1_exclude_pad": ((1, 2, 4, 4),
+                               dict(kernel=3, stride=1, padding=1, count_include_pad=False)),
+    "k2_s1_pad_asym_exclude": ((1, 1, 5, 5), dict(kernel=2, stride=1, padding=(1, 0, 0, 1),
+                                                  count_include_pad=False)),
+    "k_2x3_s_2x1": ((2, 1, 4, 5), dict(kernel=(2, 3), stride=(2, 1))),
+    "k2_s3_gaps": ((1, 2, 7, 7), dict(kernel=2, stride=3)),
+    "k3_s2_pad1_exclude_pad": ((1, 1, 6, 6),
+                               dict(kernel=3, stride=2, padding=1, count_include_pad=False)),
+    "k1": ((1, 2, 3, 3), dict(kernel=1)),
+}
+for _name, (_shape, _kw) in AVG_POOL.items():
+    simple(f"avg_pool2d_{_name}", functools.partial(nn.avg_pool2d, **_kw), [_shape], directions=3)
+
+simple("global_avg_pool2d", nn.global_avg_pool2d, [(2, 3, 3, 4)], directions=3)
+simple("global_max_pool2d", nn.global_max_pool2d, [(2, 3, 3, 4)], gen=distinct, directions=3)
+
+# ----- activations ---------------------------------------------------------
+
+simple("relu", nn.relu, [(3, 4)], gen=away_from_zero)
+simple("leaky_relu", functools.partial(nn.leaky_relu, alpha=0.2), [(3, 4)], gen=away_from_zero)
+simple("sigmoid", nn.sigmoid, [(2, 3, 2)], gen=functools.partial(uniform, low=-3, high=3))
+simple("tanh", nn.tanh, [(3, 4)], gen=functools.partial(uniform, low=-2, high=2))
+simple("gelu", nn.gelu, [(3, 4)], gen=functools.partial(uniform, low=-3, high=3))
+for _axis in (0, 1, -1):
+    simple(f"softmax_axis{_axis}", functools.partial(nn.softmax, axis=_axis), [(2, 3, 4)],
+           gen=functools.partial(uniform, low=-2, high=2))
+    simple(f"log_softmax_axis{_axis}", functools.partial(nn.log_softmax, axis=_axis), [(2, 3, 4)],
+           gen=functools.partial(uniform, low=-2, high=2))
+simple("softmax_1d", nn.softmax, [(5,)])
+simple("softmax_size1_axis", functools.partial(nn.softmax, axis=1), [(3, 1, 2)])
+simple("log_softmax_size1_axis", functools.partial(nn.log_softmax, axis=0), [(1, 4)])
+simple("log_softmax_2d_axis0", functools.partial(nn.log_softmax, axis=0), [(4, 3)])
+
+# ----- normalization -------------------------------------------------------
+
+simple("layer_norm", nn.layer_norm, [(3, 5)])
+simple("layer_norm_gamma", lambda x, g: nn.layer_norm(x, g), [(3, 5), (5,)])
+simple("layer_norm_beta", lambda x, b: nn.layer_norm(x, beta=b), [(3, 5), (5,)])
+simple("layer_norm_gamma_beta", lambda x, g, b: nn.layer_norm(x, g, b), [(3, 5), (5,), (5,)])
+simple("layer_norm_2_axes", lambda x, g, b: nn.layer_norm(x, g, b, axis=(-2, -1)),
+       [(2, 3, 4), (3, 4), (3, 4)])
+simple("layer_norm_3_axes", lambda x: nn.layer_norm(x, axis=(1, 2, 3)), [(2, 2, 2, 3)], directions=3)
+simple("layer_norm_1d", nn.layer_norm, [(6,)])
+simple("batch_norm_2d", nn.batch_norm, [(4, 3)])
+simple("batch_norm_5d", nn.batch_norm, [(2, 2, 2, 1, 3)])
+simple("batch_norm_2d_affine", lambda x, g, b: nn.batch_norm(x, g, b), [(4, 3), (3,), (3,)])
+simple("batch_norm_3d", lambda x, g: nn.batch_norm(x, g), [(2, 3, 4), (3,)])
+simple("batch_norm_4d", nn.batch_norm, [(2, 2, 3, 3)], directions=3)
+simple("batch_norm_4d_affine", lambda x, g, b: nn.batch_norm(x, g, b), [(2, 3, 2, 2), (3,), (3,)])
+
+# ----- layout --------------------------------------------------------------
+
+simple("flatten", nn.flatten, [(2, 3, 2, 2)])
+simple("flatten_1d", nn.flatten, [(5,)])
+simple("reshape_merge", lambda x: nn.reshape(x, (6, 4)), [(2, 3, 4)])
+simple("reshape_split", lambda x: nn.reshape(x, (2, 3, 2)), [(3, 4)])
+simple("reshape_rank_change_neg1", lambda x: nn.reshape(x, (4, -1)), [(2, 3, 4)])
+simple("reshape_mixed", lambda x: nn.reshape(x, (3, -1, 2)), [(4, 3, 2)])
+simple("reshape_to_1d", lambda x: nn.reshape(x, -1), [(3, 2, 2)])
+simple("reshape_unit_dims", lambda x: nn.reshape(x, (2, 1, 3)), [(1, 6, 1)])
+simple("reshape_no_common_factor", lambda x: nn.reshape(x, (2, 6)), [(3, 4)])
+simple("reshape_to_0d", lambda x: nn.reshape(x, ()), [(1, 1)])
+simple("transpose_2d", nn.transpose, [(3, 4)])
+simple("transpose_reverse_3d", nn.transpose, [(2, 3, 4)])
+simple("transpose_perm", lambda x: nn.transpose(x, (1, 2, 0)), [(2, 3, 4)])
+simple("transpose_neg_axes", lambda x: nn.transpose(x, (0, -1, 1, 2)), [(2, 2, 3, 2)])
+simple("concat_axis0", lambda a, b: nn.concat([a, b], axis=0), [(2, 3), (3, 3)])
+simple("concat_axis1_three", lambda a, b, c: nn.concat([a, b, c], axis=1),
+       [(2, 1, 3), (2, 3, 3), (2, 2, 3)])
+simple("concat_axis_neg1", lambda a, b: nn.concat([a, b], axis=-1), [(2, 3, 2), (2, 3, 3)])
+simple("concat_same_input_twice", lambda a: nn.concat([a, a], axis=0), [(2, 3)])
+simple("concat_with_empty", lambda a, b, c: nn.concat([a, b, c], axis=1), [(2, 2), (2, 0), (2, 3)])
+simple("concat_single", lambda a: nn.concat([a], axis=1), [(2, 3)])
+for _part in range(3):
+    simple(f"split_sections3_part{_part}",
+           functools.partial(lambda x, p: nn.split(x, 3, axis=1)[p], p=_part), [(2, 6)])
+    simple(f"split_indices_part{_part}",
+           functools.partial(lambda x, p: nn.split(x, [1, 3], axis=0)[p], p=_part), [(5, 2)])
+simple("pad_all", lambda x: nn.pad(x, 1), [(2, 3)])
+simple("pad_per_axis", lambda x: nn.pad(x, [(0, 1), (2, 0), (1, 1)], value=0.5), [(2, 2, 3)])
+simple("pad_pair", lambda x: nn.pad(x, (1, 2)), [(3, 2)])
+simple("pad_nothing_on_one_axis", lambda x: nn.pad(x, [(0, 0), (3, 1)]), [(2, 2)])
+simple("strided_slice_step2", lambda x: nn.strided_slice(x, [0, 1], [4, 5], [2, 2]), [(4, 5)])
+simple("strided_slice_partial_axes", lambda x: nn.strided_slice(x, [1], [3]), [(4, 3, 2)])
+simple("strided_slice_neg_stride", lambda x: nn.strided_slice(x, [-1, 4], [None, 0], [-1, -2]),
+       [(3, 5)])
+simple("strided_slice_neg_stride3_clipped",
+       lambda x: nn.strided_slice(x, [10, None], [-10, None], [-3, -1]), [(7, 2)])
+simple("strided_slice_step3_out_of_range", lambda x: nn.strided_slice(x, [1], [100], [3]), [(8, 2)])
+simple("strided_slice_neg_begin_end", lambda x: nn.strided_slice(x, [-3, -1], [-1, -5], [1, -3]),
+       [(4, 6)])
+
+# ----- broadcast arithmetic ------------------------------------------------
+
+BINARY = {
+    # name: (fn, generator of the first operand, of the second)
+    "add": (nn.add, uniform, uniform),
+    "subtract": (nn.subtract, uniform, uniform),
+    "multiply": (nn.multiply, uniform, uniform),
+    "divide": (nn.divide, uniform, functools.partial(away_from_zero, low=0.5, high=2.0)),
+    "maximum": (nn.maximum, uniform, uniform),
+    "minimum": (nn.minimum, uniform, uniform),
+    "power": (nn.power, functools.partial(uniform, low=0.5, high=2.0),
+              functools.partial(uniform, low=-1.5, high=2.0)),
+}
+BROADCASTS = {
+    "same": ((3, 4), (3, 4)),
+    "rank": ((2, 3, 4), (3, 4)),
+    "both": ((3, 1, 4), (2, 1)),
+    "vs_scalar_tensor": ((), (2, 3)),
+}
+for _op, (_fn, _ga, _gb) in BINARY.items():
+    for _bname, _shapes in BROADCASTS.items():
+        simple(f"{_op}_{_bname}", _fn, list(_shapes), gen=[_ga, _gb])
+    simple(f"{_op}_python_number", functools.partial(lambda x, f: f(x, 1.5), f=_fn), [(2, 3)],
+           gen=_ga)
+simple("power_number_base", lambda x: nn.power(2.0, x), [(2, 3)])
+simple("bias_add_nchw", lambda x, b: nn.bias_add(x, b), [(2, 3, 2, 2), (3,)])
+simple("bias_add_last_axis", lambda x, b: nn.bias_add(x, b, axis=-1), [(3, 4), (4,)])
+simple("bias_add_axis0", lambda x, b: nn.bias_add(x, b, axis=0), [(3, 2, 2), (3,)])
+simple("add_same_tensor_twice", lambda a: nn.add(a, a), [(2, 3)])
+simple("multiply_0d_0d", nn.multiply, [(), ()])
+simple("power_scalar_exponent_vs_matrix", nn.power, [(2, 3), (1, 1)],
+       gen=[functools.partial(uniform, low=0.5, high=2.0), uniform])
+
+# ----- gathers (data-dependent reads: no iteration bound) -----------------
+
+
+@case("embedding", quasi_affine=False)
+def _embedding(rng):
+    table, i = ph((5, 3), "table"), ids((2, 3), "ids")
+    return nn.embedding(table, i), [table], {table: uniform(rng, table.shape),
+                                            i: np.array([[0, 2, 2], [4, 0, 2]])}
+
+
+@case("embedding_1d_ids_int32", quasi_affine=False)
+def _embedding_1d(rng):
+    table, i = ph((4, 2), "table"), ids((6,), "ids", "int32")
+    return nn.embedding(table, i), [table], {table: uniform(rng, table.shape),
+                                            i: np.array([3, 1, 3, 3, 0, 1], dtype=np.int32)}
+
+
+@case("embedding_0d_id", quasi_affine=False)
+def _embedding_0d(rng):
+    table, i = ph((3, 4), "table"), ids((), "ids")
+    return nn.embedding(table, i), [table], {table: uniform(rng, table.shape), i: np.array(2)}
+
+
+@case("take_0d_index", quasi_affine=False)
+def _take_0d(rng):
+    x, i = ph((3, 4), "x"), ids((), "indices")
+    return nn.take(x, i, axis=1), [x], {x: uniform(rng, x.shape), i: np.array(1)}
+
+
+@case("take_axis0", quasi_affine=False)
+def _take0(rng):
+    x, i = ph((4, 3), "x"), ids((5,), "indices")
+    return nn.take(x, i), [x], {x: uniform(rng, x.shape), i: np.array([1, 3, 1, 0, 1])}
+
+
+@case("take_axis1_2d_indices", quasi_affine=False)
+def _take1(rng):
+    x, i = ph((2, 4, 3), "x"), ids((2, 2), "indices")
+    return nn.take(x, i, axis=1), [x], {x: uniform(rng, x.shape), i: np.array([[3, 0], [3, 3]])}
+
+
+@case("take_last_axis", quasi_affine=False)
+def _take_last(rng):
+    x, i = ph((3, 4), "x"), ids((3,), "indices")
+    return nn.take(x, i, axis=-1), [x], {x: uniform(rng, x.shape), i: np.array([2, 2, 0])}
+
+
+# ----- losses --------------------------------------------------------------
+
+simple("mse_loss", nn.mse_loss, [(3, 4), (3, 4)])
+simple("mse_loss_3d", nn.mse_loss, [(2, 2, 3), (2, 2, 3)])
+simple("binary_cross_entropy", nn.binary_cross_entropy, [(3, 4), (3, 4)],
+       gen=[functools.partial(uniform, low=0.1, high=0.9), functools.partial(uniform, low=0, high=1)])
+simple("binary_cross_entropy_1d", nn.binary_cross_entropy, [(5,), (5,)],
+       gen=[functools.partial(uniform, low=0.05, high=0.95),
+            lambda rng, s: rng.integers(0, 2, size=s).astype(F64)])
+
+
+@case("softmax_cross_entropy", quasi_affine=False)
+def _sce(rng):
+    logits, labels = ph((4, 3), "logits"), ids((4,), "labels")
+    return (nn.softmax_cross_entropy(logits, labels), [logits],
+            {logits: uniform(rng, logits.shape, -2, 2), labels: np.array([2, 0, 2, 2])})
+
+
+@case("softmax_cross_entropy_int32", quasi_affine=False)
+def _sce32(rng):
+    logits, labels = ph((3, 5), "logits"), ids((3,), "labels", "int32")
+    return (nn.softmax_cross_entropy(logits, labels), [logits],
+            {logits: uniform(rng, logits.shape, -2, 2),
+             labels: np.array([4, 4, 1], dtype=np.int32)})
+
+
+# ---------------------------------------------------------------------------
+# the checks
+# ---------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def prepared(name):
+    """The case ``name`` with a head placeholder, its raw and simplified gradients and a feed."""
+    rng = np.random.default_rng(sum(map(ord, name)))
+    out, inputs, feed = CASES[name](rng)
+    head = tg.placeholder(out.shape, dtype=out.dtype, name="head")
+    feed = dict(feed)
+    feed[head] = rng.standard_normal(out.shape)
+    raw = list(tg.differentiate(out, inputs, head=head, simplify=False))
+    simp = list(tg.differentiate(out, inputs, head=head, simplify=True))
+    return out, inputs, feed, head, raw, simp
+
+
+def params(select=lambda opts: True):
+    return [pytest.param(n, id=n, marks=list(OPTIONS[n]["marks"]))
+            for n in sorted(CASES) if select(OPTIONS[n])]
+
+
+def test_every_nn_operator_has_a_case():
+    tested = set()
+    for name in CASES:
+        tested |= {op for op in nn.__all__ if name == op or name.startswith(op + "_")}
+    helpers = {"broadcast_shape", "conv2d_output_shape"}
+    assert set(nn.__all__) - helpers - tested == set()
+
+
+@pytest.mark.parametrize("name", params())
+def test_gradient_matches_finite_differences(name):
+    out, inputs, feed, head, _, simp = prepared(name)
+    opts = OPTIONS[name]
+    feed = {t: v for t, v in feed.items() if t is not head}
+    check_gradients(out, inputs, feed, grads=simp, head=head, full_limit=opts["full_limit"],
+                    directions=opts["directions"], seed=len(name))
+
+
+@pytest.mark.parametrize("name", params())
+def test_raw_and_simplified_gradients_agree(name):
+    _, inputs, feed, _, raw, simp = prepared(name)
+    got_raw = tg.evaluate(raw, feed)
+    got_simp = tg.evaluate(simp, feed)
+    for x, r, s in zip(inputs, got_raw, got_simp):
+        assert r.shape == s.shape == x.shape
+        np.testing.assert_allclose(s, r, rtol=1e-10, atol=1e-12, err_msg=f"gradient of {x.name}")
+
+
+def iteration_counts(name):
+    """(forward, simplified gradients, raw gradients, total gradient size, output size)."""
+    out, inputs, _, _, raw, simp = prepared(name)
+    return (tg.iterations(out), tg.iterations(simp), tg.iterations(raw),
+            sum(x.size for x in inputs), out.size)
+
+
+@pytest.mark.parametrize("name", params(lambda opts: opts["quasi_affine"]))
+def test_simplified_gradient_iteration_bound(name):
+    fwd, simp, raw, grad_size, out_size = iteration_counts(name)
+    bound = fwd * R + grad_size + 4 * out_size
+    assert simp <= bound, (f"{name}: simplified gradients iterate {simp} times, more than "
+                           f"{R} x {fwd} (forward) + {grad_size} + 4 x {out_size} = {bound}")
+    assert simp <= raw, f"{name}: simplified {simp} > raw {raw}"
+    if raw > 4 * simp:
+        assert simp < raw
+    if raw > 4 * fwd:
+        assert simp < raw, f"{name}: raw {raw}, simplified {simp}, forward {fwd}"
