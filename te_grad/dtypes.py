@@ -24,6 +24,8 @@ _RANK = {d: r for r, d in enumerate(DTYPES)}
 
 def canonical(dtype) -> str:
     """Return the te_grad name of ``dtype`` (a string, numpy dtype or type)."""
+    if dtype is None:  # np.dtype(None) would silently mean float64
+        raise UserError(f"a dtype is required; te_grad supports {', '.join(DTYPES)}")
     try:
         name = np.dtype(dtype).name
     except TypeError:

@@ -288,12 +288,16 @@ def check_feed(tensor: Tensor, value) -> np.ndarray:
         if arr.dtype != np.dtype(tensor.dtype):
             raise UserError(f"placeholder {tensor.name} expects dtype {tensor.dtype} but got an array of "
                             f"{arr.dtype}; convert it with .astype(np.{tensor.dtype})")
-    else:
+    else:  # Python scalars and lists are converted, but never with a loss of value
         try:
-            arr = np.asarray(value, dtype=tensor.dtype)
+            given = np.asarray(value)
+            arr = given.astype(tensor.dtype)
         except (TypeError, ValueError) as err:
             raise UserError(f"cannot convert the value for placeholder {tensor.name} to "
                             f"{tensor.dtype}: {err}") from None
+        if given.dtype.kind in "fc" and not dtypes.is_float(tensor.dtype) and not np.array_equal(arr, given):
+            raise UserError(f"placeholder {tensor.name} is {tensor.dtype} but was given non-integral "
+                            f"values {value!r}")
     if arr.shape != tensor.shape:
         raise UserError(f"placeholder {tensor.name} expects shape {list(tensor.shape)} but got "
                         f"{list(arr.shape)}")

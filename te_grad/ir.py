@@ -360,6 +360,13 @@ class Tensor:
     def __iter__(self):
         raise UserError(f"tensor {self.name} is not iterable; index it with {self.name}[i, ...]")
 
+    def _no_arithmetic(self, *_):
+        raise UserError(f"arithmetic on the whole tensor {self.name}: write it element-wise inside "
+                        f"tg.compute (e.g. {self.name}[i] + 1), or use tg.nn.add / tg.nn.multiply / ...")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _no_arithmetic
+    __truediv__ = __rtruediv__ = __pow__ = __neg__ = __matmul__ = _no_arithmetic
+
     def _repr_html_(self):
         from .printer import show_html
         return show_html(self)

@@ -287,3 +287,23 @@ def test_runtime_errors_name_the_read():
     assert "Xrt[ids[i] * 2]" in msg
     D = tg.compute((2,), lambda i: ids[i] // (ids[i] - 1), name="Div")
     user_error(lambda: tg.evaluate([D], {ids: np.array([0, 1])}), "division by zero", "Div")
+
+
+def test_dtype_none_is_rejected():
+    with pytest.raises(tg.UserError, match="dtype is required"):
+        tg.placeholder((2,), dtype=None, name="X")
+
+
+def test_lossy_list_feed_is_rejected():
+    X = tg.placeholder((2,), dtype="int32", name="X")
+    Y = tg.compute((2,), lambda i: X[i] * 2, name="Y")
+    np.testing.assert_array_equal(tg.evaluate([Y], {X: [1.0, 2.0]})[0], [2, 4])
+    with pytest.raises(tg.UserError, match="non-integral"):
+        tg.evaluate([Y], {X: [1.5, 2.0]})
+
+
+def test_whole_tensor_arithmetic_names_the_tensor():
+    X = tg.placeholder((2,), name="X")
+    for bad in (lambda: X + 1, lambda: 2 * X, lambda: -X, lambda: X / X):
+        with pytest.raises(tg.UserError, match="whole tensor X"):
+            bad()
