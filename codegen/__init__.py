@@ -1,1 +1,74 @@
-"""Scheduling, LLVM lowering and JIT compilation of te_grad graphs."""
+"""Compile te_grad graphs to native code: scheduling, LLVM lowering, JIT.
+
+:func:`build` simplifies the graph (isl), schedules each tensor as loop nests
+(:mod:`.schedule`), lowers them to one LLVM module (:mod:`.llvm_emit`),
+optimizes and JIT-compiles it for the host CPU (:mod:`.jit`), and wraps it as
+a callable :class:`~codegen.kernel.Kernel`.
+"""
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import llvmlite.ir as ir
+
+from simplify import simplify
+from simplify.count import tensor_iterations
+from te_grad.errors import UserError
+from te_grad.graph import topo_order
+from te_grad.ir import Tensor
+
+from .jit import compile_module
+from .kernel import CompiledStage, Kernel, default_threads
+from .llvm_emit import StageEmitter, _tensors_of
+from .schedule import stages_for
+
+__all__ = ["build", "Kernel"]
+
+
+def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *, fast_math: bool = True,
+          threads: int = None) -> Kernel:
+    """Compile ``outputs`` as functions of the placeholders ``inputs`` into one kernel.
+
+    ``fast_math`` lets reductions reassociate (so they vectorize) and products
+    and sums contract into fused multiply-adds. ``threads`` defaults to the
+    CPUs available (or ``TE_GRAD_NUM_THREADS``).
+    """
+    outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    inputs = list(inputs)
+    for t in outs + inputs:
+        if not isinstance(t, Tensor):
+            raise UserError(f"tg.build expects tensors, got {t!r}")
+    for t in inputs:
+        if not t.is_placeholder:
+            raise UserError(f"input {t.name} of tg.build is not a placeholder")
+    if len({id(t) for t in inputs}) != len(inputs):
+        raise UserError("tg.build lists the same input twice")
+    needed = [t for t in topo_order(outs) if t.is_placeholder and not any(t is x for x in inputs)]
+    if needed:
+        raise UserError(f"tg.build: the outputs need placeholder(s) {', '.join(t.name for t in needed)} "
+                        "that are not among the inputs")
+    simplified = simplify(outs)
+    stages = stages_for(simplified)
+    buffers = list(inputs)
+    index = {id(t): n for n, t in enumerate(buffers)}
+    for s in stages:
+        for t in _tensors_of(s):
+            if id(t) not in index:
+                index[id(t)] = len(buffers)
+                buffers.append(t)
+    for t in simplified:
+        if id(t) not in index:
+            index[id(t)] = len(buffers)
+            buffers.append(t)
+    module = ir.Module(name="te_grad")
+    names = []
+    for n, s in enumerate(stages):
+        name = f"stage{n}_{s.tensor.name}"
+        StageEmitter(module, s, name, index, fast_math).emit()
+        names.append(name)
+    compiled = compile_module(str(module), names)
+    compiled_stages = [CompiledStage(s, compiled.addresses[nm], [index[id(t)] for t in _tensors_of(s)],
+                                     tensor_iterations(s.tensor))
+                       for s, nm in zip(stages, names)]
+    return Kernel(simplified, inputs, buffers, compiled_stages, compiled,
+                  threads if threads is not None else default_threads())

@@ -144,11 +144,16 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset()) -> D
         if id(t) in keep or not isinstance(t.op, ComputeOp):
             new[id(t)] = t
             continue
-        scatter = try_scatter(t)
+        redirected = _Redirect(new, {}).visit(t.op.body)
+        if redirected is not t.op.body:
+            t_read = Tensor(t.name, t.shape, t.dtype, ComputeOp(t.op.axes, redirected))
+        else:
+            t_read = t
+        scatter = try_scatter(t_read)
         if scatter is not None:
             new[id(t)] = scatter
             continue
-        own = [_simplify_term(t, s) for s in summands(_Redirect(new, {}).visit(t.op.body))]
+        own = [_simplify_term(t, s) for s in summands(redirected)]
         body = _sum(own)
         body = _Redirect({}, inline).visit(body) if inline else body
         body = fold(_sum(_fuse(summands(body))))

@@ -22,6 +22,15 @@ def simplify(tensors):
     return _simplify(tensors)
 
 
+def build(outputs, inputs, **options):
+    """Compile ``outputs`` (functions of the placeholders ``inputs``) to a native kernel (LLVM).
+
+    ``kern = tg.build([Y, dX], inputs=[X, W]); y, dx = kern(x, w)``. See ``codegen.build``.
+    """
+    from codegen import build as _build
+    return _build(outputs, inputs, **options)
+
+
 def iterations(tensors) -> int:
     """Exact innermost-loop iterations to compute ``tensors`` from placeholders, each op once."""
     from simplify import iterations as _iterations
@@ -36,5 +45,5 @@ __all__ = [
     "exp", "log", "sqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf", "pow",
     "maximum", "minimum", "floor", "ceil", "trunc", "round",
     "evaluate", "show", "nn", "differentiate", "gradient", "DifferentiationResult",
-    "simplify", "iterations",
+    "simplify", "iterations", "build",
 ]

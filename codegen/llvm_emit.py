@@ -1,0 +1,343 @@
+"""Lower loop-IR stages to LLVM IR (llvmlite.ir).
+
+Each stage becomes ``i32 stage(T* noalias buf0, ..., i64 lo, i64 hi, i64* err)``:
+the buffers it touches (distinct allocations, hence ``noalias``, which lets
+LLVM keep accumulators in registers and vectorize), the range of its parallel
+loop, and an error record. It returns 0, or 1 after writing
+``err = [buffer, dimension, index]`` when a run-time checked index (a
+data-dependent read or scatter) is out of range, or 2 for an integer division
+by zero; it never touches memory out of bounds.
+
+Semantics match the reference evaluator: ``//`` and ``%`` floor like Python;
+``if_then_else`` and ``&``/``|`` evaluate only what is needed (as branches,
+which LLVM if-converts with masked loads where it can); ``round`` is
+round-half-even. Accumulations carry the ``reassoc`` flag (so reductions
+vectorize) and products/sums ``contract`` (fused multiply-add), unless the
+kernel is built with ``fast_math=False``.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+import llvmlite.ir as ir
+
+from te_grad import dtypes
+from te_grad.errors import InternalError
+from te_grad.graph import reads_in
+from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Select, Tensor, Unary, Var)
+
+from .loopir import If, Loop, Stage, Store
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+_SCALAR = {"float32": ir.FloatType(), "float64": ir.DoubleType(), "int32": I32, "int64": I64, "bool": I1}
+_MEMORY = dict(_SCALAR, bool=I8)
+_FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_LIBM = {("tanh", "float32"): "tanhf", ("tanh", "float64"): "tanh",
+         ("erf", "float32"): "erff", ("erf", "float64"): "erf"}
+_LLVM_INTRINSIC = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin",
+                   "cos": "llvm.cos", "abs": "llvm.fabs", "floor": "llvm.floor", "ceil": "llvm.ceil",
+                   "trunc": "llvm.trunc", "round": "llvm.roundeven"}
+
+
+def _strides(shape: Sequence[int]) -> List[int]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return list(reversed(out))
+
+
+class StageEmitter:
+    """Emits one stage as one LLVM function into ``module``."""
+
+    def __init__(self, module: ir.Module, stage: Stage, name: str, buffer_index: Dict[int, int],
+                 fast_math: bool = True):
+        self.module = module
+        self.stage = stage
+        self.fast = fast_math
+        self.buffer_index = buffer_index
+        self.tensors = _tensors_of(stage)
+        args = [ir.PointerType(_MEMORY[t.dtype]) for t in self.tensors] + [I64, I64, ir.PointerType(I64)]
+        self.fn = ir.Function(module, ir.FunctionType(I32, args), name)
+        for a in self.fn.args[:len(self.tensors)]:
+            a.add_attribute("noalias")
+        self.ptr = {id(t): self.fn.args[n] for n, t in enumerate(self.tensors)}
+        self.lo, self.hi, self.err = self.fn.args[-3:]
+        self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.env: Dict[int, ir.Value] = {}
+
+    # -- statements -------------------------------------------------------------------
+    def emit(self) -> ir.Function:
+        self.stmts(self.stage.body, top=True)
+        self.b.ret(ir.Constant(I32, 0))
+        return self.fn
+
+    def stmts(self, stmts, top=False):
+        for s in stmts:
+            if isinstance(s, Loop):
+                self.loop(s, split=top and s.parallel and self.stage.parallel_extent > 0)
+            elif isinstance(s, If):
+                cond = self.expr(s.cond)
+                with self.b.if_then(cond):
+                    self.stmts(s.body)
+            elif isinstance(s, Store):
+                self.store(s)
+            else:
+                raise InternalError(f"unknown loop statement {s!r}")
+
+    def loop(self, s: Loop, split: bool):
+        lo, hi = (self.lo, self.hi) if split else (self.expr(s.lo), self.expr(s.hi))
+        pre = self.b.block
+        head = self.fn.append_basic_block("loop")
+        body = self.fn.append_basic_block("body")
+        done = self.fn.append_basic_block("done")
+        self.b.cbranch(self.b.icmp_signed("<", lo, hi), head, done)
+        self.b.position_at_end(head)
+        i = self.b.phi(I64, name=s.var.name)
+        i.add_incoming(lo, pre)
+        self.b.branch(body)
+        self.b.position_at_end(body)
+        self.env[id(s.var)] = i
+        self.stmts(s.body)
+        nxt = self.b.add(i, ir.Constant(I64, 1), flags=["nsw"])
+        i.add_incoming(nxt, self.b.block)
+        self.b.cbranch(self.b.icmp_signed("<", nxt, hi), head, done)
+        self.b.position_at_end(done)
+        del self.env[id(s.var)]
+
+    def store(self, s: Store):
+        t = s.tensor
+        idx = [self.expr(i) for i in s.indices]
+        if s.checked:
+            self.check_indices(t, idx)
+        ptr = self.address(t, idx)
+        value = self.expr(s.value)
+        if s.combine is not None:
+            old = self.load_scalar(t, ptr)
+            value = self.combine(s.combine, t.dtype, old, value)
+        self.store_scalar(t, value, ptr)
+
+    def combine(self, op: str, dtype: str, old, new):
+        flags = ("reassoc", "contract") if self.fast else ()
+        if dtypes.is_float(dtype):
+            if op == "sum":
+                return self.b.fadd(old, new, flags=flags)
+            if op == "prod":
+                return self.b.fmul(old, new, flags=flags)
+            return self.call_intrinsic("llvm.maximum" if op == "max" else "llvm.minimum", dtype, [old, new])
+        if op == "sum":
+            return self.b.add(old, new)
+        if op == "prod":
+            return self.b.mul(old, new)
+        cmp = self.b.icmp_signed(">" if op == "max" else "<", new, old)
+        return self.b.select(cmp, new, old)
+
+    # -- memory ---------------------------------------------------------------------------
+    def address(self, t: Tensor, idx):
+        offset = None
+        for ix, stride in zip(idx, _strides(t.shape)):
+            term = ix if stride == 1 else self.b.mul(ix, ir.Constant(I64, stride), flags=["nsw"])
+            offset = term if offset is None else self.b.add(offset, term, flags=["nsw"])
+        return self.b.gep(self.ptr[id(t)], [offset if offset is not None else ir.Constant(I64, 0)],
+                          inbounds=True)
+
+    def load_scalar(self, t: Tensor, ptr):
+        v = self.b.load(ptr)
+        return self.b.trunc(v, I1) if t.dtype == "bool" else v
+
+    def store_scalar(self, t: Tensor, v, ptr):
+        self.b.store(self.b.zext(v, I8) if t.dtype == "bool" else v, ptr)
+
+    def check_indices(self, t: Tensor, idx):
+        for d, (ix, n) in enumerate(zip(idx, t.shape)):
+            bad = self.b.icmp_unsigned(">=", ix, ir.Constant(I64, n))  # negatives wrap to huge
+            with self.b.if_then(bad, likely=False):
+                self.fail(1, [self.buffer_index[id(t)], d], ix)
+
+    def fail(self, code: int, record: List[int], value):
+        for k, v in enumerate(record):
+            self.b.store(ir.Constant(I64, v), self.b.gep(self.err, [ir.Constant(I64, k)]))
+        self.b.store(value, self.b.gep(self.err, [ir.Constant(I64, len(record))]))
+        self.b.ret(ir.Constant(I32, code))
+        # code after the return is unreachable; give the builder a fresh block to continue in
+        self.b.position_at_end(self.fn.append_basic_block("after_error"))
+
+    # -- expressions ------------------------------------------------------------------------
+    def expr(self, e: Expr):
+        return getattr(self, "e_" + type(e).__name__)(e)
+
+    def e_Const(self, e: Const):
+        return ir.Constant(_SCALAR[e.dtype], int(e.value) if e.dtype == "bool" else e.value)
+
+    def e_Var(self, e: Var):
+        try:
+            return self.env[id(e)]
+        except KeyError:
+            raise InternalError(f"variable {e.name} used outside its loop in {self.stage.tensor.name}") from None
+
+    e_ReduceAxis = e_Var
+
+    def e_Read(self, e: Read):
+        idx = [self.expr(i) for i in e.indices]
+        if any(reads_in(i) for i in e.indices):  # data-dependent index: checked at run time
+            self.check_indices(e.tensor, idx)
+        return self.load_scalar(e.tensor, self.address(e.tensor, idx))
+
+    def e_Unary(self, e: Unary):
+        a = self.expr(e.a)
+        if e.op == "not":
+            return self.b.xor(a, ir.Constant(I1, 1))
+        return self.b.fneg(a) if dtypes.is_float(e.dtype) else self.b.neg(a)
+
+    def e_Compare(self, e: Compare):
+        a, b = self.expr(e.a), self.expr(e.b)
+        if dtypes.is_float(e.a.dtype):
+            if e.op == "ne":
+                return self.b.fcmp_unordered("!=", a, b)
+            return self.b.fcmp_ordered(_FCMP[e.op], a, b)
+        if e.a.dtype == "bool":
+            return self.b.icmp_unsigned(_FCMP[e.op], a, b)
+        return self.b.icmp_signed(_FCMP[e.op], a, b)
+
+    def e_Binary(self, e: Binary):
+        if e.op in ("and", "or"):
+            return self.logic(e)
+        a, b = self.expr(e.a), self.expr(e.b)
+        dt = e.dtype
+        if dtypes.is_float(dt):
+            flags = ("contract",) if self.fast else ()
+            if e.op == "add":
+                return self.b.fadd(a, b, flags=flags)
+            if e.op == "sub":
+                return self.b.fsub(a, b, flags=flags)
+            if e.op == "mul":
+                return self.b.fmul(a, b, flags=flags)
+            if e.op == "div":
+                return self.b.fdiv(a, b)
+            if e.op == "pow":
+                return self.call_intrinsic("llvm.pow", dt, [a, b])
+            return self.call_intrinsic("llvm.maximum" if e.op == "max" else "llvm.minimum", dt, [a, b])
+        if e.op == "add":
+            return self.b.add(a, b)
+        if e.op == "sub":
+            return self.b.sub(a, b)
+        if e.op == "mul":
+            return self.b.mul(a, b)
+        if e.op in ("min", "max"):
+            return self.b.select(self.b.icmp_signed("<" if e.op == "min" else ">", a, b), a, b)
+        if e.op in ("floordiv", "floormod"):
+            return self.floor_divmod(e.op, a, b, isinstance(e.b, Const))
+        raise InternalError(f"no lowering for {e.op} on {dt}")
+
+    def floor_divmod(self, op: str, a, b, b_is_const: bool):
+        if not b_is_const:
+            zero = self.b.icmp_signed("==", b, ir.Constant(b.type, 0))
+            with self.b.if_then(zero, likely=False):
+                self.fail(2, [self.buffer_index[id(self.stage.tensor)], 0], self.b.sext(b, I64)
+                          if b.type != I64 else b)
+        q, r = self.b.sdiv(a, b), self.b.srem(a, b)
+        zero = ir.Constant(a.type, 0)
+        # adjust truncating division to floor: when the remainder's sign differs from b's
+        adjust = self.b.and_(self.b.icmp_signed("!=", r, zero),
+                             self.b.icmp_signed("!=", self.b.icmp_signed("<", r, zero),
+                                                self.b.icmp_signed("<", b, zero)))
+        if op == "floordiv":
+            return self.b.sub(q, self.b.zext(adjust, a.type))
+        return self.b.select(adjust, self.b.add(r, b), r)
+
+    def logic(self, e: Binary):
+        a = self.expr(e.a)
+        if not reads_in(e.b):
+            b = self.expr(e.b)
+            return self.b.and_(a, b) if e.op == "and" else self.b.or_(a, b)
+        # short-circuit: the right operand may read memory only where the left allows
+        start = self.b.block
+        rhs = self.fn.append_basic_block("rhs")
+        join = self.fn.append_basic_block("join")
+        if e.op == "and":
+            self.b.cbranch(a, rhs, join)
+        else:
+            self.b.cbranch(a, join, rhs)
+        self.b.position_at_end(rhs)
+        b = self.expr(e.b)
+        rhs_end = self.b.block
+        self.b.branch(join)
+        self.b.position_at_end(join)
+        phi = self.b.phi(I1)
+        phi.add_incoming(ir.Constant(I1, 0 if e.op == "and" else 1), start)
+        phi.add_incoming(b, rhs_end)
+        return phi
+
+    def e_Select(self, e: Select):
+        cond = self.expr(e.cond)
+        if not reads_in(e.t) and not reads_in(e.f):
+            return self.b.select(cond, self.expr(e.t), self.expr(e.f))
+        with self.b.if_else(cond) as (then, otherwise):
+            with then:
+                t = self.expr(e.t)
+                t_end = self.b.block
+            with otherwise:
+                f = self.expr(e.f)
+                f_end = self.b.block
+        phi = self.b.phi(t.type)
+        phi.add_incoming(t, t_end)
+        phi.add_incoming(f, f_end)
+        return phi
+
+    def e_Call(self, e: Call):
+        x = self.expr(e.args[0])
+        dt = e.dtype
+        if e.name == "sigmoid":  # 1 / (1 + exp(-x)): exact limits 0 and 1 for large |x|
+            one = ir.Constant(x.type, 1.0)
+            ex = self.call_intrinsic("llvm.exp", dt, [self.b.fneg(x)])
+            return self.b.fdiv(one, self.b.fadd(one, ex))
+        if (e.name, dt) in _LIBM:
+            fn = self.module.globals.get(_LIBM[(e.name, dt)])
+            if fn is None:
+                fn = ir.Function(self.module, ir.FunctionType(x.type, [x.type]), _LIBM[(e.name, dt)])
+            return self.b.call(fn, [x])
+        return self.call_intrinsic(_LLVM_INTRINSIC[e.name], dt, [x])
+
+    def call_intrinsic(self, name: str, dtype: str, args):
+        fn = self.module.declare_intrinsic(name, [_SCALAR[dtype]])
+        return self.b.call(fn, args)
+
+    def e_Cast(self, e: Cast):
+        a = self.expr(e.a)
+        src, dst = e.a.dtype, e.dtype
+        if dst == "bool":
+            if dtypes.is_float(src):
+                return self.b.fcmp_unordered("!=", a, ir.Constant(a.type, 0.0))
+            return self.b.icmp_signed("!=", a, ir.Constant(a.type, 0))
+        to = _SCALAR[dst]
+        if src == "bool":
+            return self.b.uitofp(a, to) if dtypes.is_float(dst) else self.b.zext(a, to)
+        if dtypes.is_float(src) and dtypes.is_float(dst):
+            return self.b.fpext(a, to) if dst == "float64" else self.b.fptrunc(a, to)
+        if dtypes.is_float(src):
+            return self.b.fptosi(a, to)
+        if dtypes.is_float(dst):
+            return self.b.sitofp(a, to)
+        return self.b.sext(a, to) if to.width > a.type.width else self.b.trunc(a, to)
+
+
+def _tensors_of(stage: Stage) -> List[Tensor]:
+    """The buffers a stage touches: its output first, then what it reads, in order."""
+    seen = {id(stage.tensor): stage.tensor}
+
+    def walk(stmts):
+        for s in stmts:
+            exprs = []
+            if isinstance(s, Loop):
+                exprs = [s.lo, s.hi]
+                walk(s.body)
+            elif isinstance(s, If):
+                exprs = [s.cond]
+                walk(s.body)
+            else:
+                exprs = list(s.indices) + [s.value]
+            for e in exprs:
+                for r in reads_in(e):
+                    seen.setdefault(id(r.tensor), r.tensor)
+    walk(stage.body)
+    return list(seen.values())

@@ -1,0 +1,237 @@
+"""Turn a (simplified) tensor graph into stages of explicit loop nests.
+
+Each compute tensor becomes one :class:`~codegen.loopir.Stage`:
+
+- its body is split into an element-wise part and reduction terms (summands
+  ``R(...)`` or ``if_then_else(guard, R(...), identity)``); a body of any
+  other shape first has its nested reductions lifted into tensors of their own;
+- an initialization nest writes the element-wise part (or the identity), then
+  each reduction term is one accumulating nest ``T[j] = combine(T[j], body)``,
+  which frees the loop order: reduce loops may sit outside output loops;
+- loop order: one output axis outermost (split across threads, so threads
+  write disjoint parts of T); innermost, the variable giving the most
+  unit-stride accesses (vectorizable) among those no bound depends on; the
+  others in between, each after the variables its bounds use.
+A scatter becomes a serial stage: zero-fill, then accumulate with run-time
+checked indices.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from te_grad import dsl, dtypes
+from te_grad.autodiff.normalize import normalized_body
+from te_grad.evaluator import identity_of
+from te_grad.graph import free_vars, reads_in, topo_order
+from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ReduceAxis,
+                        ScatterOp, Select, Tensor, Unary, Var)
+
+from .loopir import If, Loop, Stage, Store
+
+
+def _summands(e: Expr) -> List[Expr]:
+    if isinstance(e, Binary) and e.op == "add":
+        return _summands(e.a) + _summands(e.b)
+    return [e]
+
+
+def _has_reduce(e: Expr) -> bool:
+    if isinstance(e, Reduce):
+        return True
+    return any(_has_reduce(c) for c in e.children())
+
+
+def split_terms(body: Expr):
+    """``(elementwise, [(guard, reduce)], combiner)`` if ``body`` is in terms form, else None."""
+    if isinstance(body, Reduce):
+        return (None, [(None, body)], body.combiner) if not _reduce_inside(body) else None
+    elementwise: List[Expr] = []
+    terms = []
+    for s in _summands(body):
+        guard, red = None, s
+        if isinstance(s, Select) and isinstance(s.t, Reduce) and isinstance(s.f, Const) and s.f.value == 0:
+            guard, red = s.cond, s.t
+        if isinstance(red, Reduce):
+            if red.combiner != "sum" or _reduce_inside(red) or (guard is not None and _has_reduce(guard)):
+                return None
+            terms.append((guard, red))
+        elif _has_reduce(s):
+            return None
+        else:
+            elementwise.append(s)
+    ew = None
+    for e in elementwise:
+        ew = e if ew is None else ew + e
+    return ew, terms, "sum"
+
+
+def _reduce_inside(red: Reduce) -> bool:
+    parts = [red.body] + ([red.where] if red.where is not None else [])
+    parts += [b for ax in red.axes for b in (ax.lo, ax.hi)]
+    return any(_has_reduce(p) for p in parts)
+
+
+# ---------------------------------------------------------------------------
+# loop order
+# ---------------------------------------------------------------------------
+
+def _coefficient(e: Expr, v: Var) -> Optional[int]:
+    """The coefficient of ``v`` in ``e`` if ``e`` is linear in ``v`` (None if not)."""
+    if e is v:
+        return 1
+    if isinstance(e, (Const, Var)):
+        return 0
+    if isinstance(e, Cast):
+        return _coefficient(e.a, v)
+    if isinstance(e, Unary) and e.op == "neg":
+        c = _coefficient(e.a, v)
+        return None if c is None else -c
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        a, b = _coefficient(e.a, v), _coefficient(e.b, v)
+        if a is None or b is None:
+            return None
+        return a + b if e.op == "add" else a - b
+    if isinstance(e, Binary) and e.op == "mul":
+        a, b = _coefficient(e.a, v), _coefficient(e.b, v)
+        if a == 0 and isinstance(e.a, Const) and b is not None:
+            return int(e.a.value) * b
+        if b == 0 and isinstance(e.b, Const) and a is not None:
+            return int(e.b.value) * a
+        if a == 0 and b == 0:
+            return 0
+        return None
+    return 0 if not any(x is v for x in free_vars(e)) else None
+
+
+def _access_score(indices: Sequence[Expr], v: Var) -> int:
+    """+2 unit stride in ``v``, +1 invariant, -1 otherwise."""
+    if not indices:
+        return 1
+    uses = [any(x is v for x in free_vars(i)) for i in indices]
+    if not any(uses):
+        return 1
+    if not any(uses[:-1]) and _coefficient(indices[-1], v) in (1, -1):
+        return 2
+    return -1
+
+
+def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence[ReduceAxis],
+               accesses: Sequence[Sequence[Expr]], store: Sequence[Expr]) -> Tuple[List[Var], Optional[Var]]:
+    """An order for the loops over ``out_axes`` (extents ``shape``) and ``red_axes``, and the parallel axis."""
+    extents: Dict[int, int] = {id(a): n for a, n in zip(out_axes, shape)}
+    for r in red_axes:
+        if r.extent is not None:
+            extents[id(r)] = r.extent
+    deps: Dict[int, set] = {id(a): set() for a in out_axes}
+    for r in red_axes:
+        deps[id(r)] = {id(x) for b in (r.lo, r.hi) for x in free_vars(b)}
+    parallel = None
+    if out_axes:
+        big = [a for a, n in zip(out_axes, shape) if n >= 4]
+        parallel = big[0] if big else max(zip(out_axes, shape), key=lambda p: p[1])[0]
+    rest = [a for a in list(out_axes) + list(red_axes) if a is not parallel]
+    if not rest:
+        return ([parallel] if parallel is not None else []), parallel
+
+    def score(v):
+        s = 2 * _access_score(store, v) + sum(_access_score(acc, v) for acc in accesses)
+        return (s, extents.get(id(v), 0))
+
+    needed_by_others = {d for v in rest for d in deps[id(v)]}
+    candidates = [v for v in rest if id(v) not in needed_by_others]
+    inner = max(candidates, key=score) if candidates else rest[-1]
+    middle = [v for v in rest if v is not inner]
+    ordered: List[Var] = [parallel] if parallel is not None else []
+    placed = {id(v) for v in ordered}
+    while middle:  # stable topological order: each variable after those its bounds use
+        for v in middle:
+            if deps[id(v)] <= placed | {id(x) for x in out_axes if x is parallel}:
+                ordered.append(v)
+                placed.add(id(v))
+                middle.remove(v)
+                break
+        else:
+            ordered.extend(middle)
+            break
+    ordered.append(inner)
+    return ordered, parallel
+
+
+# ---------------------------------------------------------------------------
+# stages
+# ---------------------------------------------------------------------------
+
+def _nest(order: List[Var], bounds: Dict[int, Tuple[Expr, Expr]], inner: List, parallel) -> List:
+    body = inner
+    for v in reversed(order):
+        lo, hi = bounds[id(v)]
+        body = [Loop(v, lo, hi, body, parallel=v is parallel)]
+    return body
+
+
+def _accesses(*exprs: Optional[Expr]) -> List[Sequence[Expr]]:
+    return [r.indices for e in exprs if e is not None for r in reads_in(e)]
+
+
+def compute_stage(t: Tensor, body: Expr) -> Stage:
+    """The stage of compute ``t`` whose body (in terms form) is ``body``."""
+    ew, terms, combiner = split_terms(body)
+    axes, shape = list(t.op.axes), list(t.shape)
+    out_bounds = {id(a): (dsl.const(0), dsl.const(n)) for a, n in zip(axes, shape)}
+    stmts = []
+    if terms:
+        init = ew if ew is not None else dsl.const(identity_of(combiner, t.dtype), t.dtype)
+    else:
+        init = ew
+    order, parallel = loop_order(axes, shape, [], _accesses(init), axes)
+    stmts += _nest(order, out_bounds, [Store(t, tuple(axes), dsl.cast(t.dtype, init))], parallel)
+    for guard, red in terms:
+        conds = ([guard] if guard is not None else []) + ([red.where] if red.where is not None else [])
+        cond = dsl.all(conds) if conds else None
+        order, par = loop_order(axes, shape, red.axes, _accesses(red.body, cond), axes)
+        bounds = dict(out_bounds)
+        bounds.update({id(r): (r.lo, r.hi) for r in red.axes})
+        store = Store(t, tuple(axes), dsl.cast(t.dtype, red.body), combine=red.combiner)
+        inner = [If(cond, [store])] if cond is not None else [store]
+        stmts += _nest(order, bounds, inner, par)
+    extent = dict(zip(map(id, axes), shape))
+    par_extent = extent[id(parallel)] if parallel is not None and all(
+        _outer_is(s, parallel) for s in stmts) else 0
+    return Stage(t, stmts, par_extent)
+
+
+def _outer_is(stmt, var) -> bool:
+    return isinstance(stmt, Loop) and stmt.var is var
+
+
+def scatter_stage(t: Tensor) -> Stage:
+    """Zero-fill, then ``t[indices] += value`` over the domain, indices checked at run time."""
+    op: ScatterOp = t.op
+    axes = [Var(f"i{d}") for d in range(t.ndim)]
+    zero = _nest(axes, {id(a): (dsl.const(0), dsl.const(n)) for a, n in zip(axes, t.shape)},
+                 [Store(t, tuple(axes), dsl.const(0, t.dtype))], None)
+    store = Store(t, op.indices, dsl.cast(t.dtype, op.value), combine="sum", checked=True)
+    inner = [If(op.where, [store])] if op.where is not None else [store]
+    acc = _nest(list(op.axes), {id(r): (r.lo, r.hi) for r in op.axes}, inner, None)
+    return Stage(t, zero + acc, 0)
+
+
+def stages_for(outputs: Sequence[Tensor]) -> List[Stage]:
+    """The stages computing every non-placeholder tensor behind ``outputs``, producers first."""
+    stages: List[Stage] = []
+    done = set()
+    for t in topo_order(list(outputs)):
+        if isinstance(t.op, PlaceholderOp):
+            continue
+        if isinstance(t.op, ScatterOp):
+            stages.append(scatter_stage(t))
+            continue
+        body = t.op.body
+        if split_terms(body) is None:
+            body, lifted = normalized_body(t)
+            for lt in lifted:  # lifted reductions are in terms form by construction
+                if id(lt) not in done:
+                    stages.append(compute_stage(lt, lt.op.body))
+                    done.add(id(lt))
+        stages.append(compute_stage(t, body))
+    return stages
