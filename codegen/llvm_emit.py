@@ -68,14 +68,14 @@ class StageEmitter:
 
     # -- statements -------------------------------------------------------------------
     def emit(self) -> ir.Function:
-        self.stmts(self.stage.body, top=True)
+        self.stmts(self.stage.body)
         self.b.ret(ir.Constant(I32, 0))
         return self.fn
 
-    def stmts(self, stmts, top=False):
+    def stmts(self, stmts):
         for s in stmts:
             if isinstance(s, Loop):
-                self.loop(s, split=top and s.parallel and self.stage.parallel_extent > 0)
+                self.loop(s, split=s.parallel and self.stage.parallel_extent > 0)
             elif isinstance(s, If):
                 cond = self.expr(s.cond)
                 with self.b.if_then(cond):
@@ -86,7 +86,10 @@ class StageEmitter:
                 raise InternalError(f"unknown loop statement {s!r}")
 
     def loop(self, s: Loop, split: bool):
-        lo, hi = (self.lo, self.hi) if split else (self.expr(s.lo), self.expr(s.hi))
+        lo, hi = self.expr(s.lo), self.expr(s.hi)
+        if split:  # this thread's share of the parallel loop
+            lo = self.b.select(self.b.icmp_signed(">", self.lo, lo), self.lo, lo)
+            hi = self.b.select(self.b.icmp_signed("<", self.hi, hi), self.hi, hi)
         pre = self.b.block
         head = self.fn.append_basic_block("loop")
         body = self.fn.append_basic_block("body")
@@ -226,11 +229,22 @@ class StageEmitter:
         if e.op in ("min", "max"):
             return self.b.select(self.b.icmp_signed("<" if e.op == "min" else ">", a, b), a, b)
         if e.op in ("floordiv", "floormod"):
-            return self.floor_divmod(e.op, a, b, isinstance(e.b, Const))
+            return self.floor_divmod(e.op, a, b, int(e.b.value) if isinstance(e.b, Const) else None)
         raise InternalError(f"no lowering for {e.op} on {dt}")
 
-    def floor_divmod(self, op: str, a, b, b_is_const: bool):
-        if not b_is_const:
+    def floor_divmod(self, op: str, a, b, b_const):
+        """Python's floor division / modulo (``b_const``: the divisor's value if constant)."""
+        if b_const is not None and b_const > 0:
+            c = ir.Constant(a.type, b_const)
+            if b_const & (b_const - 1) == 0:  # a power of two: shifts and masks floor exactly
+                if op == "floordiv":
+                    return self.b.ashr(a, ir.Constant(a.type, b_const.bit_length() - 1))
+                return self.b.and_(a, ir.Constant(a.type, b_const - 1))
+            neg = self.b.icmp_signed("<", a, ir.Constant(a.type, 0))
+            shifted = self.b.select(neg, self.b.sub(a, ir.Constant(a.type, b_const - 1)), a)
+            q = self.b.sdiv(shifted, c)
+            return q if op == "floordiv" else self.b.sub(a, self.b.mul(q, c))
+        if b_const is None:
             zero = self.b.icmp_signed("==", b, ir.Constant(b.type, 0))
             with self.b.if_then(zero, likely=False):
                 self.fail(2, [self.buffer_index[id(self.stage.tensor)], 0], self.b.sext(b, I64)
@@ -299,7 +313,8 @@ class StageEmitter:
         return self.call_intrinsic(_LLVM_INTRINSIC[e.name], dt, [x])
 
     def call_intrinsic(self, name: str, dtype: str, args):
-        fn = self.module.declare_intrinsic(name, [_SCALAR[dtype]])
+        ty = _SCALAR[dtype]
+        fn = self.module.declare_intrinsic(name, [ty], ir.FunctionType(ty, [ty] * len(args)))
         return self.b.call(fn, args)
 
     def e_Cast(self, e: Cast):

@@ -8,10 +8,10 @@ Each compute tensor becomes one :class:`~codegen.loopir.Stage`:
 - an initialization nest writes the element-wise part (or the identity), then
   each reduction term is one accumulating nest ``T[j] = combine(T[j], body)``,
   which frees the loop order: reduce loops may sit outside output loops;
-- loop order: one output axis outermost (split across threads, so threads
-  write disjoint parts of T); innermost, the variable giving the most
-  unit-stride accesses (vectorizable) among those no bound depends on; the
-  others in between, each after the variables its bounds use.
+- loop order: innermost, the variable giving the most unit-stride accesses
+  (vectorizable) among those no bound depends on; one output axis is split
+  across threads (each writes its own range of T), outermost unless it is the
+  innermost loop; the others in between, each after the variables its bounds use.
 A scatter becomes a serial stage: zero-fill, then accumulate with run-time
 checked indices.
 """
@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from te_grad import dsl, dtypes
 from te_grad.autodiff.normalize import normalized_body
-from te_grad.evaluator import identity_of
+from te_grad.evaluator import evaluate, identity_of
 from te_grad.graph import free_vars, reads_in, topo_order
+from te_grad.transform import substitute
 from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ReduceAxis,
                         ScatterOp, Select, Tensor, Unary, Var)
 
@@ -129,23 +132,26 @@ def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
     if out_axes:
         big = [a for a, n in zip(out_axes, shape) if n >= 4]
         parallel = big[0] if big else max(zip(out_axes, shape), key=lambda p: p[1])[0]
-    rest = [a for a in list(out_axes) + list(red_axes) if a is not parallel]
-    if not rest:
-        return ([parallel] if parallel is not None else []), parallel
+    every = list(out_axes) + list(red_axes)
+    if len(every) <= 1:
+        return every, parallel
 
     def score(v):
         s = 2 * _access_score(store, v) + sum(_access_score(acc, v) for acc in accesses)
-        return (s, extents.get(id(v), 0))
+        n = extents.get(id(v), 0)
+        return (s - (3 if n < 8 else 0), n)  # a short loop vectorizes poorly
 
-    needed_by_others = {d for v in rest for d in deps[id(v)]}
-    candidates = [v for v in rest if id(v) not in needed_by_others]
-    inner = max(candidates, key=score) if candidates else rest[-1]
-    middle = [v for v in rest if v is not inner]
-    ordered: List[Var] = [parallel] if parallel is not None else []
+    needed = {d for v in every for d in deps[id(v)]}
+    candidates = [v for v in every if id(v) not in needed]
+    inner = max(candidates, key=score) if candidates else every[-1]
+    middle = [v for v in every if v is not inner and v is not parallel]
+    # the parallel axis goes outermost unless it is the innermost loop: threads only
+    # need disjoint ranges of it, wherever its loop is
+    ordered: List[Var] = [parallel] if parallel is not None and parallel is not inner else []
     placed = {id(v) for v in ordered}
     while middle:  # stable topological order: each variable after those its bounds use
         for v in middle:
-            if deps[id(v)] <= placed | {id(x) for x in out_axes if x is parallel}:
+            if deps[id(v)] <= placed:
                 ordered.append(v)
                 placed.add(id(v))
                 middle.remove(v)
@@ -162,6 +168,7 @@ def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
 # ---------------------------------------------------------------------------
 
 def _nest(order: List[Var], bounds: Dict[int, Tuple[Expr, Expr]], inner: List, parallel) -> List:
+    """Loops in ``order`` (outermost first) around ``inner``."""
     body = inner
     for v in reversed(order):
         lo, hi = bounds[id(v)]
@@ -177,31 +184,91 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
     """The stage of compute ``t`` whose body (in terms form) is ``body``."""
     ew, terms, combiner = split_terms(body)
     axes, shape = list(t.op.axes), list(t.shape)
-    out_bounds = {id(a): (dsl.const(0), dsl.const(n)) for a, n in zip(axes, shape)}
+    full = {id(a): (0, n) for a, n in zip(axes, shape)}
     stmts = []
     if terms:
         init = ew if ew is not None else dsl.const(identity_of(combiner, t.dtype), t.dtype)
     else:
         init = ew
     order, parallel = loop_order(axes, shape, [], _accesses(init), axes)
-    stmts += _nest(order, out_bounds, [Store(t, tuple(axes), dsl.cast(t.dtype, init))], parallel)
+    stmts += _nest(order, _const_bounds(full), [Store(t, tuple(axes), dsl.cast(t.dtype, init))], parallel)
     for guard, red in terms:
         conds = ([guard] if guard is not None else []) + ([red.where] if red.where is not None else [])
         cond = dsl.all(conds) if conds else None
-        order, par = loop_order(axes, shape, red.axes, _accesses(red.body, cond), axes)
-        bounds = dict(out_bounds)
-        bounds.update({id(r): (r.lo, r.hi) for r in red.axes})
-        store = Store(t, tuple(axes), dsl.cast(t.dtype, red.body), combine=red.combiner)
-        inner = [If(cond, [store])] if cond is not None else [store]
-        stmts += _nest(order, bounds, inner, par)
+        for ranges, red_bounds in split_interior(axes, shape, red.axes):
+            axes_here = [_with_bounds(r, *red_bounds[id(r)]) for r in red.axes]
+            rename = {r: a for r, a in zip(red.axes, axes_here) if a is not r}
+            value = substitute(red.body, rename) if rename else red.body
+            cond_here = substitute(cond, rename) if (rename and cond is not None) else cond
+            order, par = loop_order(axes, shape, axes_here, _accesses(value, cond_here), axes)
+            bounds = _const_bounds(ranges)
+            bounds.update({id(r): (r.lo, r.hi) for r in axes_here})
+            store = Store(t, tuple(axes), dsl.cast(t.dtype, value), combine=red.combiner)
+            inner = [If(cond_here, [store])] if cond_here is not None else [store]
+            stmts += _nest(order, bounds, inner, par)
     extent = dict(zip(map(id, axes), shape))
-    par_extent = extent[id(parallel)] if parallel is not None and all(
-        _outer_is(s, parallel) for s in stmts) else 0
+    par_extent = extent[id(parallel)] if parallel is not None else 0
     return Stage(t, stmts, par_extent)
 
 
-def _outer_is(stmt, var) -> bool:
-    return isinstance(stmt, Loop) and stmt.var is var
+def _const_bounds(ranges: Dict[int, Tuple[int, int]]) -> Dict[int, Tuple[Expr, Expr]]:
+    return {k: (dsl.const(lo), dsl.const(hi)) for k, (lo, hi) in ranges.items()}
+
+
+def _with_bounds(r: ReduceAxis, lo: Expr, hi: Expr) -> ReduceAxis:
+    if lo is r.lo and hi is r.hi:
+        return r
+    return ReduceAxis(r.name, r.dtype, lo, hi)
+
+
+def split_interior(axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence[ReduceAxis]):
+    """Pieces ``(output ranges, reduce bounds)`` covering the output domain once.
+
+    When reduce bounds depend on output indices only near the borders (padding,
+    kernel overhang), the interior, where every bound is constant, is one piece
+    with constant bounds (so any loop order is legal there) and the borders are
+    slabs that keep the original bounds.
+    """
+    full = {id(a): (0, n) for a, n in zip(axes, shape)}
+    same = [(full, {id(r): (r.lo, r.hi) for r in red_axes})]
+    red_ids = {id(r) for r in red_axes}
+    used = {id(v) for r in red_axes for b in (r.lo, r.hi) for v in free_vars(b)}
+    if not used or used & red_ids:
+        return same
+    dep = [(a, n) for a, n in zip(axes, shape) if id(a) in used]
+    if int(np.prod([n for _, n in dep])) > (1 << 22):
+        return same
+    grid = Tensor("grid", tuple(n for _, n in dep), "bool", ComputeOp(tuple(a for a, _ in dep), dsl.const(True)))
+    values = []
+    for r in red_axes:
+        for b in (r.lo, r.hi):
+            probe = Tensor("bound", grid.shape, "int64", ComputeOp(grid.op.axes, dsl.cast("int64", b)))
+            values.append(evaluate([probe], {})[0])
+    typical = [int(np.bincount(v.ravel() - v.min()).argmax() + v.min()) for v in values]
+    inside = np.ones(grid.shape, dtype=bool)
+    for v, c in zip(values, typical):
+        inside &= v == c
+    where = np.nonzero(inside)
+    if not where[0].size:
+        return same
+    box = [(int(w.min()), int(w.max()) + 1) for w in where]
+    if inside[tuple(slice(lo, hi) for lo, hi in box)].sum() != inside.sum():
+        return same
+    const_bounds = {}
+    for n, r in enumerate(red_axes):
+        const_bounds[id(r)] = (dsl.const(typical[2 * n]), dsl.const(typical[2 * n + 1]))
+    interior = dict(full)
+    interior.update({id(a): b for (a, _), b in zip(dep, box)})
+    pieces = [(interior, const_bounds)]
+    for k, ((a, n), (lo, hi)) in enumerate(zip(dep, box)):  # slabs around the interior box
+        for rng in ((0, lo), (hi, n)):
+            if rng[0] >= rng[1]:
+                continue
+            slab = dict(full)
+            slab.update({id(b): box[m] for m, (b, _) in enumerate(dep[:k])})
+            slab[id(a)] = rng
+            pieces.append((slab, same[0][1]))
+    return pieces
 
 
 def scatter_stage(t: Tensor) -> Stage:

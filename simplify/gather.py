@@ -92,24 +92,32 @@ class ReductionParts:
                 self.ok = False
                 return
             self.affine.append(f"{lo} <= r{n} < {hi}")
+        self.affine_conditions = 0
         for c in conds:
             text = isl_cond(c, self.names)
             if text is None:
                 self.residual.append(c)
             else:
                 self.affine.append(text)
+                self.affine_conditions += 1
 
-    def domain(self) -> Domain:
-        return Domain(self.params, self.dims, self.affine)
+    def domain(self, order=None) -> Domain:
+        return Domain(self.params, self.dims, self.affine, order)
 
 
 def simplify_reduction(red: Reduce, out_axes: Sequence[Var], shape: Sequence[int]) -> Optional[Expr]:
     """An exact replacement for ``red`` with tight loops, or None if isl cannot help."""
     parts = ReductionParts(red, out_axes, shape)
-    if not parts.ok:
-        return None
+    if not parts.ok or (not parts.affine_conditions and not parts.residual):
+        return None  # a box, or an already simplified nest: nothing to gain
     try:
         nests = parts.domain().scan()
+        if any(n.strided for n in nests):
+            # a strided loop vectorizes and reads badly: see whether solving for the other
+            # variables (the reverse loop order) avoids it, as for a strided conv's gradient
+            other = parts.domain(list(reversed(range(len(parts.dims))))).scan()
+            if sum(n.strided for n in other) < sum(n.strided for n in nests):
+                nests = other
     except Unsupported:
         return None
     identity = dsl.const(identity_of(red.combiner, red.dtype), red.dtype)

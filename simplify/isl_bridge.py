@@ -36,16 +36,20 @@ class LoopNest:
     axes: List[ReduceAxis] = field(default_factory=list)
     filters: List[Expr] = field(default_factory=list)
     values: List[Expr] = field(default_factory=list)
+    strided: int = 0  # how many of the loops step by more than one
 
 
 class Domain:
     """``{ [dims] : constraints }`` with parameters; see the module docstring."""
 
     def __init__(self, params: Sequence[Tuple[str, Var, int]], dims: Sequence[Tuple[str, str]],
-                 constraints: Sequence[str]):
+                 constraints: Sequence[str], order: Sequence[int] = None):
         self.params = list(params)      # (isl name, IR variable, extent)
         self.dims = list(dims)          # (isl name, readable hint)
         self.constraints = list(constraints)
+        # the schedule: the order in which dimensions become loops (earlier ones are kept as
+        # loop variables, later ones are solved from equalities where possible)
+        self.order = list(order) if order is not None else list(range(len(self.dims)))
         pnames = ", ".join(p[0] for p in self.params)
         dnames = ", ".join(d[0] for d in self.dims)
         body = " and ".join(self.constraints) if self.constraints else "0 = 0"
@@ -73,9 +77,13 @@ class Domain:
         if self.set.is_empty():
             return []
         dnames = ", ".join(d[0] for d in self.dims)
-        sched = isl.UnionMap.from_map(isl.Map(f"{{ S[{dnames}] -> [{dnames}] }}").intersect_domain(self.set))
+        snames = ", ".join(self.dims[k][0] for k in self.order)
+        sched = isl.UnionMap.from_map(isl.Map(f"{{ S[{dnames}] -> [{snames}] }}").intersect_domain(self.set))
         build = isl.AstBuild.from_context(self.context)
-        root = build.node_from_schedule_map(sched)
+        try:
+            root = build.node_from_schedule_map(sched)
+        except isl.Error as err:  # e.g. "unknown divs" for some nested floor/min/max bounds
+            raise Unsupported(f"isl could not scan the domain: {err}") from None
         env: Dict[str, Expr] = {p[0]: p[1] for p in self.params}
         out: List[LoopNest] = []
         self._walk(root, env, LoopNest(), out)
@@ -100,7 +108,7 @@ class Domain:
         elif kind == isl.ast_node_type.user:
             call = node.user_get_expr()
             values = [_expr(call.get_op_arg(i + 1), env) for i in range(call.get_op_n_arg() - 1)]
-            out.append(LoopNest(list(nest.guards), list(nest.axes), list(nest.filters), values))
+            out.append(LoopNest(list(nest.guards), list(nest.axes), list(nest.filters), values, nest.strided))
         else:
             raise Unsupported(f"isl AST node {kind}")
 
@@ -119,17 +127,18 @@ class Domain:
         else:
             axis = ReduceAxis(hint, "int64", dsl.const(0), (hi - init + (stride - 1)) // stride)
             value = init + stride * axis
-        inner = LoopNest(list(nest.guards), list(nest.axes) + [axis], list(nest.filters))
+        inner = LoopNest(list(nest.guards), list(nest.axes) + [axis], list(nest.filters),
+                         strided=nest.strided + (stride != 1))
         self._walk(node.for_get_body(), {**env, name: value}, inner, out)
 
     def _hint(self, iterator: str) -> str:
         if iterator.startswith("c") and iterator[1:].isdigit() and int(iterator[1:]) < len(self.dims):
-            return self.dims[int(iterator[1:])][1]
+            return self.dims[self.order[int(iterator[1:])]][1]
         return iterator
 
 
 def _with_cond(nest: LoopNest, cond: Expr) -> LoopNest:
-    inner = LoopNest(list(nest.guards), list(nest.axes), list(nest.filters))
+    inner = LoopNest(list(nest.guards), list(nest.axes), list(nest.filters), strided=nest.strided)
     (inner.filters if nest.axes else inner.guards).append(cond)
     return inner
 

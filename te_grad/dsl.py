@@ -143,7 +143,26 @@ def _folded(op: str, a: Expr, b: Expr) -> Expr:
         return b
     if op in ("floordiv",) and _is(b, 1) and dtypes.is_int(a.dtype):
         return a
+    if op == "add" and dtypes.is_int(a.dtype):
+        whole = _undo_divmod(a, b)
+        if whole is None:
+            whole = _undo_divmod(b, a)
+        if whole is not None:
+            return whole
     return Binary(op, a, b)
+
+
+def _undo_divmod(q: Expr, r: Expr):
+    """``x`` if ``q + r`` is ``(x // c) * c + x % c`` (an identity for integers), else None."""
+    if not (isinstance(r, Binary) and r.op == "floormod" and isinstance(r.b, Const)):
+        return None
+    if isinstance(q, Binary) and q.op == "mul":
+        for div, c in ((q.a, q.b), (q.b, q.a)):
+            if (isinstance(div, Binary) and div.op == "floordiv" and isinstance(c, Const)
+                    and isinstance(div.b, Const) and c.value == div.b.value == r.b.value
+                    and div.a.same_as(r.a)):
+                return r.a
+    return None
 
 
 def unary(op: str, a) -> Expr:

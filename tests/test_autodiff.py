@@ -343,6 +343,6 @@ def test_raw_gradient_is_readable_and_uses_domain_constraints():
     C = tg.compute((4, 2), lambda i, j: tg.sum(A[i, k] * B[k, j], axis=k), name="C")
     dA, dB = tg.differentiate(C, [A, B], simplify=False)
     text = tg.show(dA)
-    assert "dA[j0, j1] = sum(dC[i, j] * B[k, j] for i in range(4) for j in range(2) for k in range(3) " \
+    assert "dA[j0, j1] = sum(dC[i, j] * B[k, j] for k in range(3) for i in range(4) for j in range(2) " \
            "if (i == j0) & (k == j1))" in text
     assert "if_then_else" not in text

@@ -96,7 +96,10 @@ def vjp_of_compute(y: Tensor, adj: Tensor) -> List[Contribution]:
         x = read.tensor
         if not dtypes.is_float(x.dtype):
             continue
-        out.append((x, _contribution(x, y, read, partial, fresh + red_axes, where, rename)))
+        # reduce axes first: isl keeps the earlier variables as loops and solves the
+        # later ones from the index equalities, so kernel offsets stay loop variables
+        # (constant ranges in the interior) and output positions are eliminated
+        out.append((x, _contribution(x, y, read, partial, red_axes + fresh, where, rename)))
     if lifted:
         out = _resolve_lifted(out, lifted)
     return out
