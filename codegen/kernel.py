@@ -130,9 +130,11 @@ class Kernel:
             self._check(cs, [self._call(cs, args, 0, max(extent, 1))])
             return
         bounds = [extent * k // threads for k in range(threads + 1)]
-        futures = [_pool(self.threads).submit(self._call, cs, args, lo, hi)
-                   for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
-        self._check(cs, [f.result() for f in futures])
+        chunks = [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+        # the calling thread takes the last chunk itself: one hand-off fewer
+        futures = [_pool(self.threads).submit(self._call, cs, args, lo, hi) for lo, hi in chunks[:-1]]
+        mine = self._call(cs, args, *chunks[-1])
+        self._check(cs, [f.result() for f in futures] + [mine])
 
     @staticmethod
     def _call(cs: CompiledStage, args, lo: int, hi: int):

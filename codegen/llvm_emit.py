@@ -27,6 +27,9 @@ from te_grad.graph import reads_in
 from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Select, Tensor, Unary, Var)
 
 from .loopir import If, Loop, Stage, Store
+from .vecmath import exp_f32, sigmoid_f32, tanh_f32
+
+_VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _SCALAR = {"float32": ir.FloatType(), "float64": ir.DoubleType(), "int32": I32, "int64": I64, "bool": I1}
@@ -301,6 +304,8 @@ class StageEmitter:
     def e_Call(self, e: Call):
         x = self.expr(e.args[0])
         dt = e.dtype
+        if dt == "float32" and e.name in _VECMATH:
+            return _VECMATH[e.name](self.b, self.module, x)
         if e.name == "sigmoid":  # 1 / (1 + exp(-x)): exact limits 0 and 1 for large |x|
             one = ir.Constant(x.type, 1.0)
             ex = self.call_intrinsic("llvm.exp", dt, [self.b.fneg(x)])
