@@ -76,6 +76,10 @@ class Kernel:
     def asm(self) -> str:
         return self._compiled.asm
 
+    def _repr_html_(self):
+        from te_grad.display import kernel_html
+        return kernel_html(self)
+
     def __repr__(self):
         ins = ", ".join(t.name for t in self.inputs)
         outs = ", ".join(t.name for t in self.outputs)

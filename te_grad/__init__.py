@@ -31,6 +31,12 @@ def build(outputs, inputs, **options):
     return _build(outputs, inputs, **options)
 
 
+def domain(tensor):
+    """The iteration domains (isl sets) of ``tensor``'s reductions, for inspection."""
+    from simplify.domain import domains
+    return domains(tensor)
+
+
 def iterations(tensors) -> int:
     """Exact innermost-loop iterations to compute ``tensors`` from placeholders, each op once."""
     from simplify import iterations as _iterations
@@ -45,5 +51,5 @@ __all__ = [
     "exp", "log", "sqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf", "pow",
     "maximum", "minimum", "floor", "ceil", "trunc", "round",
     "evaluate", "show", "nn", "differentiate", "gradient", "DifferentiationResult",
-    "simplify", "iterations", "build",
+    "simplify", "iterations", "build", "domain",
 ]

@@ -368,5 +368,5 @@ class Tensor:
     __truediv__ = __rtruediv__ = __pow__ = __neg__ = __matmul__ = _no_arithmetic
 
     def _repr_html_(self):
-        from .printer import show_html
-        return show_html(self)
+        from .display import tensor_html
+        return tensor_html(self)

@@ -26,10 +26,12 @@ class DifferentiationResult(Sequence):
     that do not influence the outputs).
     """
 
-    def __init__(self, outputs, inputs, gradients, adjoints, simplified: bool):
+    def __init__(self, outputs, inputs, gradients, adjoints, simplified: bool, raw=None):
         self.outputs = tuple(outputs)
         self.inputs = tuple(inputs)
         self.gradients = tuple(gradients)
+        #: the raw vector-Jacobian products, before simplification
+        self.raw = tuple(raw) if raw is not None else self.gradients
         self.adjoints: Dict[Tensor, Tensor] = adjoints
         self.simplified = simplified
 
@@ -44,8 +46,8 @@ class DifferentiationResult(Sequence):
         return f"DifferentiationResult({pairs})"
 
     def _repr_html_(self):
-        from ..printer import show_html
-        return show_html(list(self.gradients))
+        from ..display import result_html
+        return result_html(self)
 
 
 def _as_list(x, what: str) -> List:
@@ -147,9 +149,10 @@ def differentiate(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Ten
             for x, c in vjp_of_compute(t, adj):
                 pending.setdefault(id(x), []).append(c)
     grads = [adjoints[x] if x in adjoints else zeros_like(x, f"d{x.name}") for x in inputs]
+    raw = list(grads)
     if simplify:
         grads, adjoints = _simplified(outputs, grads, adjoints, override)
-    return DifferentiationResult(outputs, inputs, grads, adjoints, simplified=simplify)
+    return DifferentiationResult(outputs, inputs, grads, adjoints, simplified=simplify, raw=raw)
 
 
 def _simplified(outputs, grads, adjoints, override):
