@@ -191,7 +191,11 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
     else:
         init = ew
     order, parallel = loop_order(axes, shape, [], _accesses(init), axes)
-    stmts += _nest(order, _const_bounds(full), [Store(t, tuple(axes), dsl.cast(t.dtype, init))], parallel)
+    store_init = Store(t, tuple(axes), dsl.cast(t.dtype, init))
+    tiled = None if terms else _tile_transposed(t, order, _accesses(init), store_init)
+    if tiled is not None:  # an element-wise stage whose reads cross the store's layout
+        return Stage(t, tiled[0], tiled[1])
+    stmts += _nest(order, _const_bounds(full), [store_init], parallel)
     for guard, red in terms:
         conds = ([guard] if guard is not None else []) + ([red.where] if red.where is not None else [])
         cond = dsl.all(conds) if conds else None
@@ -209,6 +213,44 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
     extent = dict(zip(map(id, axes), shape))
     par_extent = extent[id(parallel)] if parallel is not None else 0
     return Stage(t, stmts, par_extent)
+
+
+TILE = 32
+
+
+def _tile_transposed(t: Tensor, order: List[Var], accesses, store: Store):
+    """Tile the two loops of a transposing element-wise nest, or None if it does not transpose.
+
+    With ``v`` innermost (unit stride for the store) and a read unit-stride in
+    another variable ``u``, ``TILE x TILE`` blocks keep both in cache:
+    ``for uo, vo: for ui < TILE, vi < TILE`` with ``u = uo*TILE + ui``.
+    Returns (statements, number of parallel tiles).
+    """
+    if len(order) < 2:
+        return None
+    v = order[-1]
+    extent = dict(zip(map(id, t.op.axes), t.shape))
+    for acc in accesses:
+        if not acc or _coefficient(acc[-1], v) != 0:
+            continue
+        u = next((x for x in order[:-1] if _coefficient(acc[-1], x) in (1, -1)), None)
+        if u is not None and extent[id(u)] >= 2 * TILE and extent[id(v)] >= 2 * TILE:
+            break
+    else:
+        return None
+    outer = [x for x in order if x is not u and x is not v]
+    uo, vo, ui, vi = Var(u.name + "o"), Var(v.name + "o"), Var(u.name + "i"), Var(v.name + "i")
+    nu, nv = extent[id(u)], extent[id(v)]
+    rename = {u: uo * TILE + ui, v: vo * TILE + vi}
+    body = [Store(t, tuple(substitute(i, rename) for i in store.indices), substitute(store.value, rename))]
+    c = dsl.const
+    body = [Loop(vi, c(0), dsl.minimum(c(TILE), nv - vo * TILE), body)]
+    body = [Loop(ui, c(0), dsl.minimum(c(TILE), nu - uo * TILE), body)]
+    body = [Loop(vo, c(0), c(-(-nv // TILE)), body)]
+    body = [Loop(uo, c(0), c(-(-nu // TILE)), body, parallel=True)]
+    for x in reversed(outer):
+        body = [Loop(x, c(0), c(extent[id(x)]), body)]
+    return body, -(-nu // TILE)
 
 
 def _const_bounds(ranges: Dict[int, Tuple[int, int]]) -> Dict[int, Tuple[Expr, Expr]]:
