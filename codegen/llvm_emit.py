@@ -243,16 +243,23 @@ class StageEmitter:
                 if op == "floordiv":
                     return self.b.ashr(a, ir.Constant(a.type, b_const.bit_length() - 1))
                 return self.b.and_(a, ir.Constant(a.type, b_const - 1))
-            neg = self.b.icmp_signed("<", a, ir.Constant(a.type, 0))
-            shifted = self.b.select(neg, self.b.sub(a, ir.Constant(a.type, b_const - 1)), a)
-            q = self.b.sdiv(shifted, c)
-            return q if op == "floordiv" else self.b.sub(a, self.b.mul(q, c))
+            # truncating division (a multiply-shift for a constant), moved down by one
+            # when the remainder is negative: no intermediate can overflow
+            r = self.b.srem(a, c)
+            negative = self.b.icmp_signed("<", r, ir.Constant(a.type, 0))
+            if op == "floordiv":
+                return self.b.sub(self.b.sdiv(a, c), self.b.zext(negative, a.type))
+            return self.b.select(negative, self.b.add(r, c), r)
         if b_const is None:
             zero = self.b.icmp_signed("==", b, ir.Constant(b.type, 0))
             with self.b.if_then(zero, likely=False):
                 self.fail(2, [self.buffer_index[id(self.stage.tensor)], 0], self.b.sext(b, I64)
                           if b.type != I64 else b)
-        q, r = self.b.sdiv(a, b), self.b.srem(a, b)
+        # x86 traps on MIN // -1; divide by 1 instead and negate (wrapping, as numpy does)
+        minus_one = self.b.icmp_signed("==", b, ir.Constant(b.type, -1))
+        safe_b = self.b.select(minus_one, ir.Constant(b.type, 1), b)
+        q = self.b.select(minus_one, self.b.neg(a), self.b.sdiv(a, safe_b))
+        r = self.b.srem(a, safe_b)
         zero = ir.Constant(a.type, 0)
         # adjust truncating division to floor: when the remainder's sign differs from b's
         adjust = self.b.and_(self.b.icmp_signed("!=", r, zero),
