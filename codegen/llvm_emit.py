@@ -9,8 +9,9 @@ data-dependent read or scatter) is out of range, or 2 for an integer division
 by zero; it never touches memory out of bounds.
 
 Semantics match the reference evaluator: ``//`` and ``%`` floor like Python;
-``if_then_else`` and ``&``/``|`` evaluate only what is needed (as branches,
-which LLVM if-converts with masked loads where it can); ``round`` is
+``if_then_else`` and ``&``/``|`` evaluate only what is needed (branches),
+except where interval analysis proves every read of the other side in bounds
+over the loops: then both sides are computed and selected, which vectorizes; ``round`` is
 round-half-even. Accumulations carry the ``reassoc`` flag (so reductions
 vectorize) and products/sums ``contract`` (fused multiply-add), unless the
 kernel is built with ``fast_math=False``.
@@ -23,9 +24,11 @@ import llvmlite.ir as ir
 
 from te_grad import dtypes
 from te_grad.errors import InternalError
+from te_grad.evaluator import identity_of
 from te_grad.graph import reads_in
 from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Select, Tensor, Unary, Var)
 
+from .intervals import interval, speculatable
 from .loopir import If, Loop, Stage, Store
 from .vecmath import exp_f32, sigmoid_f32, tanh_f32
 
@@ -68,6 +71,7 @@ class StageEmitter:
         self.lo, self.hi, self.err = self.fn.args[-3:]
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.env: Dict[int, ir.Value] = {}
+        self.ranges: Dict[int, tuple] = {}  # inclusive value ranges of the enclosing loop variables
 
     # -- statements -------------------------------------------------------------------
     def emit(self) -> ir.Function:
@@ -80,6 +84,8 @@ class StageEmitter:
             if isinstance(s, Loop):
                 self.loop(s, split=s.parallel and self.stage.parallel_extent > 0)
             elif isinstance(s, If):
+                if self.filtered_accumulation(s):
+                    continue
                 cond = self.expr(s.cond)
                 with self.b.if_then(cond):
                     self.stmts(s.body)
@@ -104,12 +110,29 @@ class StageEmitter:
         self.b.branch(body)
         self.b.position_at_end(body)
         self.env[id(s.var)] = i
+        lo_iv, hi_iv = interval(s.lo, self.ranges), interval(s.hi, self.ranges)
+        if lo_iv is not None and hi_iv is not None:
+            self.ranges[id(s.var)] = (lo_iv[0], hi_iv[1] - 1)
         self.stmts(s.body)
+        self.ranges.pop(id(s.var), None)
         nxt = self.b.add(i, ir.Constant(I64, 1), flags=["nsw"])
         i.add_incoming(nxt, self.b.block)
         self.b.cbranch(self.b.icmp_signed("<", nxt, hi), head, done)
         self.b.position_at_end(done)
         del self.env[id(s.var)]
+
+    def filtered_accumulation(self, s: If) -> bool:
+        """``if c: T[j] op= v`` as ``T[j] op= select(c, v, identity)`` when c and v are safe to
+        evaluate everywhere (no branch in the loop, so it vectorizes). True if emitted."""
+        if len(s.body) != 1 or not isinstance(s.body[0], Store):
+            return False
+        st = s.body[0]
+        if st.combine is None or st.checked or not (speculatable(s.cond, self.ranges)
+                                                    and speculatable(st.value, self.ranges)):
+            return False
+        identity = Const(identity_of(st.combine, st.tensor.dtype), st.tensor.dtype)
+        self.store(Store(st.tensor, st.indices, Select(s.cond, st.value, identity), st.combine))
+        return True
 
     def store(self, s: Store):
         t = s.tensor
@@ -271,7 +294,7 @@ class StageEmitter:
 
     def logic(self, e: Binary):
         a = self.expr(e.a)
-        if not reads_in(e.b):
+        if speculatable(e.b, self.ranges):
             b = self.expr(e.b)
             return self.b.and_(a, b) if e.op == "and" else self.b.or_(a, b)
         # short-circuit: the right operand may read memory only where the left allows
@@ -294,7 +317,7 @@ class StageEmitter:
 
     def e_Select(self, e: Select):
         cond = self.expr(e.cond)
-        if not reads_in(e.t) and not reads_in(e.f):
+        if speculatable(e.t, self.ranges) and speculatable(e.f, self.ranges):
             return self.b.select(cond, self.expr(e.t), self.expr(e.f))
         with self.b.if_else(cond) as (then, otherwise):
             with then:
