@@ -27,6 +27,17 @@ class Target:
     machine: object
 
 
+def _new_machine(target: Target):
+    return llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.cpu, features=target.features, opt=3, jit=True)
+
+
+def clear_cache():
+    """Forget every compiled module (kernels already built keep working)."""
+    with _lock:
+        _cache.clear()
+
+
 def host_target() -> Target:
     """The host CPU as an LLVM target machine (created once)."""
     global _target
@@ -78,7 +89,9 @@ def compile_module(text: str, functions: List[str]) -> Compiled:
         builder = llvm.create_pass_builder(target.machine, tuning)
         builder.getModulePassManager().run(mod, builder)
         optimized = str(mod)
-        engine = llvm.create_mcjit_compiler(mod, target.machine)
+        # an engine owns the target machine it is given: each gets its own, so that freeing
+        # one engine (cache eviction) never frees a machine still in use
+        engine = llvm.create_mcjit_compiler(mod, _new_machine(target))
         engine.finalize_object()
         addresses = {name: engine.get_function_address(name) for name in functions}
         compiled = Compiled(engine, addresses, optimized)

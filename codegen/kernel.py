@@ -59,7 +59,7 @@ class Kernel:
         self.inputs = list(inputs)
         self.buffers = list(buffers)
         self.stages = list(stages)
-        self._compiled = compiled
+        self._compiled = compiled  # keeps the JIT engine (and so the machine code) alive
         self.threads = threads
         self._index = {id(t): n for n, t in enumerate(self.buffers)}
 

@@ -416,6 +416,67 @@ def test_threaded_scatter_is_exact():
         np.testing.assert_array_equal(dt, want_dt)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_tiled_transposes_of_odd_sizes(threads):
+    """Transposing element-wise nests (tiled) with extents that are not multiples of the tile."""
+    rng = np.random.default_rng(threads)
+    X = ph((3, 70, 90), "X")
+    A = ph((65, 129), "A", "int32")
+    B = ph((65, 129), "B", "bool")
+    outs = [tg.compute((3, 90, 70), lambda b, i, j: X[b, j, i] * 2.0, name="swap"),
+            tg.compute((90, 3, 70), lambda i, b, j: X[2 - b, 69 - j, i] + X[b, j, 89 - i], name="mixed"),
+            tg.compute((129, 65), lambda i, j: A[j, i] // 3, name="int_t"),
+            tg.compute((129, 65), lambda i, j: B[j, i] & (i > j), name="bool_t")]
+    y = nn.transpose(X, (0, 2, 1))
+    head = ph(y.shape, "head")
+    (dx,) = tg.differentiate(y, [X], head=head)
+    feed = {X: rng.standard_normal(X.shape), A: rng.integers(-100, 100, A.shape).astype(np.int32),
+            B: rng.integers(0, 2, B.shape).astype(bool), head: rng.standard_normal(head.shape)}
+    assert_kernel_matches(outs + [y, dx], [X, A, B, head], feed, rtol=0, atol=0, threads=threads)
+
+
+def test_more_threads_than_rows():
+    A = ph((3, 40000), "A")
+    B = tg.compute((3, 40000), lambda i, j: A[i, j] + 1.0, name="B")
+    C = tg.compute((40000, 3), lambda j, i: A[i, j] * 2.0, name="C")
+    a = np.random.default_rng(0).standard_normal(A.shape)
+    assert_kernel_matches([B, C], [A], {A: a}, rtol=0, atol=0, threads=16)
+
+
+def test_concurrent_calls_from_python_threads():
+    import threading
+    (X, W, head), outs = _dense_graph(64, 128, 96)
+    kern = tg.build(list(outs), inputs=[X, W, head], threads=2)
+    failures = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(10):
+            x, w, h = (rng.standard_normal(t.shape) for t in (X, W, head))
+            y, dx, dw = kern(x, w, h)
+            if not (np.allclose(y, x @ w.T, rtol=1e-12) and np.allclose(dx, h @ w, rtol=1e-12)
+                    and np.allclose(dw, h.T @ x, rtol=1e-12)):
+                failures.append(seed)
+    workers = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert failures == []
+
+
+def test_zero_size_tensors():
+    X, h = ph((0, 3), "X"), ph((0, 3), "head")
+    k = tg.reduce_axis(0, "k")
+    S = tg.compute((3,), lambda j: tg.sum(X[k, j], axis=k) + 1.0, name="S")
+    Y = tg.compute((0, 3), lambda i, j: X[i, j] * 2.0, name="Y")
+    Z = tg.compute((3, 0), lambda i, j: X[j, i], name="Z")
+    (dX,) = tg.differentiate(Y, [X], head=h)
+    _, got = assert_kernel_matches([S, Y, Z, dX], [X, h], {X: np.zeros((0, 3)), h: np.zeros((0, 3))})
+    assert [g.shape for g in got] == [(3,), (0, 3), (3, 0), (0, 3)]
+    np.testing.assert_array_equal(got[0], [1.0, 1.0, 1.0])
+
+
 def test_num_threads_environment_variable(monkeypatch):
     (X, W, head), outs = _dense_graph(64, 64, 64)
     feed = _dense_feed([X, W, head])
@@ -495,3 +556,14 @@ def test_loops_llvm_ir_and_asm():
     assert "define" in kern.llvm_ir
     assert kern.asm.strip()
     assert "x, w, head" in repr(kern)
+
+
+def test_clearing_the_jit_cache_keeps_kernels_working():
+    import codegen.jit as jit
+    X = tg.placeholder((4,), name="X")
+    k = tg.build([tg.compute((4,), lambda i: X[i] + 1.0, name="A")], inputs=[X])
+    jit.clear_cache()
+    k2 = tg.build([tg.compute((4,), lambda i: X[i] + 2.0, name="B")], inputs=[X])
+    x = np.ones(4, "float32")
+    np.testing.assert_array_equal(k(x), x + 1)
+    np.testing.assert_array_equal(k2(x), x + 2)

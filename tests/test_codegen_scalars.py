@@ -71,7 +71,7 @@ def test_floordiv_and_mod_by_constants_follow_python(dtype):
 @pytest.mark.parametrize("dtype", INTS)
 def test_index_floordiv_and_mod_with_negative_operands(dtype):
     """Index expressions (int64) mixing loop variables and negative constants."""
-    T = tg.compute((7, 5), lambda i, j: tg.cast(dtype, (i - 3) // (j - 2 + 5 * (j == 2)) * 100
+    T = tg.compute((7, 5), lambda i, j: tg.cast(dtype, (i - 3) // tg.if_then_else(j == 2, 3, j - 2) * 100
                                                 + (3 - i * j) % (j + 1) - (i - 5) // 3 + (2 - j) % -3),
                    name="T")
     assert_kernel_matches([T], [], {})

@@ -166,7 +166,7 @@ def test_tensor_properties():
     assert not T.is_placeholder and isinstance(T.op, ir.ComputeOp)
     assert repr(T) == "Tensor(T: int32[2], compute)"
     assert bool(X)
-    assert "<pre>" in X._repr_html_()
+    assert "<pre" in X._repr_html_()
 
 
 # ---------------------------------------------------------------------------
