@@ -29,8 +29,9 @@ from te_grad.graph import reads_in
 from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Select, Tensor, Unary, Var)
 
 from .intervals import interval, speculatable
-from .loopir import If, Loop, Stage, Store
-from .vecmath import exp_f32, sigmoid_f32, tanh_f32
+from .loopir import If, Loop, RegisterBlock, Stage, Store
+from .schedule import _coefficient
+from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
 _VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
 
@@ -43,6 +44,25 @@ _LIBM = {("tanh", "float32"): "tanhf", ("tanh", "float64"): "tanh",
 _LLVM_INTRINSIC = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin",
                    "cos": "llvm.cos", "abs": "llvm.fabs", "floor": "llvm.floor", "ceil": "llvm.ceil",
                    "trunc": "llvm.trunc", "round": "llvm.roundeven"}
+
+
+_SIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+
+
+def _vars_of(e: Expr):
+    from te_grad.graph import free_vars
+    return free_vars(e)
+
+
+def _vectorizable(e: Expr, dtype: str) -> bool:
+    """True if ``e`` has a lane-wise vector form: no opaque library calls, no data-dependent
+    or boolean reads."""
+    if isinstance(e, Call) and (e.name, e.dtype) in _LIBM:
+        return False
+    if isinstance(e, Read):
+        if e.tensor.dtype == "bool" or any(reads_in(i) for i in e.indices):
+            return False
+    return all(_vectorizable(c, dtype) for c in e.children())
 
 
 def _strides(shape: Sequence[int]) -> List[int]:
@@ -72,6 +92,7 @@ class StageEmitter:
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.env: Dict[int, ir.Value] = {}
         self.ranges: Dict[int, tuple] = {}  # inclusive value ranges of the enclosing loop variables
+        self.vec = None  # inside a register block: (id of its variable, lane values, width)
 
     # -- statements -------------------------------------------------------------------
     def emit(self) -> ir.Function:
@@ -91,6 +112,8 @@ class StageEmitter:
                     self.stmts(s.body)
             elif isinstance(s, Store):
                 self.store(s)
+            elif isinstance(s, RegisterBlock):
+                self.register_block(s)
             else:
                 raise InternalError(f"unknown loop statement {s!r}")
 
@@ -99,27 +122,164 @@ class StageEmitter:
         if split:  # this thread's share of the parallel loop
             lo = self.b.select(self.b.icmp_signed(">", self.lo, lo), self.lo, lo)
             hi = self.b.select(self.b.icmp_signed("<", self.hi, hi), self.hi, hi)
+        lo_iv, hi_iv = interval(s.lo, self.ranges), interval(s.hi, self.ranges)
+
+        def body(i):
+            self.env[id(s.var)] = i
+            if lo_iv is not None and hi_iv is not None:
+                self.ranges[id(s.var)] = (lo_iv[0], hi_iv[1] - 1)
+            self.stmts(s.body)
+            self.ranges.pop(id(s.var), None)
+            del self.env[id(s.var)]
+
+        self.counted(lo, hi, s.var.name, body)
+
+    def counted(self, lo, hi, name: str, body):
+        """``for i in range(lo, hi): body(i)`` (i64 values)."""
         pre = self.b.block
         head = self.fn.append_basic_block("loop")
-        body = self.fn.append_basic_block("body")
+        inner = self.fn.append_basic_block("body")
         done = self.fn.append_basic_block("done")
         self.b.cbranch(self.b.icmp_signed("<", lo, hi), head, done)
         self.b.position_at_end(head)
-        i = self.b.phi(I64, name=s.var.name)
+        i = self.b.phi(I64, name=name)
         i.add_incoming(lo, pre)
-        self.b.branch(body)
-        self.b.position_at_end(body)
-        self.env[id(s.var)] = i
-        lo_iv, hi_iv = interval(s.lo, self.ranges), interval(s.hi, self.ranges)
-        if lo_iv is not None and hi_iv is not None:
-            self.ranges[id(s.var)] = (lo_iv[0], hi_iv[1] - 1)
-        self.stmts(s.body)
-        self.ranges.pop(id(s.var), None)
+        self.b.branch(inner)
+        self.b.position_at_end(inner)
+        body(i)
         nxt = self.b.add(i, ir.Constant(I64, 1), flags=["nsw"])
         i.add_incoming(nxt, self.b.block)
         self.b.cbranch(self.b.icmp_signed("<", nxt, hi), head, done)
         self.b.position_at_end(done)
-        del self.env[id(s.var)]
+
+    # -- register blocks --------------------------------------------------------------------
+    def register_block(self, blk: RegisterBlock):
+        plan = self.block_plan(blk)
+        if plan is None:
+            self.stmts(blk.plain())
+            return
+        width, starts = plan
+        st = blk.store
+        vt = ir.VectorType(_SCALAR[st.tensor.dtype], width)
+        align = _SIZE[st.tensor.dtype]
+        with self.b.goto_entry_block():
+            accs = [self.b.alloca(vt) for _ in range(blk.jam)]  # promoted to registers (SROA)
+        iota = ir.Constant(ir.VectorType(I64, width), [ir.Constant(I64, k) for k in range(width)])
+        for start, keep_from in starts:
+            v0 = ir.Constant(I64, start)
+            lanes = self.b.add(self.splat(v0, width), iota)
+            targets = []
+            self.env[id(blk.var)] = v0
+            for j, acc in enumerate(accs):
+                self.bind_jam(blk, j)
+                target = self.b.bitcast(self.address(st.tensor, [self.expr(i) for i in st.indices]),
+                                        ir.PointerType(vt))
+                targets.append(target)
+                self.b.store(self.b.load(target, align=align), acc)
+            self.vec = (id(blk.var), lanes, width)
+            self.block_loops(blk, 0, st, accs)
+            self.vec = None
+            for j, (acc, target) in enumerate(zip(accs, targets)):
+                value = self.b.load(acc)
+                if keep_from > start:  # overlapping last block: lanes already done keep their value
+                    done = self.b.icmp_signed("<", lanes, self.splat(ir.Constant(I64, keep_from), width))
+                    value = self.b.select(done, self.b.load(target, align=align), value)
+                self.b.store(value, target, align=align)
+            del self.env[id(blk.var)]
+        if blk.jam_var is not None:
+            del self.env[id(blk.jam_var)]
+
+    def bind_jam(self, blk: RegisterBlock, j: int):
+        if blk.jam_var is not None:
+            outer = self.env[id(blk.jam_outer)]
+            self.env[id(blk.jam_var)] = self.b.add(self.b.mul(outer, ir.Constant(I64, blk.jam)),
+                                                   ir.Constant(I64, j))
+
+    def block_loops(self, blk: RegisterBlock, k: int, st: Store, accs):
+        if k == len(blk.loops):
+            for j, acc in enumerate(accs):
+                self.bind_jam(blk, j)
+                value = self.as_vector(self.expr(st.value))
+                if blk.cond is not None:
+                    identity = self.splat(self.e_Const(Const(identity_of(st.combine, st.tensor.dtype),
+                                                             st.tensor.dtype)), self.vec[2])
+                    value = self.b.select(self.as_vector(self.expr(blk.cond)), value, identity)
+                self.b.store(self.combine(st.combine, st.tensor.dtype, self.b.load(acc), value), acc)
+            return
+        lp = blk.loops[k]
+
+        def body(i):
+            self.env[id(lp.var)] = i
+            self.block_loops(blk, k + 1, st, accs)
+            del self.env[id(lp.var)]
+
+        saved, self.vec = self.vec, None  # loop bounds are scalar
+        lo, hi = self.expr(lp.lo), self.expr(lp.hi)
+        self.vec = saved
+        self.counted(lo, hi, lp.var.name, body)
+
+    def block_plan(self, blk: RegisterBlock):
+        """(width, full blocks, first element of the scalar rest), or None to emit the plain nest."""
+        st = blk.store
+        dt = st.tensor.dtype
+        if dt not in ("float32", "float64") or st.combine is None or st.checked:
+            return None
+        idx = st.indices
+        if _coefficient(idx[-1], blk.var) != 1 or any(_coefficient(i, blk.var) != 0 for i in idx[:-1]):
+            return None
+        parts = [st.value] + ([blk.cond] if blk.cond is not None else [])
+        if any(not _vectorizable(p, dt) for p in parts):
+            return None
+        ranges = dict(self.ranges)
+        if blk.jam_var is not None:
+            outer = ranges.get(id(blk.jam_outer))
+            if outer is None:
+                return None
+            ranges[id(blk.jam_var)] = (outer[0] * blk.jam, outer[1] * blk.jam + blk.jam - 1)
+        for lp in blk.loops:
+            lo_iv, hi_iv = interval(lp.lo, ranges), interval(lp.hi, ranges)
+            if lo_iv is None or hi_iv is None:
+                return None
+            ranges[id(lp.var)] = (lo_iv[0], hi_iv[1] - 1)
+        lo, hi = int(blk.lo.value), int(blk.hi.value)
+        ranges[id(blk.var)] = (lo, hi - 1)
+        if not all(speculatable(p, ranges) for p in parts):
+            return None
+        lanes = 8 if dt == "float32" else 4  # one AVX2 register
+        n = hi - lo
+        if n < lanes:
+            return None
+        budget = 8 // blk.jam  # accumulator registers for each jammed copy
+        # the widest block that covers the row with the fewest lanes computed
+        widths = [lanes * m for m in range(1, budget + 1) if lanes * m <= n]
+        width = min(widths, key=lambda w: (-(-n // w) * w, -w))
+        starts = [(lo + b * width, lo + b * width) for b in range(n // width)]
+        if n % width:
+            starts.append((hi - width, lo + (n // width) * width))  # overlaps the previous block
+        return width, starts
+
+    def splat(self, value, width: int):
+        if isinstance(value.type, ir.VectorType):
+            return value
+        vt = ir.VectorType(value.type, width)
+        one = self.b.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
+                                     ir.Constant(ir.VectorType(I32, width), [ir.Constant(I32, 0)] * width))
+
+    def as_vector(self, value):
+        return self.splat(value, self.vec[2]) if self.vec is not None else value
+
+    def match(self, *values):
+        """Splat scalars to vectors when any operand is a vector."""
+        if self.vec is None or not any(isinstance(v.type, ir.VectorType) for v in values):
+            return values
+        return tuple(self.splat(v, self.vec[2]) for v in values)
+
+    def const(self, like, value):
+        """A constant of ``like``'s type (splat for vectors)."""
+        if isinstance(like.type, ir.VectorType):
+            return ir.Constant(like.type, [ir.Constant(like.type.element, value)] * like.type.count)
+        return ir.Constant(like.type, value)
 
     def filtered_accumulation(self, s: If) -> bool:
         """``if c: T[j] op= v`` as ``T[j] op= select(c, v, identity)`` when c and v are safe to
@@ -199,6 +359,8 @@ class StageEmitter:
         return ir.Constant(_SCALAR[e.dtype], int(e.value) if e.dtype == "bool" else e.value)
 
     def e_Var(self, e: Var):
+        if self.vec is not None and self.vec[0] == id(e):
+            return self.vec[1]
         try:
             return self.env[id(e)]
         except KeyError:
@@ -207,19 +369,46 @@ class StageEmitter:
     e_ReduceAxis = e_Var
 
     def e_Read(self, e: Read):
+        if self.vec is not None and any(x is not None and id(x) == self.vec[0] for i in e.indices
+                                        for x in _vars_of(i)):
+            return self.vector_read(e)
         idx = [self.expr(i) for i in e.indices]
         if any(reads_in(i) for i in e.indices):  # data-dependent index: checked at run time
             self.check_indices(e.tensor, idx)
         return self.load_scalar(e.tensor, self.address(e.tensor, idx))
 
+    def vector_read(self, e: Read):
+        """The read at each lane: one vector load if contiguous in the lanes, else lane by lane."""
+        var_id, lanes, width = self.vec
+        var = next(x for i in e.indices for x in _vars_of(i) if id(x) == var_id)
+        elem = _MEMORY[e.tensor.dtype]
+        if _coefficient(e.indices[-1], var) == 1 and all(_coefficient(i, var) == 0 for i in e.indices[:-1]):
+            self.vec = None  # the first lane's address, computed with the variable at its first value
+            ptr = self.address(e.tensor, [self.expr(i) for i in e.indices])
+            self.vec = (var_id, lanes, width)
+            return self.b.load(self.b.bitcast(ptr, ir.PointerType(ir.VectorType(elem, width))),
+                               align=_SIZE[e.tensor.dtype])
+        idx = [self.as_vector(self.expr(i)) for i in e.indices]
+        offset = None
+        for ix, stride in zip(idx, _strides(e.tensor.shape)):
+            term = ix if stride == 1 else self.b.mul(ix, self.const(ix, stride))
+            offset = term if offset is None else self.b.add(offset, term)
+        out = ir.Constant(ir.VectorType(elem, width), ir.Undefined)
+        base = self.ptr[id(e.tensor)]
+        for k in range(width):
+            lane = self.b.extract_element(offset, ir.Constant(I32, k))
+            out = self.b.insert_element(out, self.b.load(self.b.gep(base, [lane], inbounds=True)),
+                                        ir.Constant(I32, k))
+        return out
+
     def e_Unary(self, e: Unary):
         a = self.expr(e.a)
         if e.op == "not":
-            return self.b.xor(a, ir.Constant(I1, 1))
+            return self.b.xor(a, self.const(a, 1))
         return self.b.fneg(a) if dtypes.is_float(e.dtype) else self.b.neg(a)
 
     def e_Compare(self, e: Compare):
-        a, b = self.expr(e.a), self.expr(e.b)
+        a, b = self.match(self.expr(e.a), self.expr(e.b))
         if dtypes.is_float(e.a.dtype):
             if e.op == "ne":
                 return self.b.fcmp_unordered("!=", a, b)
@@ -231,7 +420,7 @@ class StageEmitter:
     def e_Binary(self, e: Binary):
         if e.op in ("and", "or"):
             return self.logic(e)
-        a, b = self.expr(e.a), self.expr(e.b)
+        a, b = self.match(self.expr(e.a), self.expr(e.b))
         dt = e.dtype
         if dtypes.is_float(dt):
             flags = ("contract",) if self.fast else ()
@@ -261,29 +450,29 @@ class StageEmitter:
     def floor_divmod(self, op: str, a, b, b_const):
         """Python's floor division / modulo (``b_const``: the divisor's value if constant)."""
         if b_const is not None and b_const > 0:
-            c = ir.Constant(a.type, b_const)
+            c = self.const(a, b_const)
             if b_const & (b_const - 1) == 0:  # a power of two: shifts and masks floor exactly
                 if op == "floordiv":
-                    return self.b.ashr(a, ir.Constant(a.type, b_const.bit_length() - 1))
-                return self.b.and_(a, ir.Constant(a.type, b_const - 1))
+                    return self.b.ashr(a, self.const(a, b_const.bit_length() - 1))
+                return self.b.and_(a, self.const(a, b_const - 1))
             # truncating division (a multiply-shift for a constant), moved down by one
             # when the remainder is negative: no intermediate can overflow
             r = self.b.srem(a, c)
-            negative = self.b.icmp_signed("<", r, ir.Constant(a.type, 0))
+            negative = self.b.icmp_signed("<", r, self.const(a, 0))
             if op == "floordiv":
                 return self.b.sub(self.b.sdiv(a, c), self.b.zext(negative, a.type))
             return self.b.select(negative, self.b.add(r, c), r)
         if b_const is None:
-            zero = self.b.icmp_signed("==", b, ir.Constant(b.type, 0))
+            zero = self.b.icmp_signed("==", b, self.const(b, 0))
             with self.b.if_then(zero, likely=False):
                 self.fail(2, [self.buffer_index[id(self.stage.tensor)], 0], self.b.sext(b, I64)
                           if b.type != I64 else b)
         # x86 traps on MIN // -1; divide by 1 instead and negate (wrapping, as numpy does)
-        minus_one = self.b.icmp_signed("==", b, ir.Constant(b.type, -1))
-        safe_b = self.b.select(minus_one, ir.Constant(b.type, 1), b)
+        minus_one = self.b.icmp_signed("==", b, self.const(b, -1))
+        safe_b = self.b.select(minus_one, self.const(b, 1), b)
         q = self.b.select(minus_one, self.b.neg(a), self.b.sdiv(a, safe_b))
         r = self.b.srem(a, safe_b)
-        zero = ir.Constant(a.type, 0)
+        zero = self.const(a, 0)
         # adjust truncating division to floor: when the remainder's sign differs from b's
         adjust = self.b.and_(self.b.icmp_signed("!=", r, zero),
                              self.b.icmp_signed("!=", self.b.icmp_signed("<", r, zero),
@@ -294,8 +483,8 @@ class StageEmitter:
 
     def logic(self, e: Binary):
         a = self.expr(e.a)
-        if speculatable(e.b, self.ranges):
-            b = self.expr(e.b)
+        if speculatable(e.b, self.ranges) or self.vec is not None:
+            a, b = self.match(a, self.expr(e.b))
             return self.b.and_(a, b) if e.op == "and" else self.b.or_(a, b)
         # short-circuit: the right operand may read memory only where the left allows
         start = self.b.block
@@ -317,8 +506,14 @@ class StageEmitter:
 
     def e_Select(self, e: Select):
         cond = self.expr(e.cond)
-        if speculatable(e.t, self.ranges) and speculatable(e.f, self.ranges):
-            return self.b.select(cond, self.expr(e.t), self.expr(e.f))
+        if self.vec is not None or (speculatable(e.t, self.ranges) and speculatable(e.f, self.ranges)):
+            t, f = self.match(self.expr(e.t), self.expr(e.f))
+            if isinstance(t.type, ir.VectorType):
+                cond = self.as_vector(cond) if isinstance(cond.type, ir.VectorType) else cond
+            else:
+                t, f = self.match(t, f) if not isinstance(cond.type, ir.VectorType) else \
+                    (self.as_vector(t), self.as_vector(f))
+            return self.b.select(cond, t, f)
         with self.b.if_else(cond) as (then, otherwise):
             with then:
                 t = self.expr(e.t)
@@ -337,7 +532,7 @@ class StageEmitter:
         if dt == "float32" and e.name in _VECMATH:
             return _VECMATH[e.name](self.b, self.module, x)
         if e.name == "sigmoid":  # 1 / (1 + exp(-x)): exact limits 0 and 1 for large |x|
-            one = ir.Constant(x.type, 1.0)
+            one = self.const(x, 1.0)
             ex = self.call_intrinsic("llvm.exp", dt, [self.b.fneg(x)])
             return self.b.fdiv(one, self.b.fadd(one, ex))
         if (e.name, dt) in _LIBM:
@@ -348,18 +543,19 @@ class StageEmitter:
         return self.call_intrinsic(_LLVM_INTRINSIC[e.name], dt, [x])
 
     def call_intrinsic(self, name: str, dtype: str, args):
-        ty = _SCALAR[dtype]
-        fn = self.module.declare_intrinsic(name, [ty], ir.FunctionType(ty, [ty] * len(args)))
-        return self.b.call(fn, args)
+        args = self.match(*args)
+        return self.b.call(intrinsic(self.module, name, args[0].type, len(args)), list(args))
 
     def e_Cast(self, e: Cast):
         a = self.expr(e.a)
         src, dst = e.a.dtype, e.dtype
         if dst == "bool":
             if dtypes.is_float(src):
-                return self.b.fcmp_unordered("!=", a, ir.Constant(a.type, 0.0))
-            return self.b.icmp_signed("!=", a, ir.Constant(a.type, 0))
+                return self.b.fcmp_unordered("!=", a, self.const(a, 0.0))
+            return self.b.icmp_signed("!=", a, self.const(a, 0))
         to = _SCALAR[dst]
+        if isinstance(a.type, ir.VectorType):
+            to = ir.VectorType(to, a.type.count)
         if src == "bool":
             return self.b.uitofp(a, to) if dtypes.is_float(dst) else self.b.zext(a, to)
         if dtypes.is_float(src) and dtypes.is_float(dst):
@@ -368,7 +564,9 @@ class StageEmitter:
             return self.b.fptosi(a, to)
         if dtypes.is_float(dst):
             return self.b.sitofp(a, to)
-        return self.b.sext(a, to) if to.width > a.type.width else self.b.trunc(a, to)
+        src_width = (a.type.element if isinstance(a.type, ir.VectorType) else a.type).width
+        dst_width = (to.element if isinstance(to, ir.VectorType) else to).width
+        return self.b.sext(a, to) if dst_width > src_width else self.b.trunc(a, to)
 
 
 def _tensors_of(stage: Stage) -> List[Tensor]:
@@ -384,6 +582,8 @@ def _tensors_of(stage: Stage) -> List[Tensor]:
             elif isinstance(s, If):
                 exprs = [s.cond]
                 walk(s.body)
+            elif isinstance(s, RegisterBlock):
+                walk(s.plain())
             else:
                 exprs = list(s.indices) + [s.value]
             for e in exprs:

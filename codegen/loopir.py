@@ -44,7 +44,38 @@ class Store:
     checked: bool = False
 
 
-Stmt = Union[Loop, If, Store]
+@dataclass
+class RegisterBlock:
+    """``for var in range(lo, hi)`` innermost under ``loops``, computed ``width`` values at a time.
+
+    Equivalent to ``loops`` (outer first) around ``for var: if cond: store``; the
+    emitter keeps ``width`` consecutive elements of the store in vector registers
+    across ``loops`` (or emits exactly that plain nest when it cannot).
+    """
+    var: Var
+    lo: Expr
+    hi: Expr
+    loops: List[Loop]  # bodies unused: only (var, lo, hi), outer first
+    cond: Optional[Expr]
+    store: "Store"
+    #: unroll-and-jam: the block also covers ``jam`` consecutive values of the output
+    #: variable ``jam_var``, whose enclosing loop runs over ``jam_outer`` (= jam_var // jam)
+    jam_var: Optional[Var] = None
+    jam_outer: Optional[Var] = None
+    jam: int = 1
+
+    def plain(self) -> List["Stmt"]:
+        inner = [If(self.cond, [self.store])] if self.cond is not None else [self.store]
+        body: List["Stmt"] = [Loop(self.var, self.lo, self.hi, inner)]
+        for lp in reversed(self.loops):
+            body = [Loop(lp.var, lp.lo, lp.hi, body)]
+        if self.jam_var is not None:
+            from te_grad import dsl
+            body = [Loop(self.jam_var, self.jam_outer * self.jam, self.jam_outer * self.jam + self.jam, body)]
+        return body
+
+
+Stmt = Union[Loop, If, Store, RegisterBlock]
 
 
 @dataclass
@@ -74,6 +105,10 @@ def stage_text(stage: Stage, tensor_names: Namer) -> str:
                 out.append(f"{pad}{tag}for ({v} = {p(s.lo)}; {v} < {p(s.hi)}; ++{v}) {{")
                 emit(s.body, depth + 1)
                 out.append(f"{pad}}}")
+            elif isinstance(s, RegisterBlock):
+                v = p(s.var)
+                out.append(f"{pad}// {v}: in vector registers across the loops below")
+                emit(s.plain(), depth)
             elif isinstance(s, If):
                 out.append(f"{pad}if ({p(s.cond)}) {{")
                 emit(s.body, depth + 1)

@@ -29,7 +29,7 @@ from te_grad.transform import substitute
 from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ReduceAxis,
                         ScatterOp, Select, Tensor, Unary, Var)
 
-from .loopir import If, Loop, Stage, Store
+from .loopir import If, Loop, RegisterBlock, Stage, Store
 
 
 def _summands(e: Expr) -> List[Expr]:
@@ -176,6 +176,55 @@ def _nest(order: List[Var], bounds: Dict[int, Tuple[Expr, Expr]], inner: List, p
     return body
 
 
+def _accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_axes) -> List:
+    """The loops of one reduction term; when the innermost loop runs over an output axis
+    with reduce loops just outside it, those become a :class:`RegisterBlock`."""
+    inner_var = order[-1]
+    k = len(order) - 1
+    while k > 0 and not any(order[k - 1] is a for a in out_axes):
+        k -= 1
+    reduce_suffix = order[k:-1]
+    if (reduce_suffix and any(inner_var is a for a in out_axes) and inner_var is not parallel
+            and isinstance(bounds[id(inner_var)][0], Const) and isinstance(bounds[id(inner_var)][1], Const)):
+        loops = [Loop(v, *bounds[id(v)], []) for v in reduce_suffix]
+        block = RegisterBlock(inner_var, *bounds[id(inner_var)], loops, cond, store)
+        outer = list(order[:k])
+        jam = _jam_choice(outer, bounds, store, parallel, out_axes)
+        if jam is not None:
+            var, factor = jam
+            block.jam_var, block.jam_outer, block.jam = var, Var(var.name + "o"), factor
+            n = int(bounds[id(var)][1].value)
+            bounds = dict(bounds)
+            bounds[id(block.jam_outer)] = (dsl.const(0), dsl.const(n // factor))
+            outer = [block.jam_outer if v is var else v for v in outer]
+        return _nest(outer, bounds, [block], parallel)
+    inner = [If(cond, [store])] if cond is not None else [store]
+    return _nest(order, bounds, inner, parallel)
+
+
+def _jam_choice(outer: List[Var], bounds, store: Store, parallel, out_axes):
+    """An output loop to unroll-and-jam into the register block, with its factor, or None.
+
+    It must not be the parallel loop, must run over ``[0, n)`` with ``n`` divisible by the
+    factor, must not bound other loops, and some read of the body must not depend on it
+    (that read is then shared by the jammed copies)."""
+    reads = reads_in(store.value)
+    for v in reversed(outer):
+        if v is parallel or not any(v is a for a in out_axes):
+            continue
+        lo, hi = bounds[id(v)]
+        if not (isinstance(lo, Const) and lo.value == 0 and isinstance(hi, Const)):
+            continue
+        if any(v is x for w in outer for b in bounds[id(w)] for x in free_vars(b)):
+            continue
+        if not any(all(not any(x is v for x in free_vars(i)) for i in r.indices) for r in reads):
+            continue
+        for factor in (4, 2):
+            if hi.value % factor == 0 and hi.value >= factor:
+                return v, factor
+    return None
+
+
 def _accesses(*exprs: Optional[Expr]) -> List[Sequence[Expr]]:
     return [r.indices for e in exprs if e is not None for r in reads_in(e)]
 
@@ -208,8 +257,7 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
             bounds = _const_bounds(ranges)
             bounds.update({id(r): (r.lo, r.hi) for r in axes_here})
             store = Store(t, tuple(axes), dsl.cast(t.dtype, value), combine=red.combiner)
-            inner = [If(cond_here, [store])] if cond_here is not None else [store]
-            stmts += _nest(order, bounds, inner, par)
+            stmts += _accumulate_nest(order, bounds, store, cond_here, par, axes)
     extent = dict(zip(map(id, axes), shape))
     par_extent = extent[id(parallel)] if parallel is not None else 0
     return Stage(t, stmts, par_extent)

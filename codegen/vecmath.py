@@ -28,42 +28,76 @@ _TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422
               -3.33332819422e-1)
 
 
-def _c(v):
+def _like(x, v):
+    """The float32 constant ``v``, splat to a vector if ``x`` is one."""
+    if isinstance(x.type, ir.VectorType):
+        return ir.Constant(x.type, [ir.Constant(F32, v)] * x.type.count)
     return ir.Constant(F32, v)
 
 
+def _int_like(x, v):
+    if isinstance(x.type, ir.VectorType):
+        return ir.Constant(ir.VectorType(I32, x.type.count), [ir.Constant(I32, v)] * x.type.count)
+    return ir.Constant(I32, v)
+
+
+def _suffix(ty) -> str:
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{_suffix(ty.element)}"
+    if isinstance(ty, ir.FloatType):
+        return "f32"
+    if isinstance(ty, ir.DoubleType):
+        return "f64"
+    return f"i{ty.width}"
+
+
+def intrinsic(module: ir.Module, name: str, ty, nargs: int):
+    """The overloaded LLVM intrinsic ``name`` for scalar or vector type ``ty`` (declared once)."""
+    full = f"{name}.{_suffix(ty)}"
+    fn = module.globals.get(full)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(ty, [ty] * nargs), full)
+    return fn
+
+
+def _fn(module, name, x, nargs):
+    return intrinsic(module, name, x.type, nargs)
+
+
 def exp_f32(b: ir.IRBuilder, module: ir.Module, x):
+    """e^x for a float32 scalar or vector ``x``."""
     flags = ("contract",)
-    rint = module.declare_intrinsic("llvm.roundeven", [F32], ir.FunctionType(F32, [F32]))
-    xc = b.call(module.declare_intrinsic("llvm.minnum", [F32], ir.FunctionType(F32, [F32, F32])),
-                [b.call(module.declare_intrinsic("llvm.maxnum", [F32], ir.FunctionType(F32, [F32, F32])),
-                        [x, _c(_EXP_LO)]), _c(_EXP_HI)])
-    n = b.call(rint, [b.fmul(xc, _c(_LOG2E))])
-    r = b.fsub(b.fsub(xc, b.fmul(n, _c(_LN2_HI)), flags=flags), b.fmul(n, _c(_LN2_LO)), flags=flags)
-    p = _c(1.0 / 5040)
+    c = lambda v: _like(x, v)  # noqa: E731
+    xc = b.call(_fn(module, "llvm.minnum", x, 2),
+                [b.call(_fn(module, "llvm.maxnum", x, 2), [x, c(_EXP_LO)]), c(_EXP_HI)])
+    n = b.call(_fn(module, "llvm.roundeven", x, 1), [b.fmul(xc, c(_LOG2E))])
+    r = b.fsub(b.fsub(xc, b.fmul(n, c(_LN2_HI)), flags=flags), b.fmul(n, c(_LN2_LO)), flags=flags)
+    p = c(1.0 / 5040)
     for k in (720, 120, 24, 6, 2, 1, 1):
-        p = b.fadd(b.fmul(p, r, flags=flags), _c(1.0 / k), flags=flags)
-    bits = b.shl(b.add(b.fptosi(n, I32), ir.Constant(I32, 127)), ir.Constant(I32, 23))
-    y = b.fmul(p, b.bitcast(bits, F32))
-    y = b.select(b.fcmp_ordered("<", x, _c(_EXP_LO)), _c(0.0), y)
-    y = b.select(b.fcmp_ordered(">", x, _c(_EXP_HI)), _c(float("inf")), y)
+        p = b.fadd(b.fmul(p, r, flags=flags), c(1.0 / k), flags=flags)
+    ity = ir.VectorType(I32, x.type.count) if isinstance(x.type, ir.VectorType) else I32
+    bits = b.shl(b.add(b.fptosi(n, ity), _int_like(x, 127)), _int_like(x, 23))
+    y = b.fmul(p, b.bitcast(bits, x.type))
+    y = b.select(b.fcmp_ordered("<", x, c(_EXP_LO)), c(0.0), y)
+    y = b.select(b.fcmp_ordered(">", x, c(_EXP_HI)), c(float("inf")), y)
     return b.select(b.fcmp_unordered("uno", x, x), x, y)
 
 
 def tanh_f32(b: ir.IRBuilder, module: ir.Module, x):
-    fabs = module.declare_intrinsic("llvm.fabs", [F32], ir.FunctionType(F32, [F32]))
-    copysign = module.declare_intrinsic("llvm.copysign", [F32], ir.FunctionType(F32, [F32, F32]))
-    ax = b.call(fabs, [x])
+    """tanh(x) for a float32 scalar or vector ``x``."""
+    c = lambda v: _like(x, v)  # noqa: E731
+    ax = b.call(_fn(module, "llvm.fabs", x, 1), [x])
     z = b.fmul(x, x)
-    p = _c(_TANH_POLY[0])
+    p = c(_TANH_POLY[0])
     for coef in _TANH_POLY[1:]:
-        p = b.fadd(b.fmul(p, z), _c(coef))
+        p = b.fadd(b.fmul(p, z), c(coef))
     small = b.fadd(x, b.fmul(b.fmul(x, z), p))
-    e = exp_f32(b, module, b.fmul(ax, _c(2.0)))
-    large = b.call(copysign, [b.fsub(_c(1.0), b.fdiv(_c(2.0), b.fadd(e, _c(1.0)))), x])
-    return b.select(b.fcmp_ordered("<", ax, _c(0.625)), small, large)
+    e = exp_f32(b, module, b.fmul(ax, c(2.0)))
+    large = b.call(_fn(module, "llvm.copysign", x, 2), [b.fsub(c(1.0), b.fdiv(c(2.0), b.fadd(e, c(1.0)))), x])
+    return b.select(b.fcmp_ordered("<", ax, c(0.625)), small, large)
 
 
 def sigmoid_f32(b: ir.IRBuilder, module: ir.Module, x):
+    """1 / (1 + e^-x) for a float32 scalar or vector ``x``."""
     e = exp_f32(b, module, b.fneg(x))
-    return b.fdiv(_c(1.0), b.fadd(_c(1.0), e))
+    return b.fdiv(_like(x, 1.0), b.fadd(_like(x, 1.0), e))
