@@ -165,6 +165,9 @@ class StageEmitter:
         with self.b.goto_entry_block():
             accs = [self.b.alloca(vt) for _ in range(blk.jam)]  # promoted to registers (SROA)
         iota = ir.Constant(ir.VectorType(I64, width), [ir.Constant(I64, k) for k in range(width)])
+        if blk.reduce_lanes:
+            self.reduction_lanes(blk, width, starts, accs, iota)
+            return
         for start, keep_from in starts:
             v0 = ir.Constant(I64, start)
             lanes = self.b.add(self.splat(v0, width), iota)
@@ -177,7 +180,7 @@ class StageEmitter:
                 targets.append(target)
                 self.b.store(self.b.load(target, align=align), acc)
             self.vec = (id(blk.var), lanes, width)
-            self.block_loops(blk, 0, st, accs)
+            self.block_loops(blk, 0, st, accs, [(lanes, None)])
             self.vec = None
             for j, (acc, target) in enumerate(zip(accs, targets)):
                 value = self.b.load(acc)
@@ -189,28 +192,63 @@ class StageEmitter:
         if blk.jam_var is not None:
             del self.env[id(blk.jam_var)]
 
+    def reduction_lanes(self, blk: RegisterBlock, width: int, starts, accs, iota):
+        """Lanes along a reduce axis: vectors accumulate across every loop, lanes combine at the end."""
+        st = blk.store
+        dt = st.tensor.dtype
+        identity = self.e_Const(Const(identity_of(st.combine, dt), dt))
+        for acc in accs:
+            self.b.store(self.splat(identity, width), acc)
+        blocks = []
+        for start, keep_from in starts:
+            lanes = self.b.add(self.splat(ir.Constant(I64, start), width), iota)
+            mask = None
+            if keep_from > start:  # overlapping last block: lanes already counted contribute nothing
+                mask = self.b.icmp_signed(">=", lanes, self.splat(ir.Constant(I64, keep_from), width))
+            blocks.append((lanes, mask))
+        self.vec = (id(blk.var), None, width)
+        self.block_loops(blk, 0, st, accs, blocks)
+        self.vec = None
+        self.env.pop(id(blk.var), None)
+        for j, acc in enumerate(accs):
+            self.bind_jam(blk, j)
+            vec = self.b.load(acc)
+            total = self.b.extract_element(vec, ir.Constant(I32, 0))
+            for k in range(1, width):
+                total = self.combine(st.combine, dt, total, self.b.extract_element(vec, ir.Constant(I32, k)))
+            ptr = self.address(st.tensor, [self.expr(i) for i in st.indices])
+            self.store_scalar(st.tensor, self.combine(st.combine, dt, self.load_scalar(st.tensor, ptr), total), ptr)
+        if blk.jam_var is not None:
+            del self.env[id(blk.jam_var)]
+
     def bind_jam(self, blk: RegisterBlock, j: int):
         if blk.jam_var is not None:
             outer = self.env[id(blk.jam_outer)]
             self.env[id(blk.jam_var)] = self.b.add(self.b.mul(outer, ir.Constant(I64, blk.jam)),
                                                    ir.Constant(I64, j))
 
-    def block_loops(self, blk: RegisterBlock, k: int, st: Store, accs):
+    def block_loops(self, blk: RegisterBlock, k: int, st: Store, accs, blocks):
         if k == len(blk.loops):
-            for j, acc in enumerate(accs):
-                self.bind_jam(blk, j)
-                value = self.as_vector(self.expr(st.value))
-                if blk.cond is not None:
-                    identity = self.splat(self.e_Const(Const(identity_of(st.combine, st.tensor.dtype),
-                                                             st.tensor.dtype)), self.vec[2])
-                    value = self.b.select(self.as_vector(self.expr(blk.cond)), value, identity)
-                self.b.store(self.combine(st.combine, st.tensor.dtype, self.b.load(acc), value), acc)
+            dt = st.tensor.dtype
+            identity = self.splat(self.e_Const(Const(identity_of(st.combine, dt), dt)), self.vec[2])
+            for lanes, mask in blocks:
+                self.vec = (self.vec[0], lanes, self.vec[2])
+                if blk.reduce_lanes:
+                    self.env[id(blk.var)] = self.b.extract_element(lanes, ir.Constant(I32, 0))
+                for j, acc in enumerate(accs):
+                    self.bind_jam(blk, j)
+                    value = self.as_vector(self.expr(st.value))
+                    if blk.cond is not None:
+                        value = self.b.select(self.as_vector(self.expr(blk.cond)), value, identity)
+                    if mask is not None:
+                        value = self.b.select(mask, value, identity)
+                    self.b.store(self.combine(st.combine, dt, self.b.load(acc), value), acc)
             return
         lp = blk.loops[k]
 
         def body(i):
             self.env[id(lp.var)] = i
-            self.block_loops(blk, k + 1, st, accs)
+            self.block_loops(blk, k + 1, st, accs, blocks)
             del self.env[id(lp.var)]
 
         saved, self.vec = self.vec, None  # loop bounds are scalar
@@ -225,7 +263,10 @@ class StageEmitter:
         if dt not in ("float32", "float64") or st.combine is None or st.checked:
             return None
         idx = st.indices
-        if _coefficient(idx[-1], blk.var) != 1 or any(_coefficient(i, blk.var) != 0 for i in idx[:-1]):
+        if blk.reduce_lanes:
+            if any(_coefficient(i, blk.var) != 0 for i in idx):
+                return None
+        elif _coefficient(idx[-1], blk.var) != 1 or any(_coefficient(i, blk.var) != 0 for i in idx[:-1]):
             return None
         parts = [st.value] + ([blk.cond] if blk.cond is not None else [])
         if any(not _vectorizable(p, dt) for p in parts):

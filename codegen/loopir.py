@@ -63,6 +63,9 @@ class RegisterBlock:
     jam_var: Optional[Var] = None
     jam_outer: Optional[Var] = None
     jam: int = 1
+    #: the lanes run along a reduce axis: the vector accumulates over all the loops and
+    #: its lanes are combined once at the end
+    reduce_lanes: bool = False
 
     def plain(self) -> List["Stmt"]:
         inner = [If(self.cond, [self.store])] if self.cond is not None else [self.store]
@@ -107,7 +110,9 @@ def stage_text(stage: Stage, tensor_names: Namer) -> str:
                 out.append(f"{pad}}}")
             elif isinstance(s, RegisterBlock):
                 v = p(s.var)
-                out.append(f"{pad}// {v}: in vector registers across the loops below")
+                what = "lanes of a vector accumulator" if s.reduce_lanes else \
+                    "in vector registers across the loops below"
+                out.append(f"{pad}// {v}: {what}")
                 emit(s.plain(), depth)
             elif isinstance(s, If):
                 out.append(f"{pad}if ({p(s.cond)}) {{")

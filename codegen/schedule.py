@@ -184,10 +184,13 @@ def _accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out
     while k > 0 and not any(order[k - 1] is a for a in out_axes):
         k -= 1
     reduce_suffix = order[k:-1]
-    if (reduce_suffix and any(inner_var is a for a in out_axes) and inner_var is not parallel
-            and isinstance(bounds[id(inner_var)][0], Const) and isinstance(bounds[id(inner_var)][1], Const)):
+    inner_is_output = any(inner_var is a for a in out_axes)
+    constant = isinstance(bounds[id(inner_var)][0], Const) and isinstance(bounds[id(inner_var)][1], Const)
+    lanes_on_reduction = not inner_is_output and store.combine in ("sum", "max", "min")
+    if constant and inner_var is not parallel and (inner_is_output and reduce_suffix or lanes_on_reduction):
         loops = [Loop(v, *bounds[id(v)], []) for v in reduce_suffix]
-        block = RegisterBlock(inner_var, *bounds[id(inner_var)], loops, cond, store)
+        block = RegisterBlock(inner_var, *bounds[id(inner_var)], loops, cond, store,
+                              reduce_lanes=not inner_is_output)
         outer = list(order[:k])
         jam = _jam_choice(outer, bounds, store, parallel, out_axes)
         if jam is not None:
@@ -334,6 +337,9 @@ def split_interior(axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
         for b in (r.lo, r.hi):
             probe = Tensor("bound", grid.shape, "int64", ComputeOp(grid.op.axes, dsl.cast("int64", b)))
             values.append(evaluate([probe], {})[0])
+    uniform = _uniform_pieces(dep, values, red_axes, full)
+    if uniform is not None:
+        return uniform
     typical = [int(np.bincount(v.ravel() - v.min()).argmax() + v.min()) for v in values]
     inside = np.ones(grid.shape, dtype=bool)
     for v, c in zip(values, typical):
@@ -358,6 +364,37 @@ def split_interior(axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
             slab.update({id(b): box[m] for m, (b, _) in enumerate(dep[:k])})
             slab[id(a)] = rng
             pieces.append((slab, same[0][1]))
+    return pieces
+
+
+#: most pieces an output domain is cut into so that every piece has constant reduce bounds
+MAX_PIECES = 32
+
+
+def _uniform_pieces(dep, values, red_axes, full):
+    """The output domain cut into boxes on which every reduce bound is constant, or None.
+
+    Points are grouped by the values their bounds take (interior, edges and corners of
+    a padded convolution; each kernel position of its weight gradient); each group must
+    be a box, and there must be few of them."""
+    stacked = np.stack([v.ravel() for v in values], axis=1)
+    keys, labels = np.unique(stacked, axis=0, return_inverse=True)
+    if len(keys) > MAX_PIECES:
+        return None
+    labels = labels.reshape(values[0].shape)
+    pieces = []
+    for label, key in enumerate(keys):
+        mask = labels == label
+        where = np.nonzero(mask)
+        box = [(int(w.min()), int(w.max()) + 1) for w in where]
+        if mask[tuple(slice(lo, hi) for lo, hi in box)].sum() != mask.sum() or \
+                not mask[tuple(slice(lo, hi) for lo, hi in box)].all():
+            return None
+        ranges = dict(full)
+        ranges.update({id(a): b for (a, _), b in zip(dep, box)})
+        bounds = {id(r): (dsl.const(int(key[2 * n])), dsl.const(int(key[2 * n + 1])))
+                  for n, r in enumerate(red_axes)}
+        pieces.append((ranges, bounds))
     return pieces
 
 
