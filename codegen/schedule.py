@@ -118,8 +118,24 @@ def _access_score(indices: Sequence[Expr], v: Var) -> int:
     return -1
 
 
+def _max_stride(v: Var, reads: Sequence[Read]) -> int:
+    """The largest number of elements one step of ``v`` moves any of ``reads``."""
+    best = 0
+    for r in reads:
+        stride = 1
+        for ix, n in reversed(list(zip(r.indices, r.tensor.shape))):
+            c = _coefficient(ix, v)
+            if c is None:
+                best = max(best, stride)
+            elif c:
+                best = max(best, abs(c) * stride)
+            stride *= n
+    return best
+
+
 def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence[ReduceAxis],
-               accesses: Sequence[Sequence[Expr]], store: Sequence[Expr]) -> Tuple[List[Var], Optional[Var]]:
+               accesses: Sequence[Sequence[Expr]], store: Sequence[Expr],
+               reads: Sequence[Read] = ()) -> Tuple[List[Var], Optional[Var]]:
     """An order for the loops over ``out_axes`` (extents ``shape``) and ``red_axes``, and the parallel axis."""
     extents: Dict[int, int] = {id(a): n for a, n in zip(out_axes, shape)}
     for r in red_axes:
@@ -139,12 +155,14 @@ def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
     def score(v):
         s = 2 * _access_score(store, v) + sum(_access_score(acc, v) for acc in accesses)
         n = extents.get(id(v), 0)
-        return (s - (3 if n < 8 else 0), n)  # a short loop vectorizes poorly
+        return (s - (8 if n < 8 else 0), n)  # a loop shorter than a vector cannot vectorize
 
     needed = {d for v in every for d in deps[id(v)]}
     candidates = [v for v in every if id(v) not in needed]
     inner = max(candidates, key=score) if candidates else every[-1]
     middle = [v for v in every if v is not inner and v is not parallel]
+    # output loops first; reduce loops by the largest memory stride they step, largest outermost
+    middle.sort(key=lambda v: (0, 0) if any(v is a for a in out_axes) else (1, -_max_stride(v, reads)))
     # the parallel axis goes outermost unless it is the innermost loop: threads only
     # need disjoint ranges of it, wherever its loop is
     ordered: List[Var] = [parallel] if parallel is not None and parallel is not inner else []
@@ -256,7 +274,8 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
             rename = {r: a for r, a in zip(red.axes, axes_here) if a is not r}
             value = substitute(red.body, rename) if rename else red.body
             cond_here = substitute(cond, rename) if (rename and cond is not None) else cond
-            order, par = loop_order(axes, shape, axes_here, _accesses(value, cond_here), axes)
+            order, par = loop_order(axes, shape, axes_here, _accesses(value, cond_here), axes,
+                                    reads_in(value))
             bounds = _const_bounds(ranges)
             bounds.update({id(r): (r.lo, r.hi) for r in axes_here})
             store = Store(t, tuple(axes), dsl.cast(t.dtype, value), combine=red.combiner)
