@@ -168,8 +168,11 @@ class StageEmitter:
         if blk.reduce_lanes:
             self.reduction_lanes(blk, width, starts, accs, iota)
             return
-        for start, keep_from in starts:
-            v0 = ir.Constant(I64, start)
+        lo = int(blk.lo.value)
+        full = [(s0, k0) for s0, k0 in starts if s0 == k0]
+        tail = [(s0, k0) for s0, k0 in starts if s0 != k0]
+
+        def one_block(v0, keep_from):
             lanes = self.b.add(self.splat(v0, width), iota)
             targets = []
             self.env[id(blk.var)] = v0
@@ -180,15 +183,22 @@ class StageEmitter:
                 targets.append(target)
                 self.b.store(self.b.load(target, align=align), acc)
             self.vec = (id(blk.var), lanes, width)
-            self.block_loops(blk, 0, st, accs, [(lanes, None)])
+            self.block_loops(blk, 0, st, accs, lambda accumulate: accumulate(lanes, None))
             self.vec = None
-            for j, (acc, target) in enumerate(zip(accs, targets)):
+            for acc, target in zip(accs, targets):
                 value = self.b.load(acc)
-                if keep_from > start:  # overlapping last block: lanes already done keep their value
+                if keep_from is not None:  # overlapping last block: lanes already done keep their value
                     done = self.b.icmp_signed("<", lanes, self.splat(ir.Constant(I64, keep_from), width))
                     value = self.b.select(done, self.b.load(target, align=align), value)
                 self.b.store(value, target, align=align)
             del self.env[id(blk.var)]
+
+        # full blocks as a loop (code size independent of the axis length), then the tail
+        self.counted(ir.Constant(I64, 0), ir.Constant(I64, len(full)), blk.var.name + "_block",
+                     lambda b: one_block(self.b.add(ir.Constant(I64, lo), self.b.mul(b, ir.Constant(I64, width))),
+                                         None))
+        for start, keep_from in tail:
+            one_block(ir.Constant(I64, start), keep_from)
         if blk.jam_var is not None:
             del self.env[id(blk.jam_var)]
 
@@ -199,15 +209,22 @@ class StageEmitter:
         identity = self.e_Const(Const(identity_of(st.combine, dt), dt))
         for acc in accs:
             self.b.store(self.splat(identity, width), acc)
-        blocks = []
-        for start, keep_from in starts:
-            lanes = self.b.add(self.splat(ir.Constant(I64, start), width), iota)
-            mask = None
-            if keep_from > start:  # overlapping last block: lanes already counted contribute nothing
-                mask = self.b.icmp_signed(">=", lanes, self.splat(ir.Constant(I64, keep_from), width))
-            blocks.append((lanes, mask))
+        lo = int(blk.lo.value)
+        n_full = sum(1 for s0, k0 in starts if s0 == k0)
+        tails = [(s0, k0) for s0, k0 in starts if k0 > s0]
+
+        def lanes_of(accumulate):
+            def full(b):  # full lane blocks, iterated by a loop
+                first = self.b.add(ir.Constant(I64, lo), self.b.mul(b, ir.Constant(I64, width)))
+                accumulate(self.b.add(self.splat(first, width), iota), None)
+
+            self.counted(ir.Constant(I64, 0), ir.Constant(I64, n_full), "lanes", full)
+            for start, keep_from in tails:  # overlapping last block: lanes already counted add nothing
+                lanes = self.b.add(self.splat(ir.Constant(I64, start), width), iota)
+                accumulate(lanes, self.b.icmp_signed(">=", lanes, self.splat(ir.Constant(I64, keep_from), width)))
+
         self.vec = (id(blk.var), None, width)
-        self.block_loops(blk, 0, st, accs, blocks)
+        self.block_loops(blk, 0, st, accs, lanes_of)
         self.vec = None
         self.env.pop(id(blk.var), None)
         for j, acc in enumerate(accs):
@@ -227,11 +244,14 @@ class StageEmitter:
             self.env[id(blk.jam_var)] = self.b.add(self.b.mul(outer, ir.Constant(I64, blk.jam)),
                                                    ir.Constant(I64, j))
 
-    def block_loops(self, blk: RegisterBlock, k: int, st: Store, accs, blocks):
+    def block_loops(self, blk: RegisterBlock, k: int, st: Store, accs, lanes_of):
+        """The block's loops; innermost, ``lanes_of(accumulate)`` calls ``accumulate(lanes, mask)``
+        once per vector of lanes."""
         if k == len(blk.loops):
             dt = st.tensor.dtype
             identity = self.splat(self.e_Const(Const(identity_of(st.combine, dt), dt)), self.vec[2])
-            for lanes, mask in blocks:
+
+            def accumulate(lanes, mask):
                 self.vec = (self.vec[0], lanes, self.vec[2])
                 if blk.reduce_lanes:
                     self.env[id(blk.var)] = self.b.extract_element(lanes, ir.Constant(I32, 0))
@@ -243,12 +263,14 @@ class StageEmitter:
                     if mask is not None:
                         value = self.b.select(mask, value, identity)
                     self.b.store(self.combine(st.combine, dt, self.b.load(acc), value), acc)
+
+            lanes_of(accumulate)
             return
         lp = blk.loops[k]
 
         def body(i):
             self.env[id(lp.var)] = i
-            self.block_loops(blk, k + 1, st, accs, blocks)
+            self.block_loops(blk, k + 1, st, accs, lanes_of)
             del self.env[id(lp.var)]
 
         saved, self.vec = self.vec, None  # loop bounds are scalar

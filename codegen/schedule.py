@@ -155,7 +155,8 @@ def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
     def score(v):
         s = 2 * _access_score(store, v) + sum(_access_score(acc, v) for acc in accesses)
         n = extents.get(id(v), 0)
-        return (s - (8 if n < 8 else 0), n)  # a loop shorter than a vector cannot vectorize
+        short = id(v) in extents and n < 8  # a loop shorter than a vector cannot vectorize
+        return (s - (8 if short else 0), n)
 
     needed = {d for v in every for d in deps[id(v)]}
     candidates = [v for v in every if id(v) not in needed]
