@@ -1,8 +1,11 @@
 """Command line.
 
-``python -m te_grad demo``: a strided conv2d, differentiated and checked.
+``python -m te_grad demo``: a strided conv2d, differentiated, simplified, compiled,
+checked against finite differences and timed.
 ``python -m te_grad show OP [--param k=v ...] [--compile]``: any te_grad.nn op's formulas,
 simplified gradients, exact iteration counts and (compiled) loop nests.
+``python -m te_grad bench [--ops ...] [--threads N] [--quick]``: te_grad against PyTorch
+and JAX on the reference suite (see te_grad/benchmark.py).
 """
 from __future__ import annotations
 
@@ -15,8 +18,10 @@ import time
 import numpy as np
 
 
-def demo(out=sys.stdout) -> int:
-    """Differentiate a strided, padded conv2d, print its formulas and check the gradient."""
+def demo(out=None) -> int:
+    """Differentiate a strided, padded conv2d: formulas raw and simplified, exact counts,
+    compiled kernels checked against finite differences, and their speed."""
+    out = sys.stdout if out is None else out
     import te_grad as tg
     from te_grad.testing import check_gradients
 
@@ -48,14 +53,36 @@ def demo(out=sys.stdout) -> int:
         f"({n_simp / fwd:.2f}x the forward, {n_raw / n_simp:,.0f}x fewer than raw; "
         f"derived and simplified in {t_diff:.2f} s)")
 
+    raw_line = tg.show(raw[0]).splitlines()[-1]
+    say(f"(the raw VJP it came from: {raw_line[:150]}{' ...' if len(raw_line) > 150 else ''})")
+
+    say("\n# compiled with LLVM, checked against float64 finite differences on a small instance")
     Xs = tg.placeholder((1, 2, 7, 7), dtype="float64", name="X")
     Ws = tg.placeholder((3, 2, 3, 3), dtype="float64", name="W")
     Ys = tg.nn.conv2d(Xs, Ws, stride=2, padding=1)
+    heads = tg.placeholder(Ys.shape, dtype="float64", name="head")
+    grads_small = tg.gradient(Ys, [Xs, Ws], head=heads)
+    small = tg.build(grads_small, inputs=[Xs, Ws, heads])
     feed = {Xs: rng.standard_normal(Xs.shape), Ws: rng.standard_normal(Ws.shape)}
+    h = rng.standard_normal(Ys.shape)
     t0 = time.perf_counter()
-    check_gradients(Ys, [Xs, Ws], feed, full_limit=0, directions=2)
-    say(f"gradients of a small float64 instance match central finite differences "
-        f"({time.perf_counter() - t0:.2f} s)")
+    compiled = small(feed[Xs], feed[Ws], h)
+    check_gradients(Ys, [Xs, Ws], feed, full_limit=0, directions=2, grads=grads_small, head=heads,
+                    head_value=h, values=compiled)
+    say(f"compiled gradients match central finite differences ({time.perf_counter() - t0:.2f} s)")
+
+    t0 = time.perf_counter()
+    fwd = tg.build([Y], inputs=[X, W])
+    bwd = tg.build(list(res), inputs=[X, W, dY])
+    say(f"built the forward and backward kernels in {time.perf_counter() - t0:.2f} s")
+    dy = rng.standard_normal(Y.shape).astype("float32")
+    dx, dw = bwd(x, w, dy)
+    ref_dx = tg.evaluate([res[0]], {X: x, W: w, dY: dy})[0]
+    err = float(np.abs(dx - ref_dx).max() / np.abs(ref_dx).max())
+    say(f"compiled dX agrees with the reference evaluator (max relative error {err:.1e})")
+    t_f, t_b = _median_ms(lambda: fwd(x, w)), _median_ms(lambda: bwd(x, w, dy))
+    say(f"forward {t_f:.2f} ms, backward (dX and dW) {t_b:.2f} ms: {t_b / t_f:.2f}x the forward "
+        f"({fwd.threads} threads; kernel loops: print(kernel.loops))")
     return 0
 
 
@@ -377,10 +404,26 @@ def show_op(op: str, params: dict, compile_: bool = False, out=None) -> int:
     return 0
 
 
+def _median_ms(fn, repeat: int = 20) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # its own options: python -m te_grad bench --help
+        from te_grad.benchmark import main as bench_main
+        return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m te_grad", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="differentiate a strided conv2d and check it")
+    sub.add_parser("demo", help="differentiate a strided conv2d, compile it, check it, time it")
+    sub.add_parser("bench", help="time te_grad against PyTorch and JAX on the reference suite "
+                                 "(options: python -m te_grad bench --help)")
     p_show = sub.add_parser(
         "show", help="print a te_grad.nn op, its simplified gradients and their exact cost",
         description="Build a te_grad.nn op with small default shapes, print its forward formula, its "

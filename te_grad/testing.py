@@ -41,15 +41,18 @@ def _objective(output: Tensor, head_value: np.ndarray, feed: Dict) -> float:
 def check_gradients(output: Tensor, inputs: Sequence[Tensor], feed: Dict, *, eps: float = 1e-6,
                     rtol: float = 1e-5, atol: float = 1e-7, full_limit: int = 64, directions: int = 2,
                     seed: int = 0, simplify: bool = True, grads: Sequence[Tensor] = None,
-                    head: Tensor = None) -> Sequence[np.ndarray]:
+                    head: Tensor = None, head_value: np.ndarray = None,
+                    values: Sequence[np.ndarray] = None) -> Sequence[np.ndarray]:
     """Assert that te_grad's gradients of ``output`` match central finite differences.
 
     Inputs must be float64 placeholders (finite differences in float32 are
     too coarse to check anything). Inputs with at most ``full_limit`` elements
     are checked element by element; every input is checked along
     ``directions`` random directions. ``grads``/``head`` may be given to check
-    gradients built elsewhere (``grads`` computed with head tensor ``head``).
-    Returns the evaluated gradients.
+    gradients built elsewhere (``grads`` computed with head tensor ``head``);
+    ``head_value`` fixes the head's value; ``values`` gives gradient values to
+    check instead of evaluating ``grads`` (e.g. from a compiled kernel run
+    with ``head_value``). Returns the checked gradient values.
     """
     rng = np.random.default_rng(seed)
     for x in inputs:
@@ -58,10 +61,11 @@ def check_gradients(output: Tensor, inputs: Sequence[Tensor], feed: Dict, *, eps
     if grads is None:
         head = dsl.placeholder(output.shape, dtype=output.dtype, name="head")
         grads = list(differentiate(output, list(inputs), head=head, simplify=simplify))
-    head_value = rng.standard_normal(output.shape)
+    if head_value is None:
+        head_value = rng.standard_normal(output.shape)
     feed = dict(feed)
-    feed[head] = head_value.astype(head.dtype)
-    got = evaluate(list(grads), feed)
+    feed[head] = np.asarray(head_value).astype(head.dtype)
+    got = [np.asarray(v) for v in values] if values is not None else evaluate(list(grads), feed)
     for x, g in zip(inputs, got):
         base = feed[x]
         if x.size <= full_limit:
@@ -97,5 +101,6 @@ def _assert_close(got, want, rtol, atol, what):
     bound = atol + rtol * np.abs(want)
     if not np.all(err <= bound) or not np.all(np.isfinite(got)):
         worst = np.unravel_index(np.argmax(err - bound), err.shape) if err.ndim else ()
-        raise AssertionError(f"{what}: te_grad gives {got[worst]!r} at {list(worst)} but finite "
-                             f"differences give {want[worst]!r} (|error| {err[worst]:.3g})")
+        where = [int(i) for i in worst]
+        raise AssertionError(f"{what}: te_grad gives {float(got[worst]):.10g} at {where} but finite "
+                             f"differences give {float(want[worst]):.10g} (|error| {float(err[worst]):.3g})")

@@ -28,6 +28,13 @@ def test_demo_in_process():
     assert "conv2d[n, c, h, w] = sum(" in text
     assert "dX[j0, j1, j2, j3] = sum(dY[j0, c, h, w] * W[" in text
     assert "match central finite differences" in text
+    assert "compiled dX agrees with the reference evaluator" in text and "backward (dX and dW)" in text
+
+
+def test_bench_command_runs_and_checks(capsys):
+    from te_grad.__main__ import main
+    assert main(["bench", "--quick", "--ops", "bias_add", "--no-torch", "--no-jax"]) == 0
+    assert "bias_add" in capsys.readouterr().out
 
 
 def test_module_entry_point():
