@@ -26,6 +26,7 @@ from te_grad.autodiff.normalize import normalized_body
 from te_grad.evaluator import evaluate, identity_of
 from te_grad.graph import free_vars, reads_in, topo_order
 from te_grad.transform import substitute
+from simplify.affine import constant_value
 from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ReduceAxis,
                         ScatterOp, Select, Tensor, Unary, Var)
 
@@ -138,9 +139,15 @@ def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
                reads: Sequence[Read] = ()) -> Tuple[List[Var], Optional[Var]]:
     """An order for the loops over ``out_axes`` (extents ``shape``) and ``red_axes``, and the parallel axis."""
     extents: Dict[int, int] = {id(a): n for a, n in zip(out_axes, shape)}
+    middle_point = {a: dsl.const(n // 2) for a, n in zip(out_axes, shape)}
     for r in red_axes:
         if r.extent is not None:
             extents[id(r)] = r.extent
+        else:  # bounds that vary: their extent in the middle of the output domain
+            lo = constant_value(substitute(r.lo, middle_point))
+            hi = constant_value(substitute(r.hi, middle_point))
+            if lo is not None and hi is not None:
+                extents[id(r)] = max(0, hi - lo)
     deps: Dict[int, set] = {id(a): set() for a in out_axes}
     for r in red_axes:
         deps[id(r)] = {id(x) for b in (r.lo, r.hi) for x in free_vars(b)}
