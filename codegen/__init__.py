@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Sequence, Union
 
-import llvmlite.ir as ir
-
 from simplify import simplify
 from simplify.count import tensor_iterations
 from te_grad.errors import UserError
@@ -19,7 +17,7 @@ from te_grad.ir import Tensor
 
 from .jit import compile_module
 from .kernel import CompiledStage, Kernel, default_threads
-from .llvm_emit import StageEmitter, _tensors_of
+from .llvm_emit import emit_module, tensors_of
 from .schedule import stages_for
 
 __all__ = ["build", "Kernel"]
@@ -52,7 +50,7 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     buffers = list(inputs)
     index = {id(t): n for n, t in enumerate(buffers)}
     for s in stages:
-        for t in _tensors_of(s):
+        for t in tensors_of(s):
             if id(t) not in index:
                 index[id(t)] = len(buffers)
                 buffers.append(t)
@@ -60,14 +58,9 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
         if id(t) not in index:
             index[id(t)] = len(buffers)
             buffers.append(t)
-    module = ir.Module(name="te_grad")
-    names = []
-    for n, s in enumerate(stages):
-        name = f"stage{n}_{s.tensor.name}"
-        StageEmitter(module, s, name, index, fast_math).emit()
-        names.append(name)
-    compiled = compile_module(str(module), names)
-    compiled_stages = [CompiledStage(s, compiled.addresses[nm], [index[id(t)] for t in _tensors_of(s)],
+    text, names = emit_module(stages, index, fast_math)
+    compiled = compile_module(text, names)
+    compiled_stages = [CompiledStage(s, compiled.addresses[nm], [index[id(t)] for t in tensors_of(s)],
                                      tensor_iterations(s.tensor))
                        for s, nm in zip(stages, names)]
     return Kernel(simplified, inputs, buffers, compiled_stages, compiled,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple
 
 from te_grad.graph import reads_in
-from te_grad.ir import Binary, Call, Cast, Compare, Const, Expr, Read, Select, Unary, Var
+from te_grad.ir import Binary, Cast, Const, Expr, Unary, Var
 
 Interval = Optional[Tuple[int, int]]
 

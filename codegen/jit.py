@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, List
 
-import llvmlite.binding as llvm
+from .llvm import binding as llvm
 
 _lock = threading.Lock()
 _target = None

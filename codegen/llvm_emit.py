@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
-import llvmlite.ir as ir
+from .llvm import ir
 
 from te_grad import dtypes
 from te_grad.errors import InternalError
@@ -29,51 +29,14 @@ from te_grad.graph import reads_in
 from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Select, Tensor, Unary, Var)
 
 from .intervals import interval, speculatable
+from .llvm_blocks import RegisterBlockEmitter
+from .llvm_types import FCMP, I1, I8, I32, I64, LIBM, LLVM_INTRINSIC, MEMORY, SCALAR, strides, vars_of
 from .loopir import If, Loop, RegisterBlock, Stage, Store
-from .schedule import _coefficient
 from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
 _VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
 
-I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
-_SCALAR = {"float32": ir.FloatType(), "float64": ir.DoubleType(), "int32": I32, "int64": I64, "bool": I1}
-_MEMORY = dict(_SCALAR, bool=I8)
-_FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-_LIBM = {("tanh", "float32"): "tanhf", ("tanh", "float64"): "tanh",
-         ("erf", "float32"): "erff", ("erf", "float64"): "erf"}
-_LLVM_INTRINSIC = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin",
-                   "cos": "llvm.cos", "abs": "llvm.fabs", "floor": "llvm.floor", "ceil": "llvm.ceil",
-                   "trunc": "llvm.trunc", "round": "llvm.roundeven"}
-
-
-_SIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
-
-
-def _vars_of(e: Expr):
-    from te_grad.graph import free_vars
-    return free_vars(e)
-
-
-def _vectorizable(e: Expr, dtype: str) -> bool:
-    """True if ``e`` has a lane-wise vector form: no opaque library calls, no data-dependent
-    or boolean reads."""
-    if isinstance(e, Call) and (e.name, e.dtype) in _LIBM:
-        return False
-    if isinstance(e, Read):
-        if e.tensor.dtype == "bool" or any(reads_in(i) for i in e.indices):
-            return False
-    return all(_vectorizable(c, dtype) for c in e.children())
-
-
-def _strides(shape: Sequence[int]) -> List[int]:
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= n
-    return list(reversed(out))
-
-
-class StageEmitter:
+class StageEmitter(RegisterBlockEmitter):
     """Emits one stage as one LLVM function into ``module``."""
 
     def __init__(self, module: ir.Module, stage: Stage, name: str, buffer_index: Dict[int, int],
@@ -82,8 +45,8 @@ class StageEmitter:
         self.stage = stage
         self.fast = fast_math
         self.buffer_index = buffer_index
-        self.tensors = _tensors_of(stage)
-        args = [ir.PointerType(_MEMORY[t.dtype]) for t in self.tensors] + [I64, I64, ir.PointerType(I64)]
+        self.tensors = tensors_of(stage)
+        args = [ir.PointerType(MEMORY[t.dtype]) for t in self.tensors] + [I64, I64, ir.PointerType(I64)]
         self.fn = ir.Function(module, ir.FunctionType(I32, args), name)
         for a in self.fn.args[:len(self.tensors)]:
             a.add_attribute("noalias")
@@ -152,175 +115,6 @@ class StageEmitter:
         self.b.cbranch(self.b.icmp_signed("<", nxt, hi), head, done)
         self.b.position_at_end(done)
 
-    # -- register blocks --------------------------------------------------------------------
-    def register_block(self, blk: RegisterBlock):
-        plan = self.block_plan(blk)
-        if plan is None:
-            self.stmts(blk.plain())
-            return
-        width, starts = plan
-        st = blk.store
-        vt = ir.VectorType(_SCALAR[st.tensor.dtype], width)
-        align = _SIZE[st.tensor.dtype]
-        with self.b.goto_entry_block():
-            accs = [self.b.alloca(vt) for _ in range(blk.jam)]  # promoted to registers (SROA)
-        iota = ir.Constant(ir.VectorType(I64, width), [ir.Constant(I64, k) for k in range(width)])
-        if blk.reduce_lanes:
-            self.reduction_lanes(blk, width, starts, accs, iota)
-            return
-        lo = int(blk.lo.value)
-        full = [(s0, k0) for s0, k0 in starts if s0 == k0]
-        tail = [(s0, k0) for s0, k0 in starts if s0 != k0]
-
-        def one_block(v0, keep_from):
-            lanes = self.b.add(self.splat(v0, width), iota)
-            targets = []
-            self.env[id(blk.var)] = v0
-            for j, acc in enumerate(accs):
-                self.bind_jam(blk, j)
-                target = self.b.bitcast(self.address(st.tensor, [self.expr(i) for i in st.indices]),
-                                        ir.PointerType(vt))
-                targets.append(target)
-                self.b.store(self.b.load(target, align=align), acc)
-            self.vec = (id(blk.var), lanes, width)
-            self.block_loops(blk, 0, st, accs, lambda accumulate: accumulate(lanes, None))
-            self.vec = None
-            for acc, target in zip(accs, targets):
-                value = self.b.load(acc)
-                if keep_from is not None:  # overlapping last block: lanes already done keep their value
-                    done = self.b.icmp_signed("<", lanes, self.splat(ir.Constant(I64, keep_from), width))
-                    value = self.b.select(done, self.b.load(target, align=align), value)
-                self.b.store(value, target, align=align)
-            del self.env[id(blk.var)]
-
-        # full blocks as a loop (code size independent of the axis length), then the tail
-        self.counted(ir.Constant(I64, 0), ir.Constant(I64, len(full)), blk.var.name + "_block",
-                     lambda b: one_block(self.b.add(ir.Constant(I64, lo), self.b.mul(b, ir.Constant(I64, width))),
-                                         None))
-        for start, keep_from in tail:
-            one_block(ir.Constant(I64, start), keep_from)
-        if blk.jam_var is not None:
-            del self.env[id(blk.jam_var)]
-
-    def reduction_lanes(self, blk: RegisterBlock, width: int, starts, accs, iota):
-        """Lanes along a reduce axis: vectors accumulate across every loop, lanes combine at the end."""
-        st = blk.store
-        dt = st.tensor.dtype
-        identity = self.e_Const(Const(identity_of(st.combine, dt), dt))
-        for acc in accs:
-            self.b.store(self.splat(identity, width), acc)
-        lo = int(blk.lo.value)
-        n_full = sum(1 for s0, k0 in starts if s0 == k0)
-        tails = [(s0, k0) for s0, k0 in starts if k0 > s0]
-
-        def lanes_of(accumulate):
-            def full(b):  # full lane blocks, iterated by a loop
-                first = self.b.add(ir.Constant(I64, lo), self.b.mul(b, ir.Constant(I64, width)))
-                accumulate(self.b.add(self.splat(first, width), iota), None)
-
-            self.counted(ir.Constant(I64, 0), ir.Constant(I64, n_full), "lanes", full)
-            for start, keep_from in tails:  # overlapping last block: lanes already counted add nothing
-                lanes = self.b.add(self.splat(ir.Constant(I64, start), width), iota)
-                accumulate(lanes, self.b.icmp_signed(">=", lanes, self.splat(ir.Constant(I64, keep_from), width)))
-
-        self.vec = (id(blk.var), None, width)
-        self.block_loops(blk, 0, st, accs, lanes_of)
-        self.vec = None
-        self.env.pop(id(blk.var), None)
-        for j, acc in enumerate(accs):
-            self.bind_jam(blk, j)
-            vec = self.b.load(acc)
-            total = self.b.extract_element(vec, ir.Constant(I32, 0))
-            for k in range(1, width):
-                total = self.combine(st.combine, dt, total, self.b.extract_element(vec, ir.Constant(I32, k)))
-            ptr = self.address(st.tensor, [self.expr(i) for i in st.indices])
-            self.store_scalar(st.tensor, self.combine(st.combine, dt, self.load_scalar(st.tensor, ptr), total), ptr)
-        if blk.jam_var is not None:
-            del self.env[id(blk.jam_var)]
-
-    def bind_jam(self, blk: RegisterBlock, j: int):
-        if blk.jam_var is not None:
-            outer = self.env[id(blk.jam_outer)]
-            self.env[id(blk.jam_var)] = self.b.add(self.b.mul(outer, ir.Constant(I64, blk.jam)),
-                                                   ir.Constant(I64, j))
-
-    def block_loops(self, blk: RegisterBlock, k: int, st: Store, accs, lanes_of):
-        """The block's loops; innermost, ``lanes_of(accumulate)`` calls ``accumulate(lanes, mask)``
-        once per vector of lanes."""
-        if k == len(blk.loops):
-            dt = st.tensor.dtype
-            identity = self.splat(self.e_Const(Const(identity_of(st.combine, dt), dt)), self.vec[2])
-
-            def accumulate(lanes, mask):
-                self.vec = (self.vec[0], lanes, self.vec[2])
-                if blk.reduce_lanes:
-                    self.env[id(blk.var)] = self.b.extract_element(lanes, ir.Constant(I32, 0))
-                for j, acc in enumerate(accs):
-                    self.bind_jam(blk, j)
-                    value = self.as_vector(self.expr(st.value))
-                    if blk.cond is not None:
-                        value = self.b.select(self.as_vector(self.expr(blk.cond)), value, identity)
-                    if mask is not None:
-                        value = self.b.select(mask, value, identity)
-                    self.b.store(self.combine(st.combine, dt, self.b.load(acc), value), acc)
-
-            lanes_of(accumulate)
-            return
-        lp = blk.loops[k]
-
-        def body(i):
-            self.env[id(lp.var)] = i
-            self.block_loops(blk, k + 1, st, accs, lanes_of)
-            del self.env[id(lp.var)]
-
-        saved, self.vec = self.vec, None  # loop bounds are scalar
-        lo, hi = self.expr(lp.lo), self.expr(lp.hi)
-        self.vec = saved
-        self.counted(lo, hi, lp.var.name, body)
-
-    def block_plan(self, blk: RegisterBlock):
-        """(width, full blocks, first element of the scalar rest), or None to emit the plain nest."""
-        st = blk.store
-        dt = st.tensor.dtype
-        if dt not in ("float32", "float64") or st.combine is None or st.checked:
-            return None
-        idx = st.indices
-        if blk.reduce_lanes:
-            if any(_coefficient(i, blk.var) != 0 for i in idx):
-                return None
-        elif _coefficient(idx[-1], blk.var) != 1 or any(_coefficient(i, blk.var) != 0 for i in idx[:-1]):
-            return None
-        parts = [st.value] + ([blk.cond] if blk.cond is not None else [])
-        if any(not _vectorizable(p, dt) for p in parts):
-            return None
-        ranges = dict(self.ranges)
-        if blk.jam_var is not None:
-            outer = ranges.get(id(blk.jam_outer))
-            if outer is None:
-                return None
-            ranges[id(blk.jam_var)] = (outer[0] * blk.jam, outer[1] * blk.jam + blk.jam - 1)
-        for lp in blk.loops:
-            lo_iv, hi_iv = interval(lp.lo, ranges), interval(lp.hi, ranges)
-            if lo_iv is None or hi_iv is None:
-                return None
-            ranges[id(lp.var)] = (lo_iv[0], hi_iv[1] - 1)
-        lo, hi = int(blk.lo.value), int(blk.hi.value)
-        ranges[id(blk.var)] = (lo, hi - 1)
-        if not all(speculatable(p, ranges) for p in parts):
-            return None
-        lanes = 8 if dt == "float32" else 4  # one AVX2 register
-        n = hi - lo
-        if n < lanes:
-            return None
-        budget = 8 // blk.jam  # accumulator registers for each jammed copy
-        # the widest block that covers the row with the fewest lanes computed
-        widths = [lanes * m for m in range(1, budget + 1) if lanes * m <= n]
-        width = min(widths, key=lambda w: (-(-n // w) * w, -w))
-        starts = [(lo + b * width, lo + b * width) for b in range(n // width)]
-        if n % width:
-            starts.append((hi - width, lo + (n // width) * width))  # overlaps the previous block
-        return width, starts
-
     def splat(self, value, width: int):
         if isinstance(value.type, ir.VectorType):
             return value
@@ -387,7 +181,7 @@ class StageEmitter:
     # -- memory ---------------------------------------------------------------------------
     def address(self, t: Tensor, idx):
         offset = None
-        for ix, stride in zip(idx, _strides(t.shape)):
+        for ix, stride in zip(idx, strides(t.shape)):
             term = ix if stride == 1 else self.b.mul(ix, ir.Constant(I64, stride), flags=["nsw"])
             offset = term if offset is None else self.b.add(offset, term, flags=["nsw"])
         return self.b.gep(self.ptr[id(t)], [offset if offset is not None else ir.Constant(I64, 0)],
@@ -419,7 +213,7 @@ class StageEmitter:
         return getattr(self, "e_" + type(e).__name__)(e)
 
     def e_Const(self, e: Const):
-        return ir.Constant(_SCALAR[e.dtype], int(e.value) if e.dtype == "bool" else e.value)
+        return ir.Constant(SCALAR[e.dtype], int(e.value) if e.dtype == "bool" else e.value)
 
     def e_Var(self, e: Var):
         if self.vec is not None and self.vec[0] == id(e):
@@ -433,36 +227,12 @@ class StageEmitter:
 
     def e_Read(self, e: Read):
         if self.vec is not None and any(x is not None and id(x) == self.vec[0] for i in e.indices
-                                        for x in _vars_of(i)):
+                                        for x in vars_of(i)):
             return self.vector_read(e)
         idx = [self.expr(i) for i in e.indices]
         if any(reads_in(i) for i in e.indices):  # data-dependent index: checked at run time
             self.check_indices(e.tensor, idx)
         return self.load_scalar(e.tensor, self.address(e.tensor, idx))
-
-    def vector_read(self, e: Read):
-        """The read at each lane: one vector load if contiguous in the lanes, else lane by lane."""
-        var_id, lanes, width = self.vec
-        var = next(x for i in e.indices for x in _vars_of(i) if id(x) == var_id)
-        elem = _MEMORY[e.tensor.dtype]
-        if _coefficient(e.indices[-1], var) == 1 and all(_coefficient(i, var) == 0 for i in e.indices[:-1]):
-            self.vec = None  # the first lane's address, computed with the variable at its first value
-            ptr = self.address(e.tensor, [self.expr(i) for i in e.indices])
-            self.vec = (var_id, lanes, width)
-            return self.b.load(self.b.bitcast(ptr, ir.PointerType(ir.VectorType(elem, width))),
-                               align=_SIZE[e.tensor.dtype])
-        idx = [self.as_vector(self.expr(i)) for i in e.indices]
-        offset = None
-        for ix, stride in zip(idx, _strides(e.tensor.shape)):
-            term = ix if stride == 1 else self.b.mul(ix, self.const(ix, stride))
-            offset = term if offset is None else self.b.add(offset, term)
-        out = ir.Constant(ir.VectorType(elem, width), ir.Undefined)
-        base = self.ptr[id(e.tensor)]
-        for k in range(width):
-            lane = self.b.extract_element(offset, ir.Constant(I32, k))
-            out = self.b.insert_element(out, self.b.load(self.b.gep(base, [lane], inbounds=True)),
-                                        ir.Constant(I32, k))
-        return out
 
     def e_Unary(self, e: Unary):
         a = self.expr(e.a)
@@ -475,10 +245,10 @@ class StageEmitter:
         if dtypes.is_float(e.a.dtype):
             if e.op == "ne":
                 return self.b.fcmp_unordered("!=", a, b)
-            return self.b.fcmp_ordered(_FCMP[e.op], a, b)
+            return self.b.fcmp_ordered(FCMP[e.op], a, b)
         if e.a.dtype == "bool":
-            return self.b.icmp_unsigned(_FCMP[e.op], a, b)
-        return self.b.icmp_signed(_FCMP[e.op], a, b)
+            return self.b.icmp_unsigned(FCMP[e.op], a, b)
+        return self.b.icmp_signed(FCMP[e.op], a, b)
 
     def e_Binary(self, e: Binary):
         if e.op in ("and", "or"):
@@ -598,12 +368,12 @@ class StageEmitter:
             one = self.const(x, 1.0)
             ex = self.call_intrinsic("llvm.exp", dt, [self.b.fneg(x)])
             return self.b.fdiv(one, self.b.fadd(one, ex))
-        if (e.name, dt) in _LIBM:
-            fn = self.module.globals.get(_LIBM[(e.name, dt)])
+        if (e.name, dt) in LIBM:
+            fn = self.module.globals.get(LIBM[(e.name, dt)])
             if fn is None:
-                fn = ir.Function(self.module, ir.FunctionType(x.type, [x.type]), _LIBM[(e.name, dt)])
+                fn = ir.Function(self.module, ir.FunctionType(x.type, [x.type]), LIBM[(e.name, dt)])
             return self.b.call(fn, [x])
-        return self.call_intrinsic(_LLVM_INTRINSIC[e.name], dt, [x])
+        return self.call_intrinsic(LLVM_INTRINSIC[e.name], dt, [x])
 
     def call_intrinsic(self, name: str, dtype: str, args):
         args = self.match(*args)
@@ -616,7 +386,7 @@ class StageEmitter:
             if dtypes.is_float(src):
                 return self.b.fcmp_unordered("!=", a, self.const(a, 0.0))
             return self.b.icmp_signed("!=", a, self.const(a, 0))
-        to = _SCALAR[dst]
+        to = SCALAR[dst]
         if isinstance(a.type, ir.VectorType):
             to = ir.VectorType(to, a.type.count)
         if src == "bool":
@@ -632,7 +402,18 @@ class StageEmitter:
         return self.b.sext(a, to) if dst_width > src_width else self.b.trunc(a, to)
 
 
-def _tensors_of(stage: Stage) -> List[Tensor]:
+def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math: bool = True):
+    """One LLVM module with a function per stage: ``(module text, function names)``."""
+    module = ir.Module(name="te_grad")
+    names = []
+    for n, s in enumerate(stages):
+        name = f"stage{n}_{s.tensor.name}"
+        StageEmitter(module, s, name, buffer_index, fast_math).emit()
+        names.append(name)
+    return str(module), names
+
+
+def tensors_of(stage: Stage) -> List[Tensor]:
     """The buffers a stage touches: its output first, then what it reads, in order."""
     seen = {id(stage.tensor): stage.tensor}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
-from te_grad.ir import Const, Expr, ReduceAxis, Tensor, Var
+from te_grad.ir import Expr, Tensor, Var
 from te_grad.printer import ExprPrinter, Namer
 
 
@@ -73,7 +73,6 @@ class RegisterBlock:
         for lp in reversed(self.loops):
             body = [Loop(lp.var, lp.lo, lp.hi, body)]
         if self.jam_var is not None:
-            from te_grad import dsl
             body = [Loop(self.jam_var, self.jam_outer * self.jam, self.jam_outer * self.jam + self.jam, body)]
         return body
 

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from te_grad import dsl, dtypes
+from te_grad import dsl
 from te_grad.autodiff.normalize import normalized_body
 from te_grad.evaluator import evaluate, identity_of
 from te_grad.graph import free_vars, reads_in, topo_order

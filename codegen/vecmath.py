@@ -14,7 +14,7 @@ these are plain arithmetic, so loops over them vectorize (8 lanes with AVX2).
 """
 from __future__ import annotations
 
-import llvmlite.ir as ir
+from .llvm import ir
 
 F32 = ir.FloatType()
 I32 = ir.IntType(32)

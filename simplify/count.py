@@ -22,8 +22,8 @@ import numpy as np
 
 from te_grad import dsl
 from te_grad.graph import reads_in, topo_order, free_vars
-from te_grad.ir import (Binary, ComputeOp, Const, Expr, PlaceholderOp, Reduce, ReduceAxis, ScatterOp,
-                        Select, Tensor, Var)
+from te_grad.ir import (ComputeOp, Expr, PlaceholderOp, Reduce, ReduceAxis, ScatterOp, Select, Tensor,
+                        Var)
 
 Loop = Tuple[Expr, Expr, Expr]  # (variable, lo, hi)
 

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from te_grad import dsl
 from te_grad.evaluator import identity_of
-from te_grad.ir import Binary, Cast, Compare, Const, Expr, Reduce, ReduceAxis, Select, Unary, Var
+from te_grad.ir import Binary, Cast, Const, Expr, Reduce, Select, Unary, Var
 from te_grad.transform import substitute
 
 from .affine import conjuncts, isl_cond, isl_expr

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 
 from te_grad import dsl
 from te_grad.graph import free_vars
-from te_grad.ir import Compare, ComputeOp, Expr, Reduce, ScatterOp, Tensor, Var
+from te_grad.ir import Compare, ComputeOp, Expr, Reduce, ScatterOp, Tensor
 from te_grad.transform import substitute
 
 from .affine import conjuncts, isl_cond, isl_expr

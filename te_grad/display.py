@@ -5,7 +5,6 @@ Each function returns an HTML string; the objects' ``_repr_html_`` call them.
 from __future__ import annotations
 
 import html
-from typing import Sequence
 
 _STYLE = ("font-family: var(--jp-code-font-family, monospace); font-size: 12px; "
           "white-space: pre; overflow-x: auto; margin: 0")

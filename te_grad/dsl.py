@@ -11,7 +11,7 @@ import functools
 import inspect
 import numbers
 import operator
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 

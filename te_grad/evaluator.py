@@ -18,7 +18,7 @@ points the index is clamped, so memory is never touched out of bounds.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from . import dtypes
 from .errors import InternalError, UserError
 from .graph import topo_order
 from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce,
-                 ReduceAxis, ScatterOp, Select, Tensor, Unary, Var)
+                 ScatterOp, Select, Tensor, Unary, Var)
 from .printer import expr_to_str
 
 #: elements of one intermediate array above which a reduction is chunked

@@ -1,7 +1,7 @@
 """Queries over expressions and tensor graphs: reads, free variables, order."""
 from typing import Dict, Iterable, List, Tuple
 
-from .ir import Expr, Read, Reduce, ReduceAxis, Tensor, Var, ComputeOp
+from .ir import Expr, Read, Reduce, Tensor, Var, ComputeOp
 from .visitor import Visitor
 
 

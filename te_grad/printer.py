@@ -11,8 +11,8 @@ from __future__ import annotations
 import html
 from typing import Dict, Iterable, List, Union
 
-from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, Reduce, ReduceAxis,
-                 ScatterOp, Select, Tensor, Unary, Var)
+from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, Reduce, ScatterOp,
+                 Select, Tensor, Unary, Var)
 
 _BIN_SYM = {"add": ("+", 8), "sub": ("-", 8), "mul": ("*", 9), "div": ("/", 9),
             "floordiv": ("//", 9), "floormod": ("%", 9), "pow": ("**", 11),

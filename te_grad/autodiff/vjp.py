@@ -22,7 +22,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from .. import dsl, dtypes
 from ..errors import UserError
-from ..ir import ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var
+from ..ir import ComputeOp, Expr, Read, Reduce, ReduceAxis, Tensor, Var
 from ..transform import substitute
 from .normalize import normalized_body
 from .rules import backprop

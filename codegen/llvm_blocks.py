@@ -1,0 +1,218 @@
+"""Register blocks: runs of an innermost loop kept in vector registers.
+
+A :class:`~codegen.loopir.RegisterBlock` is emitted as explicit vector code:
+``width`` consecutive values of its variable per vector (contiguous reads are
+one vector load, others are gathered lane by lane, uniform values are
+splat), accumulators in registers across the loops around it, optionally
+several jammed copies for consecutive values of a second output variable, and
+an overlapping last block instead of a scalar remainder. When its lanes run
+along a reduce axis, the vectors accumulate across all the loops and their
+lanes are combined once at the end. Anything the plan cannot prove safe is
+emitted as the equivalent plain loop nest.
+"""
+from __future__ import annotations
+
+from te_grad.evaluator import identity_of
+from te_grad.ir import Const, Read
+
+from .intervals import interval, speculatable
+from .llvm import ir
+from .llvm_types import I32, I64, MEMORY, SCALAR, SIZE, strides, vars_of, vectorizable
+from .loopir import RegisterBlock, Store
+from .schedule import _coefficient
+
+
+class RegisterBlockEmitter:
+    """Mixin of :class:`~codegen.llvm_emit.StageEmitter` for register blocks."""
+
+    def register_block(self, blk: RegisterBlock):
+        plan = self.block_plan(blk)
+        if plan is None:
+            self.stmts(blk.plain())
+            return
+        width, starts = plan
+        st = blk.store
+        vt = ir.VectorType(SCALAR[st.tensor.dtype], width)
+        align = SIZE[st.tensor.dtype]
+        with self.b.goto_entry_block():
+            accs = [self.b.alloca(vt) for _ in range(blk.jam)]  # promoted to registers (SROA)
+        iota = ir.Constant(ir.VectorType(I64, width), [ir.Constant(I64, k) for k in range(width)])
+        if blk.reduce_lanes:
+            self.reduction_lanes(blk, width, starts, accs, iota)
+            return
+        lo = int(blk.lo.value)
+        full = [(s0, k0) for s0, k0 in starts if s0 == k0]
+        tail = [(s0, k0) for s0, k0 in starts if s0 != k0]
+
+        def one_block(v0, keep_from):
+            lanes = self.b.add(self.splat(v0, width), iota)
+            targets = []
+            self.env[id(blk.var)] = v0
+            for j, acc in enumerate(accs):
+                self.bind_jam(blk, j)
+                target = self.b.bitcast(self.address(st.tensor, [self.expr(i) for i in st.indices]),
+                                        ir.PointerType(vt))
+                targets.append(target)
+                self.b.store(self.b.load(target, align=align), acc)
+            self.vec = (id(blk.var), lanes, width)
+            self.block_loops(blk, 0, st, accs, lambda accumulate: accumulate(lanes, None))
+            self.vec = None
+            for acc, target in zip(accs, targets):
+                value = self.b.load(acc)
+                if keep_from is not None:  # overlapping last block: lanes already done keep their value
+                    done = self.b.icmp_signed("<", lanes, self.splat(ir.Constant(I64, keep_from), width))
+                    value = self.b.select(done, self.b.load(target, align=align), value)
+                self.b.store(value, target, align=align)
+            del self.env[id(blk.var)]
+
+        # full blocks as a loop (code size independent of the axis length), then the tail
+        self.counted(ir.Constant(I64, 0), ir.Constant(I64, len(full)), blk.var.name + "_block",
+                     lambda b: one_block(self.b.add(ir.Constant(I64, lo), self.b.mul(b, ir.Constant(I64, width))),
+                                         None))
+        for start, keep_from in tail:
+            one_block(ir.Constant(I64, start), keep_from)
+        if blk.jam_var is not None:
+            del self.env[id(blk.jam_var)]
+
+    def reduction_lanes(self, blk: RegisterBlock, width: int, starts, accs, iota):
+        """Lanes along a reduce axis: vectors accumulate across every loop, lanes combine at the end."""
+        st = blk.store
+        dt = st.tensor.dtype
+        identity = self.e_Const(Const(identity_of(st.combine, dt), dt))
+        for acc in accs:
+            self.b.store(self.splat(identity, width), acc)
+        lo = int(blk.lo.value)
+        n_full = sum(1 for s0, k0 in starts if s0 == k0)
+        tails = [(s0, k0) for s0, k0 in starts if k0 > s0]
+
+        def lanes_of(accumulate):
+            def full(b):  # full lane blocks, iterated by a loop
+                first = self.b.add(ir.Constant(I64, lo), self.b.mul(b, ir.Constant(I64, width)))
+                accumulate(self.b.add(self.splat(first, width), iota), None)
+
+            self.counted(ir.Constant(I64, 0), ir.Constant(I64, n_full), "lanes", full)
+            for start, keep_from in tails:  # overlapping last block: lanes already counted add nothing
+                lanes = self.b.add(self.splat(ir.Constant(I64, start), width), iota)
+                accumulate(lanes, self.b.icmp_signed(">=", lanes, self.splat(ir.Constant(I64, keep_from), width)))
+
+        self.vec = (id(blk.var), None, width)
+        self.block_loops(blk, 0, st, accs, lanes_of)
+        self.vec = None
+        self.env.pop(id(blk.var), None)
+        for j, acc in enumerate(accs):
+            self.bind_jam(blk, j)
+            vec = self.b.load(acc)
+            total = self.b.extract_element(vec, ir.Constant(I32, 0))
+            for k in range(1, width):
+                total = self.combine(st.combine, dt, total, self.b.extract_element(vec, ir.Constant(I32, k)))
+            ptr = self.address(st.tensor, [self.expr(i) for i in st.indices])
+            self.store_scalar(st.tensor, self.combine(st.combine, dt, self.load_scalar(st.tensor, ptr), total), ptr)
+        if blk.jam_var is not None:
+            del self.env[id(blk.jam_var)]
+
+    def bind_jam(self, blk: RegisterBlock, j: int):
+        if blk.jam_var is not None:
+            outer = self.env[id(blk.jam_outer)]
+            self.env[id(blk.jam_var)] = self.b.add(self.b.mul(outer, ir.Constant(I64, blk.jam)),
+                                                   ir.Constant(I64, j))
+
+    def block_loops(self, blk: RegisterBlock, k: int, st: Store, accs, lanes_of):
+        """The block's loops; innermost, ``lanes_of(accumulate)`` calls ``accumulate(lanes, mask)``
+        once per vector of lanes."""
+        if k == len(blk.loops):
+            dt = st.tensor.dtype
+            identity = self.splat(self.e_Const(Const(identity_of(st.combine, dt), dt)), self.vec[2])
+
+            def accumulate(lanes, mask):
+                self.vec = (self.vec[0], lanes, self.vec[2])
+                if blk.reduce_lanes:
+                    self.env[id(blk.var)] = self.b.extract_element(lanes, ir.Constant(I32, 0))
+                for j, acc in enumerate(accs):
+                    self.bind_jam(blk, j)
+                    value = self.as_vector(self.expr(st.value))
+                    if blk.cond is not None:
+                        value = self.b.select(self.as_vector(self.expr(blk.cond)), value, identity)
+                    if mask is not None:
+                        value = self.b.select(mask, value, identity)
+                    self.b.store(self.combine(st.combine, dt, self.b.load(acc), value), acc)
+
+            lanes_of(accumulate)
+            return
+        lp = blk.loops[k]
+
+        def body(i):
+            self.env[id(lp.var)] = i
+            self.block_loops(blk, k + 1, st, accs, lanes_of)
+            del self.env[id(lp.var)]
+
+        saved, self.vec = self.vec, None  # loop bounds are scalar
+        lo, hi = self.expr(lp.lo), self.expr(lp.hi)
+        self.vec = saved
+        self.counted(lo, hi, lp.var.name, body)
+
+    def block_plan(self, blk: RegisterBlock):
+        """(width, full blocks, first element of the scalar rest), or None to emit the plain nest."""
+        st = blk.store
+        dt = st.tensor.dtype
+        if dt not in ("float32", "float64") or st.combine is None or st.checked:
+            return None
+        idx = st.indices
+        if blk.reduce_lanes:
+            if any(_coefficient(i, blk.var) != 0 for i in idx):
+                return None
+        elif _coefficient(idx[-1], blk.var) != 1 or any(_coefficient(i, blk.var) != 0 for i in idx[:-1]):
+            return None
+        parts = [st.value] + ([blk.cond] if blk.cond is not None else [])
+        if any(not vectorizable(p, dt) for p in parts):
+            return None
+        ranges = dict(self.ranges)
+        if blk.jam_var is not None:
+            outer = ranges.get(id(blk.jam_outer))
+            if outer is None:
+                return None
+            ranges[id(blk.jam_var)] = (outer[0] * blk.jam, outer[1] * blk.jam + blk.jam - 1)
+        for lp in blk.loops:
+            lo_iv, hi_iv = interval(lp.lo, ranges), interval(lp.hi, ranges)
+            if lo_iv is None or hi_iv is None:
+                return None
+            ranges[id(lp.var)] = (lo_iv[0], hi_iv[1] - 1)
+        lo, hi = int(blk.lo.value), int(blk.hi.value)
+        ranges[id(blk.var)] = (lo, hi - 1)
+        if not all(speculatable(p, ranges) for p in parts):
+            return None
+        lanes = 8 if dt == "float32" else 4  # one AVX2 register
+        n = hi - lo
+        if n < lanes:
+            return None
+        budget = 8 // blk.jam  # accumulator registers for each jammed copy
+        # the widest block that covers the row with the fewest lanes computed
+        widths = [lanes * m for m in range(1, budget + 1) if lanes * m <= n]
+        width = min(widths, key=lambda w: (-(-n // w) * w, -w))
+        starts = [(lo + b * width, lo + b * width) for b in range(n // width)]
+        if n % width:
+            starts.append((hi - width, lo + (n // width) * width))  # overlaps the previous block
+        return width, starts
+
+    def vector_read(self, e: Read):
+        """The read at each lane: one vector load if contiguous in the lanes, else lane by lane."""
+        var_id, lanes, width = self.vec
+        var = next(x for i in e.indices for x in vars_of(i) if id(x) == var_id)
+        elem = MEMORY[e.tensor.dtype]
+        if _coefficient(e.indices[-1], var) == 1 and all(_coefficient(i, var) == 0 for i in e.indices[:-1]):
+            self.vec = None  # the first lane's address, computed with the variable at its first value
+            ptr = self.address(e.tensor, [self.expr(i) for i in e.indices])
+            self.vec = (var_id, lanes, width)
+            return self.b.load(self.b.bitcast(ptr, ir.PointerType(ir.VectorType(elem, width))),
+                               align=SIZE[e.tensor.dtype])
+        idx = [self.as_vector(self.expr(i)) for i in e.indices]
+        offset = None
+        for ix, stride in zip(idx, strides(e.tensor.shape)):
+            term = ix if stride == 1 else self.b.mul(ix, self.const(ix, stride))
+            offset = term if offset is None else self.b.add(offset, term)
+        out = ir.Constant(ir.VectorType(elem, width), ir.Undefined)
+        base = self.ptr[id(e.tensor)]
+        for k in range(width):
+            lane = self.b.extract_element(offset, ir.Constant(I32, k))
+            out = self.b.insert_element(out, self.b.load(self.b.gep(base, [lane], inbounds=True)),
+                                        ir.Constant(I32, k))
+        return out
