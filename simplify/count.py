@@ -16,31 +16,15 @@ enumerated, vectorized, with the innermost loop's trip count in closed form.
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 
 from te_grad import dsl
-from te_grad.graph import reads_in, topo_order, free_vars
-from te_grad.ir import (ComputeOp, Expr, PlaceholderOp, Reduce, ReduceAxis, ScatterOp, Select, Tensor,
-                        Var)
+from te_grad.graph import free_vars, reads_in, reductions_in, topo_order
+from te_grad.ir import (ComputeOp, Expr, PlaceholderOp, ReduceAxis, ScatterOp, Tensor, Var)
 
 Loop = Tuple[Expr, Expr, Expr]  # (variable, lo, hi)
-
-
-def _reductions(e: Expr, guards: List[Expr], loops: List[ReduceAxis], out: list):
-    """Collect (reduction, guards on the path to it, enclosing loops) for every reduction in ``e``."""
-    if isinstance(e, Reduce):
-        out.append((e, list(guards), list(loops)))
-        _reductions(e.body, guards, loops + list(e.axes), out)
-        return
-    if isinstance(e, Select):
-        _reductions(e.cond, guards, loops, out)
-        _reductions(e.t, guards + [e.cond], loops, out)
-        _reductions(e.f, guards + [~e.cond], loops, out)
-        return
-    for c in e.children():
-        _reductions(c, guards, loops, out)
 
 
 def _count_nest(out_axes: Sequence[Var], shape: Sequence[int], loops: Sequence[ReduceAxis],
@@ -89,8 +73,7 @@ def tensor_iterations(t: Tensor) -> int:
         return 0
     if isinstance(t.op, ScatterOp):
         return _count_nest([], [], t.op.axes, [])
-    found: list = []
-    _reductions(t.op.body, [], [], found)
+    found = reductions_in(t.op.body)
     if not found:
         return t.size
     return sum(_count_nest(t.op.axes, t.shape, loops + list(red.axes), guards)

@@ -4,10 +4,10 @@ from __future__ import annotations
 from typing import List
 
 from te_grad.errors import UserError
+from te_grad.graph import reductions_in
 from te_grad.ir import ComputeOp, Reduce, Tensor
 
 from .affine import conjuncts, isl_cond, isl_expr
-from .count import _reductions
 from .isl_bridge import Domain
 
 
@@ -39,8 +39,7 @@ def domains(tensor: Tensor) -> List[IterationDomain]:
     if not isinstance(tensor.op, ComputeOp):
         raise UserError(f"{tensor.name} is not a compute tensor; it has no iteration domain")
     from te_grad.printer import expr_to_str
-    found: list = []
-    _reductions(tensor.op.body, [], [], found)
+    found = reductions_in(tensor.op.body)
     out = []
     for red, _guards, loops in found:
         names, params = {}, []

@@ -97,3 +97,22 @@ def consumers(order: List[Tensor]) -> Dict[int, List[Tensor]]:
             for dep in t.op.inputs():
                 out.setdefault(id(dep), []).append(t)
     return out
+
+
+def reductions_in(expr: Expr, guards=(), loops=()) -> List[Tuple[Reduce, list, list]]:
+    """Every reduction of ``expr`` with the conditions of the ``if_then_else`` branches that
+    lead to it (``guards``) and the reduce axes of the reductions around it (``loops``)."""
+    from .ir import Select
+    out = []
+    if isinstance(expr, Reduce):
+        out.append((expr, list(guards), list(loops)))
+        out += reductions_in(expr.body, guards, list(loops) + list(expr.axes))
+        return out
+    if isinstance(expr, Select):
+        out += reductions_in(expr.cond, guards, loops)
+        out += reductions_in(expr.t, list(guards) + [expr.cond], loops)
+        out += reductions_in(expr.f, list(guards) + [~expr.cond], loops)
+        return out
+    for c in expr.children():
+        out += reductions_in(c, guards, loops)
+    return out

@@ -22,8 +22,9 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .errors import UserError
-from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, Reduce, ScatterOp, Select,
-                 Tensor, Unary, Var)
+from .graph import reductions_in
+from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, ScatterOp, Select, Tensor,
+                 Unary, Var)
 
 __all__ = ["plot_domain", "plot_raw_vs_simplified", "plot_ratios", "DomainPicture", "RatioPicture"]
 
@@ -98,21 +99,6 @@ def _ev(e: Expr, env: Dict[int, np.ndarray]) -> np.ndarray:
     raise _NeedsData(type(e).__name__)
 
 
-def _reductions(e: Expr, guards, loops, out):
-    """(reduction, guards on the path to it, enclosing reduce axes) for each reduction in ``e``."""
-    if isinstance(e, Reduce):
-        out.append((e, list(guards), list(loops)))
-        _reductions(e.body, guards, loops + list(e.axes), out)
-        return
-    if isinstance(e, Select):
-        _reductions(e.cond, guards, loops, out)
-        _reductions(e.t, guards + [e.cond], loops, out)
-        _reductions(e.f, guards + [~e.cond], loops, out)
-        return
-    for c in e.children():
-        _reductions(c, guards, loops, out)
-
-
 def _is_zero(e: Expr) -> bool:
     return isinstance(e, Const) and not isinstance(e.value, bool) and e.value == 0
 
@@ -177,8 +163,7 @@ class _Domain:
         elif isinstance(op, ComputeOp):
             for ax, v in zip(op.axes, at):
                 env[id(ax)] = np.full(1, v, dtype=np.int64)
-            found: list = []
-            _reductions(op.body, [], [], found)
+            found = reductions_in(op.body)
             if not found:
                 self.kind = "elementwise"
                 loops = []
@@ -476,9 +461,7 @@ def _same_limits(a0, a1, which):
 def _count_reductions(t: Tensor) -> int:
     if not isinstance(t.op, ComputeOp):
         return 1
-    found: list = []
-    _reductions(t.op.body, [], [], found)
-    return len(found)
+    return len(reductions_in(t.op.body))
 
 
 # -- benchmark ratios ---------------------------------------------------------------------

@@ -5,27 +5,9 @@ import pytest
 import te_grad as tg
 from te_grad import nn
 
-RNG = np.random.default_rng(0)
+from nn_helpers import close, ev, ph, random_arrays
 
-
-def ph(shape, name, dtype="float64"):
-    return tg.placeholder(shape, dtype, name)
-
-
-def rand(shape, dtype="float64"):
-    return RNG.standard_normal(shape).astype(dtype)
-
-
-def ev(t, feed):
-    out = tg.evaluate([t], feed)[0]
-    assert out.dtype == np.dtype(t.dtype) and out.shape == t.shape
-    return out
-
-
-def close(got, want, dtype="float64"):
-    tol = 1e-10 if dtype == "float64" else 2e-5
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+rand = random_arrays(0)
 
 
 # ---------------------------------------------------------------------------
