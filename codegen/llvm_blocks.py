@@ -194,7 +194,8 @@ class RegisterBlockEmitter:
         return width, starts
 
     def vector_read(self, e: Read):
-        """The read at each lane: one vector load if contiguous in the lanes, else lane by lane."""
+        """The read at each lane: one vector load if contiguous in the lanes, a load and a shuffle
+        if strided by 2 to 4 along a row, else lane by lane."""
         var_id, lanes, width = self.vec
         var = next(x for i in e.indices for x in vars_of(i) if id(x) == var_id)
         elem = MEMORY[e.tensor.dtype]
@@ -204,6 +205,17 @@ class RegisterBlockEmitter:
             self.vec = (var_id, lanes, width)
             return self.b.load(self.b.bitcast(ptr, ir.PointerType(ir.VectorType(elem, width))),
                                align=SIZE[e.tensor.dtype])
+        step = _coefficient(e.indices[-1], var)
+        if step in (2, 3, 4) and all(_coefficient(i, var) == 0 for i in e.indices[:-1]):
+            # a strided row: load the span from the first to the last lane (all between two
+            # in-bounds elements of one row) and keep every step-th element
+            self.vec = None
+            ptr = self.address(e.tensor, [self.expr(i) for i in e.indices])
+            self.vec = (var_id, lanes, width)
+            span = ir.VectorType(elem, step * (width - 1) + 1)
+            row = self.b.load(self.b.bitcast(ptr, ir.PointerType(span)), align=SIZE[e.tensor.dtype])
+            pick = ir.Constant(ir.VectorType(I32, width), [ir.Constant(I32, step * k) for k in range(width)])
+            return self.b.shuffle_vector(row, ir.Constant(span, ir.Undefined), pick)
         idx = [self.as_vector(self.expr(i)) for i in e.indices]
         offset = None
         for ix, stride in zip(idx, strides(e.tensor.shape)):
