@@ -13,13 +13,14 @@ emitted as the equivalent plain loop nest.
 from __future__ import annotations
 
 from te_grad.evaluator import identity_of
+from te_grad.graph import free_vars
 from te_grad.ir import Const, Read
 
 from .intervals import interval, speculatable
 from .llvm import ir
-from .llvm_types import I32, I64, MEMORY, SCALAR, SIZE, strides, vars_of, vectorizable
+from .llvm_types import I32, I64, MEMORY, SCALAR, SIZE, strides, vectorizable
 from .loopir import RegisterBlock, Store
-from .schedule import _coefficient
+from .schedule import coefficient
 
 
 class RegisterBlockEmitter:
@@ -158,9 +159,9 @@ class RegisterBlockEmitter:
             return None
         idx = st.indices
         if blk.reduce_lanes:
-            if any(_coefficient(i, blk.var) != 0 for i in idx):
+            if any(coefficient(i, blk.var) != 0 for i in idx):
                 return None
-        elif _coefficient(idx[-1], blk.var) != 1 or any(_coefficient(i, blk.var) != 0 for i in idx[:-1]):
+        elif coefficient(idx[-1], blk.var) != 1 or any(coefficient(i, blk.var) != 0 for i in idx[:-1]):
             return None
         parts = [st.value] + ([blk.cond] if blk.cond is not None else [])
         if any(not vectorizable(p, dt) for p in parts):
@@ -197,16 +198,16 @@ class RegisterBlockEmitter:
         """The read at each lane: one vector load if contiguous in the lanes, a load and a shuffle
         if strided by 2 to 4 along a row, else lane by lane."""
         var_id, lanes, width = self.vec
-        var = next(x for i in e.indices for x in vars_of(i) if id(x) == var_id)
+        var = next(x for i in e.indices for x in free_vars(i) if id(x) == var_id)
         elem = MEMORY[e.tensor.dtype]
-        if _coefficient(e.indices[-1], var) == 1 and all(_coefficient(i, var) == 0 for i in e.indices[:-1]):
+        if coefficient(e.indices[-1], var) == 1 and all(coefficient(i, var) == 0 for i in e.indices[:-1]):
             self.vec = None  # the first lane's address, computed with the variable at its first value
             ptr = self.address(e.tensor, [self.expr(i) for i in e.indices])
             self.vec = (var_id, lanes, width)
             return self.b.load(self.b.bitcast(ptr, ir.PointerType(ir.VectorType(elem, width))),
                                align=SIZE[e.tensor.dtype])
-        step = _coefficient(e.indices[-1], var)
-        if step in (2, 3, 4) and all(_coefficient(i, var) == 0 for i in e.indices[:-1]):
+        step = coefficient(e.indices[-1], var)
+        if step in (2, 3, 4) and all(coefficient(i, var) == 0 for i in e.indices[:-1]):
             # a strided row: load the span from the first to the last lane (all between two
             # in-bounds elements of one row) and keep every step-th element
             self.vec = None

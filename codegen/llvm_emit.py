@@ -25,12 +25,12 @@ from .llvm import ir
 from te_grad import dtypes
 from te_grad.errors import InternalError
 from te_grad.evaluator import identity_of
-from te_grad.graph import reads_in
+from te_grad.graph import free_vars, reads_in
 from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Select, Tensor, Unary, Var)
 
 from .intervals import interval, speculatable
 from .llvm_blocks import RegisterBlockEmitter
-from .llvm_types import FCMP, I1, I8, I32, I64, LIBM, LLVM_INTRINSIC, MEMORY, SCALAR, strides, vars_of
+from .llvm_types import FCMP, I1, I8, I32, I64, LIBM, LLVM_INTRINSIC, MEMORY, SCALAR, strides
 from .loopir import If, Loop, RegisterBlock, Stage, Store
 from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
@@ -227,7 +227,7 @@ class StageEmitter(RegisterBlockEmitter):
 
     def e_Read(self, e: Read):
         if self.vec is not None and any(x is not None and id(x) == self.vec[0] for i in e.indices
-                                        for x in vars_of(i)):
+                                        for x in free_vars(i)):
             return self.vector_read(e)
         idx = [self.expr(i) for i in e.indices]
         if any(reads_in(i) for i in e.indices):  # data-dependent index: checked at run time

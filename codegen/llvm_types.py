@@ -22,11 +22,6 @@ LLVM_INTRINSIC = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "si
 SIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 
 
-def vars_of(e: Expr):
-    from te_grad.graph import free_vars
-    return free_vars(e)
-
-
 def vectorizable(e: Expr, dtype: str) -> bool:
     """True if ``e`` has a lane-wise vector form: no opaque library calls, no data-dependent
     or boolean reads."""

@@ -79,24 +79,24 @@ def _reduce_inside(red: Reduce) -> bool:
 # loop order
 # ---------------------------------------------------------------------------
 
-def _coefficient(e: Expr, v: Var) -> Optional[int]:
+def coefficient(e: Expr, v: Var) -> Optional[int]:
     """The coefficient of ``v`` in ``e`` if ``e`` is linear in ``v`` (None if not)."""
     if e is v:
         return 1
     if isinstance(e, (Const, Var)):
         return 0
     if isinstance(e, Cast):
-        return _coefficient(e.a, v)
+        return coefficient(e.a, v)
     if isinstance(e, Unary) and e.op == "neg":
-        c = _coefficient(e.a, v)
+        c = coefficient(e.a, v)
         return None if c is None else -c
     if isinstance(e, Binary) and e.op in ("add", "sub"):
-        a, b = _coefficient(e.a, v), _coefficient(e.b, v)
+        a, b = coefficient(e.a, v), coefficient(e.b, v)
         if a is None or b is None:
             return None
         return a + b if e.op == "add" else a - b
     if isinstance(e, Binary) and e.op == "mul":
-        a, b = _coefficient(e.a, v), _coefficient(e.b, v)
+        a, b = coefficient(e.a, v), coefficient(e.b, v)
         if a == 0 and isinstance(e.a, Const) and b is not None:
             return int(e.a.value) * b
         if b == 0 and isinstance(e.b, Const) and a is not None:
@@ -114,7 +114,7 @@ def _access_score(indices: Sequence[Expr], v: Var) -> int:
     uses = [any(x is v for x in free_vars(i)) for i in indices]
     if not any(uses):
         return 1
-    if not any(uses[:-1]) and _coefficient(indices[-1], v) in (1, -1):
+    if not any(uses[:-1]) and coefficient(indices[-1], v) in (1, -1):
         return 2
     return -1
 
@@ -125,7 +125,7 @@ def _max_stride(v: Var, reads: Sequence[Read]) -> int:
     for r in reads:
         stride = 1
         for ix, n in reversed(list(zip(r.indices, r.tensor.shape))):
-            c = _coefficient(ix, v)
+            c = coefficient(ix, v)
             if c is None:
                 best = max(best, stride)
             elif c:
@@ -309,9 +309,9 @@ def _tile_transposed(t: Tensor, order: List[Var], accesses, store: Store):
     v = order[-1]
     extent = dict(zip(map(id, t.op.axes), t.shape))
     for acc in accesses:
-        if not acc or _coefficient(acc[-1], v) != 0:
+        if not acc or coefficient(acc[-1], v) != 0:
             continue
-        u = next((x for x in order[:-1] if _coefficient(acc[-1], x) in (1, -1)), None)
+        u = next((x for x in order[:-1] if coefficient(acc[-1], x) in (1, -1)), None)
         if u is not None and extent[id(u)] >= 2 * TILE and extent[id(v)] >= 2 * TILE:
             break
     else:

@@ -21,6 +21,7 @@ from typing import Sequence, Tuple
 import numpy as np
 
 from te_grad import dsl
+from te_grad.evaluator import evaluate
 from te_grad.graph import free_vars, reads_in, reductions_in, topo_order
 from te_grad.ir import (ComputeOp, Expr, PlaceholderOp, ReduceAxis, ScatterOp, Tensor, Var)
 
@@ -62,7 +63,6 @@ def _count_nest(out_axes: Sequence[Var], shape: Sequence[int], loops: Sequence[R
             body = trip
         if guards:
             body = dsl.if_then_else(dsl.all(guards), body, dsl.const(0))
-    from te_grad.evaluator import evaluate
     counter = Tensor("count", tuple(rest_shape), "int64", ComputeOp(tuple(rest_out), body))
     return factor * int(np.sum(evaluate([counter], {})[0], dtype=np.int64))
 

@@ -12,8 +12,8 @@ class Fold(Mutator):
         if not isinstance(new, Binary):
             return new
         folded = dsl.binary(new.op, new.a, new.b)
-        return new if (isinstance(folded, Binary) and folded.a is new.a and folded.b is new.b
-                       and new is node) else folded
+        unchanged = isinstance(folded, Binary) and folded.a is new.a and folded.b is new.b
+        return new if unchanged else folded
 
     def visit_Select(self, node: Select):
         new = self.generic_visit(node)

@@ -20,7 +20,7 @@ from te_grad.graph import topo_order
 from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, Read, Reduce, Select, Tensor)
 from te_grad.ir import structurally_equal
 from te_grad.transform import substitute
-from te_grad.visitor import Mutator
+from te_grad.visitor import Mutator, Visitor
 
 from .fold import fold
 from .gather import simplify_reduction
@@ -41,16 +41,15 @@ def _sum(terms: List[Expr]) -> Expr:
     return out
 
 
-class _ReadCounter(Mutator):
+class _ReadCounter(Visitor):
     """Counts reads of each tensor (identity) across bodies."""
 
     def __init__(self, counts):
-        super().__init__()
         self.counts = counts
 
     def visit_Read(self, node):
         self.counts[id(node.tensor)] = self.counts.get(id(node.tensor), 0) + 1
-        return self.generic_visit(node)
+        self.generic_visit(node)
 
 
 class _Redirect(Mutator):
