@@ -12,6 +12,8 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, List
 
+from te_grad.errors import InternalError
+
 from .llvm import binding as llvm
 
 _lock = threading.Lock()
@@ -75,10 +77,13 @@ def compile_module(text: str, functions: List[str]) -> Compiled:
         hit = _cache.get(key)
         if hit is not None:
             return hit
-        mod = llvm.parse_assembly(text)
-        mod.triple = target.triple
-        mod.data_layout = str(target.machine.target_data)
-        mod.verify()
+        try:
+            mod = llvm.parse_assembly(text)
+            mod.triple = target.triple
+            mod.data_layout = str(target.machine.target_data)
+            mod.verify()
+        except RuntimeError as err:  # te_grad emitted IR that LLVM rejects: a te_grad bug
+            raise InternalError(f"LLVM rejected the generated module: {err}") from None
         tuning = llvm.create_pipeline_tuning_options(speed_level=3)
         tuning.loop_vectorization = True
         tuning.slp_vectorization = True

@@ -567,3 +567,9 @@ def test_clearing_the_jit_cache_keeps_kernels_working():
     x = np.ones(4, "float32")
     np.testing.assert_array_equal(k(x), x + 1)
     np.testing.assert_array_equal(k2(x), x + 2)
+
+
+def test_ir_that_llvm_rejects_is_an_internal_error():
+    import codegen.jit as jit
+    with pytest.raises(tg.InternalError, match="LLVM rejected"):
+        jit.compile_module("define i32 @f() {\n  ret float 0.0\n}\n", ["f"])
