@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from te_grad.evaluator import identity_of
 from te_grad.graph import free_vars
+from simplify.linear import coefficient
 from te_grad.ir import Const, Read
 
 from .intervals import interval, speculatable
 from .llvm import ir
 from .llvm_types import I32, I64, MEMORY, SCALAR, SIZE, strides, vectorizable
 from .loopir import RegisterBlock, Store
-from .schedule import coefficient
 
 
 class RegisterBlockEmitter:
@@ -45,16 +45,18 @@ class RegisterBlockEmitter:
         full = [(s0, k0) for s0, k0 in starts if s0 == k0]
         tail = [(s0, k0) for s0, k0 in starts if s0 != k0]
 
+        step = coefficient(st.indices[-1], blk.var)  # 2 to 4: a strided row (a congruence class)
+        row = StridedRow(self.b, SCALAR[st.tensor.dtype], width, step, align)
+
         def one_block(v0, keep_from):
             lanes = self.b.add(self.splat(v0, width), iota)
             targets = []
             self.env[id(blk.var)] = v0
             for j, acc in enumerate(accs):
                 self.bind_jam(blk, j)
-                target = self.b.bitcast(self.address(st.tensor, [self.expr(i) for i in st.indices]),
-                                        ir.PointerType(vt))
+                target = row.pointer(self.address(st.tensor, [self.expr(i) for i in st.indices]))
                 targets.append(target)
-                self.b.store(self.b.load(target, align=align), acc)
+                self.b.store(row.load(target), acc)
             self.vec = (id(blk.var), lanes, width)
             self.block_loops(blk, 0, st, accs, lambda accumulate: accumulate(lanes, None))
             self.vec = None
@@ -62,8 +64,8 @@ class RegisterBlockEmitter:
                 value = self.b.load(acc)
                 if keep_from is not None:  # overlapping last block: lanes already done keep their value
                     done = self.b.icmp_signed("<", lanes, self.splat(ir.Constant(I64, keep_from), width))
-                    value = self.b.select(done, self.b.load(target, align=align), value)
-                self.b.store(value, target, align=align)
+                    value = self.b.select(done, row.load(target), value)
+                row.store(value, target)
             del self.env[id(blk.var)]
 
         # full blocks as a loop (code size independent of the axis length), then the tail
@@ -161,7 +163,8 @@ class RegisterBlockEmitter:
         if blk.reduce_lanes:
             if any(coefficient(i, blk.var) != 0 for i in idx):
                 return None
-        elif coefficient(idx[-1], blk.var) != 1 or any(coefficient(i, blk.var) != 0 for i in idx[:-1]):
+        elif coefficient(idx[-1], blk.var) not in (1, 2, 3, 4) or \
+                any(coefficient(i, blk.var) != 0 for i in idx[:-1]):
             return None
         parts = [st.value] + ([blk.cond] if blk.cond is not None else [])
         if any(not vectorizable(p, dt) for p in parts):
@@ -229,3 +232,44 @@ class RegisterBlockEmitter:
             out = self.b.insert_element(out, self.b.load(self.b.gep(base, [lane], inbounds=True)),
                                         ir.Constant(I32, k))
         return out
+
+
+class StridedRow:
+    """``width`` elements ``step`` apart in one row, loaded and stored as a vector.
+
+    With ``step`` 1 this is a plain vector load and store. Otherwise the span from
+    the first to the last element is loaded and shuffled (loads), or loaded, blended
+    and stored back (stores): the elements in between are written with the values
+    just read, so the row's other classes must not change meanwhile (they belong to
+    the same thread: the parallel axis is never split into classes).
+    """
+
+    def __init__(self, builder, elem, width: int, step: int, align: int):
+        self.b, self.width, self.step, self.align = builder, width, step, align
+        self.span = ir.VectorType(elem, step * (width - 1) + 1)
+        self.vt = ir.VectorType(elem, width)
+
+    def pointer(self, first):
+        return self.b.bitcast(first, ir.PointerType(self.span))
+
+    def load(self, ptr):
+        row = self.b.load(ptr, align=self.align)
+        if self.step == 1:
+            return row
+        pick = ir.Constant(ir.VectorType(I32, self.width), [ir.Constant(I32, self.step * k)
+                                                          for k in range(self.width)])
+        return self.b.shuffle_vector(row, ir.Constant(self.span, ir.Undefined), pick)
+
+    def store(self, value, ptr):
+        if self.step == 1:
+            self.b.store(value, ptr, align=self.align)
+            return
+        n = self.span.count
+        # lane k of value goes to element step*k of the span: widen, then blend with what is there
+        spread = ir.Constant(ir.VectorType(I32, n), [ir.Constant(I32, k // self.step if k % self.step == 0 else 0)
+                                                     for k in range(n)])
+        wide = self.b.shuffle_vector(value, ir.Constant(self.vt, ir.Undefined), spread)
+        mine = ir.Constant(ir.VectorType(ir.IntType(1), n), [ir.Constant(ir.IntType(1), k % self.step == 0)
+                                                            for k in range(n)])
+        old = self.b.load(ptr, align=self.align)
+        self.b.store(self.b.select(mine, wide, old), ptr, align=self.align)

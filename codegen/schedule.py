@@ -23,13 +23,16 @@ import numpy as np
 
 from te_grad import dsl
 from te_grad.autodiff.normalize import normalized_body
+from te_grad.errors import InternalError
 from te_grad.evaluator import evaluate, identity_of
 from te_grad.graph import free_vars, reads_in, topo_order
 from te_grad.transform import substitute
 from simplify.affine import constant_value
-from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ReduceAxis,
-                        ScatterOp, Select, Tensor, Unary, Var)
+from simplify.linear import coefficient
+from te_grad.ir import (Binary, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ReduceAxis,
+                        ScatterOp, Select, Tensor, Var)
 
+from . import congruence
 from .loopir import If, Loop, RegisterBlock, Stage, Store
 
 
@@ -78,34 +81,6 @@ def _reduce_inside(red: Reduce) -> bool:
 # ---------------------------------------------------------------------------
 # loop order
 # ---------------------------------------------------------------------------
-
-def coefficient(e: Expr, v: Var) -> Optional[int]:
-    """The coefficient of ``v`` in ``e`` if ``e`` is linear in ``v`` (None if not)."""
-    if e is v:
-        return 1
-    if isinstance(e, (Const, Var)):
-        return 0
-    if isinstance(e, Cast):
-        return coefficient(e.a, v)
-    if isinstance(e, Unary) and e.op == "neg":
-        c = coefficient(e.a, v)
-        return None if c is None else -c
-    if isinstance(e, Binary) and e.op in ("add", "sub"):
-        a, b = coefficient(e.a, v), coefficient(e.b, v)
-        if a is None or b is None:
-            return None
-        return a + b if e.op == "add" else a - b
-    if isinstance(e, Binary) and e.op == "mul":
-        a, b = coefficient(e.a, v), coefficient(e.b, v)
-        if a == 0 and isinstance(e.a, Const) and b is not None:
-            return int(e.a.value) * b
-        if b == 0 and isinstance(e.b, Const) and a is not None:
-            return int(e.b.value) * a
-        if a == 0 and b == 0:
-            return 0
-        return None
-    return 0 if not any(x is v for x in free_vars(e)) else None
-
 
 def _access_score(indices: Sequence[Expr], v: Var) -> int:
     """+2 unit stride in ``v``, +1 invariant, -1 otherwise."""
@@ -262,8 +237,6 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
     """The stage of compute ``t`` whose body (in terms form) is ``body``."""
     ew, terms, combiner = split_terms(body)
     axes, shape = list(t.op.axes), list(t.shape)
-    full = {id(a): (0, n) for a, n in zip(axes, shape)}
-    stmts = []
     if terms:
         init = ew if ew is not None else dsl.const(identity_of(combiner, t.dtype), t.dtype)
     else:
@@ -273,24 +246,65 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
     tiled = None if terms else _tile_transposed(t, order, _accesses(init), store_init)
     if tiled is not None:  # an element-wise stage whose reads cross the store's layout
         return Stage(t, tiled[0], tiled[1])
-    stmts += _nest(order, _const_bounds(full), [store_init], parallel)
+    stmts = _elementwise_nest(t, order, shape, store_init, parallel)
     for guard, red in terms:
         conds = ([guard] if guard is not None else []) + ([red.where] if red.where is not None else [])
         cond = dsl.all(conds) if conds else None
-        for ranges, red_bounds in split_interior(axes, shape, red.axes):
-            axes_here = [_with_bounds(r, *red_bounds[id(r)]) for r in red.axes]
-            rename = {r: a for r, a in zip(red.axes, axes_here) if a is not r}
-            value = substitute(red.body, rename) if rename else red.body
-            cond_here = substitute(cond, rename) if (rename and cond is not None) else cond
-            order, par = loop_order(axes, shape, axes_here, _accesses(value, cond_here), axes,
-                                    reads_in(value))
-            bounds = _const_bounds(ranges)
-            bounds.update({id(r): (r.lo, r.hi) for r in axes_here})
-            store = Store(t, tuple(axes), dsl.cast(t.dtype, value), combine=red.combiner)
-            stmts += _accumulate_nest(order, bounds, store, cond_here, par, axes)
+        used = [b for r in red.axes for b in (r.lo, r.hi)] + [cond, red.body]
+        mods = congruence.moduli(axes, shape, used, exclude=[parallel] if parallel is not None else [])
+        for view in congruence.class_views(axes, shape, mods):
+            if view.mapping:
+                red_axes, value, cond_v = congruence.reduce_axes_in_class(red.axes, red.body, cond, view)
+            else:
+                red_axes, value, cond_v = list(red.axes), red.body, cond
+            stmts += _term_nests(t, view, red_axes, value, cond_v, red.combiner, parallel)
     extent = dict(zip(map(id, axes), shape))
     par_extent = extent[id(parallel)] if parallel is not None else 0
     return Stage(t, stmts, par_extent)
+
+
+def _elementwise_nest(t: Tensor, order: List[Var], shape, store: Store, parallel) -> List:
+    """The loops of ``t[axes] = value``. When the innermost axis enters ``// m`` or ``% m``
+    (a pooling gradient, an upsampling), it runs over ``m`` times fewer values with one
+    store per class in its body: unit-stride reads, interleaved stores."""
+    axes = list(t.op.axes)
+    full = _const_bounds({id(a): (0, n) for a, n in zip(axes, shape)})
+    if not order:  # a 0-d tensor
+        return _nest(order, full, [store], parallel)
+    inner = order[-1]
+    mods = congruence.moduli([inner], [dict(zip(map(id, axes), shape))[id(inner)]],
+                             [store.value], exclude=[parallel] if parallel is not None else [])
+    if not mods:
+        return _nest(order, full, [store], parallel)
+    views = congruence.class_views([inner], [dict(zip(map(id, axes), shape))[id(inner)]], mods)
+    stores = [Store(t, tuple(v.mapping.get(a, a) for a in axes), congruence.in_class(store.value, v))
+              for v in views]
+    full[id(views[0].axes[0])] = (dsl.const(0), dsl.const(views[0].shape[0]))
+    return _nest(order[:-1] + views[0].axes, full, stores, parallel)
+
+
+def _term_nests(t: Tensor, view, red_axes, value: Expr, cond: Optional[Expr], combiner: str,
+                parallel) -> List:
+    """The accumulating nests of one reduction term over one congruence class of the output."""
+    if isinstance(cond, Const):
+        if not cond.value:
+            return []  # the class receives nothing from this term
+        cond = None
+    stmts = []
+    for ranges, red_bounds in split_interior(view.axes, view.shape, red_axes):
+        axes_here = [_with_bounds(r, *red_bounds[id(r)]) for r in red_axes]
+        rename = {r: a for r, a in zip(red_axes, axes_here) if a is not r}
+        value_here = substitute(value, rename) if rename else value
+        cond_here = substitute(cond, rename) if (rename and cond is not None) else cond
+        order, par = loop_order(view.axes, view.shape, axes_here, _accesses(value_here, cond_here),
+                                view.store, reads_in(value_here))
+        if par is not parallel:
+            raise InternalError(f"the reduction nests of {t.name} chose another parallel axis")
+        bounds = _const_bounds(ranges)
+        bounds.update({id(r): (r.lo, r.hi) for r in axes_here})
+        store = Store(t, tuple(view.store), dsl.cast(t.dtype, value_here), combine=combiner)
+        stmts += _accumulate_nest(order, bounds, store, cond_here, par, view.axes)
+    return stmts
 
 
 TILE = 32

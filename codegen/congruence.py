@@ -1,0 +1,136 @@
+"""Congruence classes: output axes whose values enter ``//`` and ``%`` by small constants.
+
+The input gradient of a stride-2 convolution reads ``head[h, w]`` for
+``h`` from ``j // 2`` to ``(j + 1) // 2``: its bounds alternate with the
+parity of the output index ``j``, so no loop order vectorizes it. Writing
+``j = 2*a + p`` for each class ``p`` in ``{0, 1}`` makes every bound a plain
+function of ``a`` (``(2*a + 1) // 2 = a``, see :mod:`simplify.linear`); each
+class is then an ordinary dense loop nest over ``a`` whose store is strided.
+A max-pooling gradient ``dX[j] = ... M[j // 2] ...`` is split the same way,
+with the classes of its innermost axis as consecutive statements of one loop,
+so the vectorizer sees unit-stride reads and interleaved stores.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+from simplify.linear import coefficient, normalize
+from te_grad import dsl
+from te_grad.graph import free_vars
+from te_grad.ir import Binary, Const, Expr, ReduceAxis, Var
+from te_grad.transform import substitute
+from te_grad.visitor import Visitor
+
+#: the largest modulus split into classes, and the most classes a term is split into
+MAX_MODULUS = 4
+MAX_CLASSES = 16
+
+
+class _DivisorUses(Visitor):
+    """For each output axis, the moduli it enters through ``// c`` and ``% c``."""
+
+    def __init__(self, axes: Sequence[Var]):
+        self.axes = list(axes)
+        self.found: Dict[int, List[int]] = {}
+
+    def visit_Binary(self, node: Binary):
+        if node.op in ("floordiv", "floormod") and isinstance(node.b, Const) and int(node.b.value) > 1:
+            c = int(node.b.value)
+            for a in self.axes:
+                k = coefficient(node.a, a)
+                if k:
+                    self.found.setdefault(id(a), []).append(c // math.gcd(abs(k), c))
+        self.generic_visit(node)
+
+
+def moduli(axes: Sequence[Var], shape: Sequence[int], exprs: Sequence[Optional[Expr]],
+           exclude: Sequence[Var] = ()) -> Dict[int, int]:
+    """``{id(axis): m}`` for the axes of ``axes`` worth splitting into ``m`` classes for ``exprs``.
+
+    ``m`` is the least common multiple of what the axis is divided by (its
+    coefficient taken out), at most :data:`MAX_MODULUS`, dividing the axis extent;
+    the axes in ``exclude`` (the parallel one) are never split."""
+    uses = _DivisorUses(axes)
+    for e in exprs:
+        if e is not None:
+            uses.visit(e)
+    out: Dict[int, int] = {}
+    total = 1
+    for a, n in zip(axes, shape):
+        ms = uses.found.get(id(a))
+        if not ms or any(a is x for x in exclude):
+            continue
+        m = math.lcm(*ms)
+        if 1 < m <= MAX_MODULUS and n % m == 0 and total * m <= MAX_CLASSES:
+            out[id(a)] = m
+            total *= m
+    return out
+
+
+@dataclass
+class ClassView:
+    """One congruence class: loops over ``axes`` (extents ``shape``) store to ``store``."""
+    axes: List[Var]
+    shape: List[int]
+    store: List[Expr]
+    mapping: Dict[Var, Expr]  # original axis -> m * a + p
+
+
+def class_views(axes: Sequence[Var], shape: Sequence[int], mods: Dict[int, int]) -> List[ClassView]:
+    """Every combination of residues of the axes in ``mods`` (one view if ``mods`` is empty)."""
+    split = [(a, mods[id(a)]) for a in axes if id(a) in mods]
+    new_axes = {id(a): Var(a.name + "c") for a, _ in split}
+    views = []
+    for residues in itertools.product(*[range(m) for _, m in split]):
+        mapping = {a: new_axes[id(a)] * m + p if m > 1 else a for (a, m), p in zip(split, residues)}
+        mapping = {a: normalize(e) for a, e in mapping.items()}
+        views.append(ClassView(
+            [new_axes.get(id(a), a) for a in axes],
+            [n // mods.get(id(a), 1) for a, n in zip(axes, shape)],
+            [mapping.get(a, a) for a in axes],
+            mapping))
+    return views
+
+
+def in_class(e: Optional[Expr], view: ClassView) -> Optional[Expr]:
+    """``e`` restricted to the class of ``view``, its index arithmetic folded."""
+    if e is None:
+        return None
+    return normalize(substitute(e, view.mapping)) if view.mapping else e
+
+
+def reduce_axes_in_class(red_axes: Sequence[ReduceAxis], value: Expr, cond: Optional[Expr],
+                         view: ClassView):
+    """The reduction ``(axes, value, cond)`` of one class, each axis whose lower bound is a
+    linear function of the output loops shifted to start at 0 (so that reads step with
+    the output loops and the bounds become constant inside the domain)."""
+    loop_ids = {id(a) for a in view.axes}
+    rename: Dict[Var, Expr] = dict(view.mapping)
+    axes: List[ReduceAxis] = []
+    for r in red_axes:
+        lo = normalize(substitute(r.lo, rename))
+        hi = normalize(substitute(r.hi, rename))
+        if not isinstance(lo, Const) and _linear_in(lo, loop_ids):
+            shifted = ReduceAxis(r.name, r.dtype, dsl.const(0, r.lo.dtype), normalize(hi - lo))
+            rename[r] = lo + shifted
+            axes.append(shifted)
+        elif lo is r.lo and hi is r.hi:
+            axes.append(r)
+        else:
+            new = ReduceAxis(r.name, r.dtype, lo, hi)
+            rename[r] = new
+            axes.append(new)
+    value = normalize(substitute(value, rename))
+    cond = normalize(substitute(cond, rename)) if cond is not None else None
+    return axes, value, cond
+
+
+def _linear_in(e: Expr, loop_ids) -> bool:
+    """True if ``e`` is ``+``, ``-`` and constant multiples of the output loop variables."""
+    vars_ = free_vars(e)
+    if not vars_ or any(id(v) not in loop_ids for v in vars_):
+        return False
+    return all(coefficient(e, v) is not None for v in vars_)
