@@ -17,7 +17,7 @@ from te_grad.ir import Tensor
 
 from .jit import compile_module
 from .kernel import CompiledStage, Kernel, default_threads
-from .llvm_emit import emit_module, tensors_of
+from .llvm_emit import RUN_STAGES, emit_module, tensors_of
 from .schedule import stages_for
 
 __all__ = ["build", "Kernel"]
@@ -59,7 +59,7 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
             index[id(t)] = len(buffers)
             buffers.append(t)
     text, names = emit_module(stages, index, fast_math)
-    compiled = compile_module(text, names)
+    compiled = compile_module(text, names + [RUN_STAGES])
     compiled_stages = [CompiledStage(s, compiled.addresses[nm], [index[id(t)] for t in tensors_of(s)],
                                      tensor_iterations(s.tensor))
                        for s, nm in zip(stages, names)]

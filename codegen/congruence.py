@@ -45,6 +45,9 @@ class _DivisorUses(Visitor):
                     self.found.setdefault(id(a), []).append(c // math.gcd(abs(k), c))
         self.generic_visit(node)
 
+    def visit_ReduceAxis(self, node):
+        pass  # its bounds are looked at only when passed explicitly
+
 
 def moduli(axes: Sequence[Var], shape: Sequence[int], exprs: Sequence[Optional[Expr]],
            exclude: Sequence[Var] = ()) -> Dict[int, int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from te_grad.errors import InternalError, UserError
 from te_grad.evaluator import check_feed
 from te_grad.ir import Tensor
 
+from .llvm_emit import RUN_STAGES
 from .loopir import Stage, program_text
 
 #: below this many innermost iterations a stage runs on one thread: handing work to
@@ -63,6 +64,26 @@ class Kernel:
         self._compiled = compiled  # keeps the JIT engine (and so the machine code) alive
         self.threads = threads
         self._index = {id(t): n for n, t in enumerate(self.buffers)}
+        self._plans: Dict[int, List[Tuple[int, int, bool]]] = {}
+        run_stages = compiled.addresses[RUN_STAGES]
+        self._run_stages = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                            ctypes.c_void_p)(run_stages)
+
+    def _plan(self) -> List[Tuple[int, int, bool]]:
+        """Runs of stages ``(first, last, shared)``: a shared stage is split among threads; runs
+        of the others go to native code in one call."""
+        cached = self._plans.get(self.threads)
+        if cached is not None:
+            return cached
+        runs: List[Tuple[int, int, bool]] = []
+        for k, cs in enumerate(self.stages):
+            shared = self.threads > 1 and cs.work >= PARALLEL_THRESHOLD and cs.stage.parallel_extent > 1
+            if runs and not shared and not runs[-1][2]:
+                runs[-1] = (runs[-1][0], k + 1, False)
+            else:
+                runs.append((k, k + 1, shared))
+        self._plans[self.threads] = runs
+        return runs
 
     # -- inspection ---------------------------------------------------------------------
     @property
@@ -102,8 +123,17 @@ class Kernel:
             if values[n] is None:
                 values[n] = np.empty(t.shape, dtype=np.bool_ if t.dtype == "bool" else t.dtype)
         pointers = [a.ctypes.data for a in values]
-        for cs in self.stages:
-            self._run(cs, pointers)
+        table = None
+        for first, last, shared in self._plan():
+            if shared:
+                self._run(self.stages[first], pointers)
+                continue
+            if table is None:
+                table = (ctypes.c_void_p * len(pointers))(*pointers)
+            err = (ctypes.c_int64 * 4)()
+            rc = self._run_stages(table, first, last, ctypes.addressof(err))
+            if rc:
+                self._check(self.stages[err[3]], [(rc, list(err))])
         results = []
         for t, a in zip(self.outputs, outs):
             src = values[self._index[id(t)]]
@@ -128,12 +158,10 @@ class Kernel:
         return out
 
     def _run(self, cs: CompiledStage, pointers):
+        """One stage split among the threads."""
         args = [pointers[b] for b in cs.buffers]
         extent = cs.stage.parallel_extent
-        threads = min(self.threads, extent) if cs.work >= PARALLEL_THRESHOLD else 1
-        if extent == 0 or threads <= 1:
-            self._check(cs, [self._call(cs, args, 0, max(extent, 1))])
-            return
+        threads = min(self.threads, extent)
         bounds = [extent * k // threads for k in range(threads + 1)]
         chunks = [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
         # the calling thread takes the last chunk itself: one hand-off fewer

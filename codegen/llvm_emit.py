@@ -402,15 +402,55 @@ class StageEmitter(RegisterBlockEmitter):
         return self.b.sext(a, to) if dst_width > src_width else self.b.trunc(a, to)
 
 
+#: the function running stages ``[first, last)`` one after the other on the calling thread
+RUN_STAGES = "run_stages"
+
+
 def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math: bool = True):
-    """One LLVM module with a function per stage: ``(module text, function names)``."""
+    """One LLVM module with a function per stage: ``(module text, function names)``.
+
+    It also defines :data:`RUN_STAGES`, ``i32 run_stages(i8** buffers, i64 first,
+    i64 last, i64* err)``: stages ``first`` to ``last - 1`` over their whole parallel
+    range, the kernel's buffers by index; on an error it returns the stage's code
+    and writes the stage's number to ``err[3]``. A kernel whose stages are too small
+    to share among threads runs with one call.
+    """
     module = ir.Module(name="te_grad")
-    names = []
+    names, functions = [], []
     for n, s in enumerate(stages):
         name = f"stage{n}_{s.tensor.name}"
-        StageEmitter(module, s, name, buffer_index, fast_math).emit()
+        fn = StageEmitter(module, s, name, buffer_index, fast_math).emit()
+        fn.attributes.add("noinline")  # called from run_stages too: one copy of the code
         names.append(name)
+        functions.append(fn)
+    _emit_run_stages(module, stages, functions, buffer_index)
     return str(module), names
+
+
+def _emit_run_stages(module: ir.Module, stages: Sequence[Stage], functions, buffer_index: Dict[int, int]):
+    i8p = ir.PointerType(I8)
+    fn = ir.Function(module, ir.FunctionType(I32, [ir.PointerType(i8p), I64, I64, ir.PointerType(I64)]),
+                     RUN_STAGES)
+    bufs, first, last, err = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    for k, (stage, callee) in enumerate(zip(stages, functions)):
+        run, skip = fn.append_basic_block(f"run{k}"), fn.append_basic_block(f"after{k}")
+        k64 = ir.Constant(I64, k)
+        b.cbranch(b.and_(b.icmp_signed("<=", first, k64), b.icmp_signed("<", k64, last)), run, skip)
+        b.position_at_end(run)
+        args = []
+        for t, param in zip(tensors_of(stage), callee.args):
+            slot = b.gep(bufs, [ir.Constant(I64, buffer_index[id(t)])], inbounds=True)
+            args.append(b.bitcast(b.load(slot), param.type))
+        extent = ir.Constant(I64, max(stage.parallel_extent, 1))
+        rc = b.call(callee, args + [ir.Constant(I64, 0), extent, err])
+        failed = fn.append_basic_block(f"failed{k}")
+        b.cbranch(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), failed, skip)
+        b.position_at_end(failed)
+        b.store(k64, b.gep(err, [ir.Constant(I64, 3)], inbounds=True))
+        b.ret(rc)
+        b.position_at_end(skip)
+    b.ret(ir.Constant(I32, 0))
 
 
 def tensors_of(stage: Stage) -> List[Tensor]:

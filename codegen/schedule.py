@@ -250,8 +250,7 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
     for guard, red in terms:
         conds = ([guard] if guard is not None else []) + ([red.where] if red.where is not None else [])
         cond = dsl.all(conds) if conds else None
-        used = [b for r in red.axes for b in (r.lo, r.hi)] + [cond, red.body]
-        mods = congruence.moduli(axes, shape, used, exclude=[parallel] if parallel is not None else [])
+        mods = _class_moduli(axes, shape, red, cond, parallel)
         for view in congruence.class_views(axes, shape, mods):
             if view.mapping:
                 red_axes, value, cond_v = congruence.reduce_axes_in_class(red.axes, red.body, cond, view)
@@ -261,6 +260,26 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
     extent = dict(zip(map(id, axes), shape))
     par_extent = extent[id(parallel)] if parallel is not None else 0
     return Stage(t, stmts, par_extent)
+
+
+def _class_moduli(axes, shape, red: Reduce, cond: Optional[Expr], parallel) -> Dict[int, int]:
+    """The congruence classes to split a reduction term into: axes entering ``//`` or ``%``
+    in its body or guard, and in its reduce bounds when cutting the output domain into
+    pieces leaves most of it without constant bounds (they alternate with a parity)."""
+    used = [cond, red.body]
+    if _constant_share(axes, shape, red.axes) < 0.5:
+        used += [b for r in red.axes for b in (r.lo, r.hi)]
+    return congruence.moduli(axes, shape, used, exclude=[parallel] if parallel is not None else [])
+
+
+def _constant_share(axes, shape, red_axes) -> float:
+    """The share of the output domain in pieces where every reduce bound is constant."""
+    total = int(np.prod(shape)) if shape else 1
+    covered = 0
+    for ranges, bounds in split_interior(axes, shape, red_axes):
+        if all(isinstance(b, Const) for lo_hi in bounds.values() for b in lo_hi):
+            covered += int(np.prod([hi - lo for lo, hi in ranges.values()]))
+    return covered / max(total, 1)
 
 
 def _elementwise_nest(t: Tensor, order: List[Var], shape, store: Store, parallel) -> List:

@@ -573,3 +573,22 @@ def test_ir_that_llvm_rejects_is_an_internal_error():
     import codegen.jit as jit
     with pytest.raises(tg.InternalError, match="LLVM rejected"):
         jit.compile_module("define i32 @f() {\n  ret float 0.0\n}\n", ["f"])
+
+
+def test_stages_run_in_one_native_call_report_the_failing_stage():
+    """Small stages run back to back in one call; an error names the stage that raised it."""
+    x = ph((6, 4), "X")
+    ids = tg.placeholder((3,), dtype="int64", name="ids")
+    k = tg.reduce_axis((0, 4), "k")
+    rows = tg.compute((6,), lambda i: tg.sum(x[i, k] * x[i, k], axis=k), name="rows")
+    picked = tg.compute((3,), lambda i: tg.exp(rows[ids[i]]), name="picked")
+    j = tg.reduce_axis((0, 3), "j")
+    total = tg.compute((), lambda: tg.sum(picked[j], axis=j), name="total")
+    kern = tg.build([total], inputs=[x, ids], threads=1)
+    names = [cs.stage.tensor.name for cs in kern.stages]
+    assert len(names) >= 2 and names.index("picked") > 0
+    xv = np.random.default_rng(0).standard_normal((6, 4)) * 0.1
+    good = np.array([5, 0, 2])
+    assert_same(kern(xv, good), tg.evaluate([total], {x: xv, ids: good})[0], what="total")
+    with pytest.raises(tg.TeGradError, match=r"index 6 is out of range \[0, 6\).*while computing picked"):
+        kern(xv, np.array([1, 6, 0]))
