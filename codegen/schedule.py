@@ -458,16 +458,18 @@ def _uniform_pieces(dep, values, red_axes, full):
     return pieces
 
 
-def scatter_stage(t: Tensor) -> Stage:
-    """Zero-fill, then ``t[indices] += value`` over the domain, indices checked at run time."""
+def scatter_stages(t: Tensor) -> List[Stage]:
+    """A zero-fill (split among threads), then ``t[indices] += value`` over the domain on one
+    thread, indices checked at run time."""
     op: ScatterOp = t.op
     axes = [Var(f"i{d}") for d in range(t.ndim)]
+    parallel = axes[0] if axes else None
     zero = _nest(axes, {id(a): (dsl.const(0), dsl.const(n)) for a, n in zip(axes, t.shape)},
-                 [Store(t, tuple(axes), dsl.const(0, t.dtype))], None)
+                 [Store(t, tuple(axes), dsl.const(0, t.dtype))], parallel)
     store = Store(t, op.indices, dsl.cast(t.dtype, op.value), combine="sum", checked=True)
     inner = [If(op.where, [store])] if op.where is not None else [store]
     acc = _nest(list(op.axes), {id(r): (r.lo, r.hi) for r in op.axes}, inner, None)
-    return Stage(t, zero + acc, 0)
+    return [Stage(t, zero, t.shape[0] if axes else 0), Stage(t, acc, 0)]
 
 
 def stages_for(outputs: Sequence[Tensor]) -> List[Stage]:
@@ -478,7 +480,7 @@ def stages_for(outputs: Sequence[Tensor]) -> List[Stage]:
         if isinstance(t.op, PlaceholderOp):
             continue
         if isinstance(t.op, ScatterOp):
-            stages.append(scatter_stage(t))
+            stages.extend(scatter_stages(t))
             continue
         body = t.op.body
         if split_terms(body) is None:

@@ -13,6 +13,7 @@ from .dsl import (abs, all, any, call, cast, ceil, compute, const, cos, erf, exp
 from .evaluator import evaluate
 from .printer import show
 from .autodiff import DifferentiationResult, differentiate, gradient
+from .autodiff.rows import RowGradient, row_gradient
 from . import nn
 
 
@@ -51,5 +52,5 @@ __all__ = [
     "exp", "log", "sqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf", "pow",
     "maximum", "minimum", "floor", "ceil", "trunc", "round",
     "evaluate", "show", "nn", "differentiate", "gradient", "DifferentiationResult",
-    "simplify", "iterations", "build", "domain",
+    "simplify", "iterations", "build", "domain", "row_gradient", "RowGradient",
 ]
