@@ -362,6 +362,8 @@ class StageEmitter(RegisterBlockEmitter):
     def e_Call(self, e: Call):
         x = self.expr(e.args[0])
         dt = e.dtype
+        if e.name == "stop_gradient":
+            return x
         if dt == "float32" and e.name in _VECMATH:
             return _VECMATH[e.name](self.b, self.module, x)
         if e.name == "sigmoid":  # 1 / (1 + exp(-x)): exact limits 0 and 1 for large |x|

@@ -342,8 +342,8 @@ def _tile_transposed(t: Tensor, order: List[Var], accesses, store: Store):
     v = order[-1]
     extent = dict(zip(map(id, t.op.axes), t.shape))
     for acc in accesses:
-        if not acc or coefficient(acc[-1], v) != 0:
-            continue
+        if not acc or coefficient(acc[-1], v) != 0 or all(coefficient(i, v) == 0 for i in acc):
+            continue  # unit-stride or invariant in v: nothing to tile for
         u = next((x for x in order[:-1] if coefficient(acc[-1], x) in (1, -1)), None)
         if u is not None and extent[id(u)] >= 2 * TILE and extent[id(v)] >= 2 * TILE:
             break

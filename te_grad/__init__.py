@@ -9,7 +9,7 @@ from .errors import InternalError, TeGradError, UserError
 from .ir import Expr, Tensor
 from .dsl import (abs, all, any, call, cast, ceil, compute, const, cos, erf, exp, floor,
                   if_then_else, log, logical_not, max, maximum, min, minimum, placeholder, pow,
-                  prod, reduce_axis, round, sigmoid, sin, sqrt, sum, tanh, trunc)
+                  prod, reduce_axis, round, sigmoid, sin, sqrt, stop_gradient, sum, tanh, trunc)
 from .evaluator import evaluate
 from .printer import show
 from .autodiff import DifferentiationResult, differentiate, gradient
@@ -50,7 +50,7 @@ __all__ = [
     "placeholder", "compute", "reduce_axis", "sum", "prod", "max", "min",
     "const", "cast", "if_then_else", "all", "any", "logical_not", "call",
     "exp", "log", "sqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf", "pow",
-    "maximum", "minimum", "floor", "ceil", "trunc", "round",
+    "maximum", "minimum", "floor", "ceil", "trunc", "round", "stop_gradient",
     "evaluate", "show", "nn", "differentiate", "gradient", "DifferentiationResult",
     "simplify", "iterations", "build", "domain", "row_gradient", "RowGradient",
 ]

@@ -246,6 +246,16 @@ def trunc(x): return _intrinsic("trunc", x)
 def round(x): return _intrinsic("round", x)  # noqa: A001 - TVM's name; rounds half to even
 
 
+def stop_gradient(x):
+    """``x``, with a zero derivative (JAX's ``lax.stop_gradient``): for quantities the
+    result does not depend on mathematically, such as the shift that keeps a softmax's
+    exponentials from overflowing. Integer and boolean values are returned as they are."""
+    x = as_expr(x)
+    if not dtypes.is_float(x.dtype):
+        return x
+    return Call("stop_gradient", (x,))
+
+
 def abs(x):  # noqa: A001 - TVM's name
     """Absolute value; keeps integer dtypes."""
     x = as_expr(x)

@@ -38,6 +38,7 @@ _INTRINSIC = {
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh, "abs": np.abs,
     "sin": np.sin, "cos": np.cos, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc,
     "round": np.rint,  # half to even, like LLVM's roundeven
+    "stop_gradient": lambda x: x,
     "sigmoid": lambda x: 0.5 * (np.tanh(0.5 * x) + 1.0),  # overflow-free logistic
     "erf": lambda x: np.asarray(_erf(x)).astype(x.dtype),  # a 0-d input gives a Python float
 }

@@ -25,7 +25,7 @@ COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
 UNARY_OPS = ("neg", "not")
 COMBINERS = ("sum", "prod", "max", "min")
 INTRINSICS = ("exp", "log", "sqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf",
-              "floor", "ceil", "trunc", "round")
+              "floor", "ceil", "trunc", "round", "stop_gradient")
 
 
 class Expr:

@@ -91,6 +91,8 @@ INTRINSIC_RULES: Dict[str, Callable[[Expr, Expr], Expr]] = {
     "erf": lambda x, y: (2.0 / math.sqrt(math.pi)) * dsl.exp(-(x * x)),
     # piecewise constant: zero derivative
     "floor": None, "ceil": None, "trunc": None, "round": None,
+    # zero by definition: the user states the result does not depend on x
+    "stop_gradient": None,
 }
 
 

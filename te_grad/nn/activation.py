@@ -56,7 +56,11 @@ def _reduced(x: Tensor, axis: int):
 
 
 def _softmax_parts(op: str, x: Tensor, axis):
-    """The max along ``axis`` (``<op>_max``) and helpers shared by softmax and log_softmax."""
+    """The max along ``axis`` (``<op>_max``) and helpers shared by softmax and log_softmax.
+
+    The max is only a shift that keeps ``exp`` from overflowing: the result does not
+    depend on it (its total derivative is exactly zero), so its reads are wrapped in
+    ``stop_gradient`` and the gradient never differentiates the max (as in JAX)."""
     check_tensor(op, x, "input")
     check_float(op, x)
     if x.ndim == 0:
@@ -79,7 +83,7 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """
     op = "softmax"
     axis, shape, full, mx = _softmax_parts(op, x, axis)
-    e = compute(x.shape, lambda idx: dsl.exp(x[idx] - mx[idx[:axis] + idx[axis + 1:]]),
+    e = compute(x.shape, lambda idx: dsl.exp(x[idx] - dsl.stop_gradient(mx[idx[:axis] + idx[axis + 1:]])),
                 name=op + "_exp")
     k = dsl.reduce_axis((0, x.shape[axis]), name="k")
     s = compute(shape, lambda idx: dsl.sum(e[full(idx, k)], axis=k), name=op + "_sum")
@@ -95,12 +99,12 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     op = "log_softmax"
     axis, shape, full, mx = _softmax_parts(op, x, axis)
     k = dsl.reduce_axis((0, x.shape[axis]), name="k")
-    s = compute(shape, lambda idx: dsl.sum(dsl.exp(x[full(idx, k)] - mx[idx]), axis=k),
+    s = compute(shape, lambda idx: dsl.sum(dsl.exp(x[full(idx, k)] - dsl.stop_gradient(mx[idx])), axis=k),
                 name=op + "_sum")
 
     def body(idx):
         r = idx[:axis] + idx[axis + 1:]
-        return x[idx] - mx[r] - dsl.log(s[r])
+        return x[idx] - dsl.stop_gradient(mx[r]) - dsl.log(s[r])
 
     return compute(x.shape, body, name=op)
 

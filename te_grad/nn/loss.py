@@ -73,7 +73,9 @@ def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     [0, C). With ``m[n] = max_c logits[n, c]`` (``softmax_cross_entropy_max``) and
     ``s[n] = sum_c exp(logits[n, c] - m[n])`` (``softmax_cross_entropy_sum``), the
     loss is ``mean_n(m[n] + log(s[n]) - logits[n, labels[n]])``, i.e. PyTorch's
-    ``cross_entropy`` with mean reduction, computed without overflow.
+    ``cross_entropy`` with mean reduction, computed without overflow. The loss does
+    not depend on the shift ``m`` (its total derivative is zero): its reads are
+    wrapped in ``stop_gradient``.
     """
     op = "softmax_cross_entropy"
     check_tensor(op, logits, "logits", ndim=2)
@@ -89,6 +91,6 @@ def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     k = dsl.reduce_axis((0, c), name="k")
     mx = dsl.compute((n,), lambda i: dsl.max(logits[i, k], axis=k), name=op + "_max")
     k = dsl.reduce_axis((0, c), name="k")
-    s = dsl.compute((n,), lambda i: dsl.sum(dsl.exp(logits[i, k] - mx[i]), axis=k),
+    s = dsl.compute((n,), lambda i: dsl.sum(dsl.exp(logits[i, k] - dsl.stop_gradient(mx[i])), axis=k),
                     name=op + "_sum")
-    return _mean(op, (n,), lambda idx: mx[idx] + dsl.log(s[idx]) - logits[idx[0], labels[idx]])
+    return _mean(op, (n,), lambda idx: dsl.stop_gradient(mx[idx]) + dsl.log(s[idx]) - logits[idx[0], labels[idx]])
