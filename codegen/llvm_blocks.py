@@ -104,14 +104,31 @@ class RegisterBlockEmitter:
         self.env.pop(id(blk.var), None)
         for j, acc in enumerate(accs):
             self.bind_jam(blk, j)
-            vec = self.b.load(acc)
-            total = self.b.extract_element(vec, ir.Constant(I32, 0))
-            for k in range(1, width):
-                total = self.combine(st.combine, dt, total, self.b.extract_element(vec, ir.Constant(I32, k)))
+            total = self.horizontal(st.combine, dt, self.b.load(acc), width)
             ptr = self.address(st.tensor, [self.expr(i) for i in st.indices])
             self.store_scalar(st.tensor, self.combine(st.combine, dt, self.load_scalar(st.tensor, ptr), total), ptr)
         if blk.jam_var is not None:
             del self.env[id(blk.jam_var)]
+
+    def horizontal(self, op: str, dt: str, vec, width: int):
+        """The lanes of ``vec`` combined into one value, in whole vectors: register-sized
+        pieces first, then halves (extracting every lane one by one makes LLVM split the
+        accumulator into scalars inside the loop)."""
+        reg = min(width, 8 if dt == "float32" else 4)
+
+        def part(v, first, n):
+            return self.b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
+                                         ir.Constant(ir.VectorType(I32, n),
+                                                     [ir.Constant(I32, first + k) for k in range(n)]))
+
+        acc = part(vec, 0, reg) if width > reg else vec
+        for first in range(reg, width, reg):
+            acc = self.combine(op, dt, acc, part(vec, first, reg))
+        n = reg
+        while n > 1:
+            n //= 2
+            acc = self.combine(op, dt, part(acc, 0, n), part(acc, n, n))
+        return self.b.extract_element(acc, ir.Constant(I32, 0))
 
     def bind_jam(self, blk: RegisterBlock, j: int):
         if blk.jam_var is not None:
@@ -163,6 +180,8 @@ class RegisterBlockEmitter:
         if blk.reduce_lanes:
             if any(coefficient(i, blk.var) != 0 for i in idx):
                 return None
+            if not self.fast and st.combine in ("sum", "prod"):
+                return None  # lanes reassociate the reduction
         elif coefficient(idx[-1], blk.var) not in (1, 2, 3, 4) or \
                 any(coefficient(i, blk.var) != 0 for i in idx[:-1]):
             return None
@@ -189,9 +208,16 @@ class RegisterBlockEmitter:
         if n < lanes:
             return None
         budget = 8 // blk.jam  # accumulator registers for each jammed copy
-        # the widest block that covers the row with the fewest lanes computed
-        widths = [lanes * m for m in range(1, budget + 1) if lanes * m <= n]
-        width = min(widths, key=lambda w: (-(-n // w) * w, -w))
+        # a power-of-two number of registers (LLVM splits other vector lengths into scalars
+        # across loops): the widest computing at most 1/8 more lanes than the row has, else
+        # the one computing the fewest
+        widths = [lanes * m for m in (1, 2, 4, 8) if m <= budget and lanes * m <= n]
+
+        def computed(w):
+            return -(-n // w) * w
+
+        close = [w for w in widths if computed(w) - n <= n // 8]
+        width = max(close) if close else min(widths, key=lambda w: (computed(w), -w))
         starts = [(lo + b * width, lo + b * width) for b in range(n // width)]
         if n % width:
             starts.append((hi - width, lo + (n // width) * width))  # overlaps the previous block

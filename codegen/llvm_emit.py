@@ -170,7 +170,10 @@ class StageEmitter(RegisterBlockEmitter):
                 return self.b.fadd(old, new, flags=flags)
             if op == "prod":
                 return self.b.fmul(old, new, flags=flags)
-            return self.call_intrinsic("llvm.maximum" if op == "max" else "llvm.minimum", dtype, [old, new])
+            # NaN-propagating max/min as compares and a select, which stay vectors at any
+            # width (llvm.maximum is scalarized on vectors x86 cannot hold in whole registers)
+            better = self.b.fcmp_ordered(">" if op == "max" else "<", new, old)
+            return self.b.select(self.b.or_(better, self.b.fcmp_unordered("uno", new, new)), new, old)
         if op == "sum":
             return self.b.add(old, new)
         if op == "prod":

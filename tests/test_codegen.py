@@ -592,3 +592,32 @@ def test_stages_run_in_one_native_call_report_the_failing_stage():
     assert_same(kern(xv, good), tg.evaluate([total], {x: xv, ids: good})[0], what="total")
     with pytest.raises(tg.TeGradError, match=r"index 6 is out of range \[0, 6\).*while computing picked"):
         kern(xv, np.array([1, 6, 0]))
+
+
+@pytest.mark.parametrize("n", [8, 20, 37, 1000])
+def test_row_reductions_in_vector_lanes(n):
+    """Row sums and maxima (lanes along the reduce axis) of many widths, NaN propagated."""
+    x = ph((5, n), "X", dtype="float32")
+    k = tg.reduce_axis((0, n), "k")
+    s = tg.compute((5,), lambda i: tg.sum(x[i, k], axis=k), name="s")
+    k2 = tg.reduce_axis((0, n), "k2")
+    m = tg.compute((5,), lambda i: tg.max(x[i, k2], axis=k2), name="m")
+    xv = np.random.default_rng(n).standard_normal((5, n)).astype("float32")
+    xv[2, n // 2] = np.nan
+    kern = tg.build([s, m], inputs=[x])
+    got_s, got_m = kern(xv)
+    want_s, want_m = tg.evaluate([s, m], {x: xv})
+    assert np.isnan(got_s[2]) and np.isnan(got_m[2])
+    assert_same(got_s, want_s, rtol=1e-4, atol=1e-5, scaled=True, what="sum")
+    assert_same(got_m, want_m, what="max")
+
+
+def test_without_fast_math_a_sum_adds_in_order():
+    """fast_math=False: no reassociation, so a float32 row sum is the sequential sum, bit for bit."""
+    x = ph((3, 1000), "X", dtype="float32")
+    k = tg.reduce_axis((0, 1000), "k")
+    s = tg.compute((3,), lambda i: tg.sum(x[i, k], axis=k), name="s")
+    xv = (np.random.default_rng(0).standard_normal((3, 1000)) * 1e3).astype("float32")
+    sequential = np.cumsum(xv, axis=1, dtype=np.float32)[:, -1]
+    np.testing.assert_array_equal(tg.build([s], inputs=[x], fast_math=False)(xv), sequential)
+    assert not np.array_equal(tg.build([s], inputs=[x])(xv), sequential)  # lanes do reassociate
