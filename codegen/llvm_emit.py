@@ -31,7 +31,7 @@ from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Select, 
 from .intervals import interval, speculatable
 from .llvm_blocks import RegisterBlockEmitter
 from .llvm_types import FCMP, I1, I8, I32, I64, LIBM, LLVM_INTRINSIC, MEMORY, SCALAR, strides
-from .loopir import If, Loop, RegisterBlock, Stage, Store
+from .loopir import If, Loop, RegisterBlock, Scan, Stage, Store
 from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
 _VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
@@ -77,6 +77,8 @@ class StageEmitter(RegisterBlockEmitter):
                 self.store(s)
             elif isinstance(s, RegisterBlock):
                 self.register_block(s)
+            elif isinstance(s, Scan):
+                self.scan(s)
             else:
                 raise InternalError(f"unknown loop statement {s!r}")
 
@@ -150,6 +152,32 @@ class StageEmitter(RegisterBlockEmitter):
         identity = Const(identity_of(st.combine, st.tensor.dtype), st.tensor.dtype)
         self.store(Store(st.tensor, st.indices, Select(s.cond, st.value, identity), st.combine))
         return True
+
+    def scan(self, s: Scan):
+        """A running reduction: the accumulator stays in a register across the scan steps."""
+        st = s.store
+        dt = st.tensor.dtype
+        with self.b.goto_entry_block():
+            acc = self.b.alloca(SCALAR[dt])  # promoted to a register (SROA)
+        self.b.store(self.e_Const(Const(identity_of(st.combine, dt), dt)), acc)
+
+        def step(u):
+            self.env[id(s.var)] = u
+
+            def add(r):
+                self.env[id(s.axis)] = r
+                if s.cond is None:
+                    self.b.store(self.combine(st.combine, dt, self.b.load(acc), self.expr(st.value)), acc)
+                else:
+                    with self.b.if_then(self.expr(s.cond)):
+                        self.b.store(self.combine(st.combine, dt, self.b.load(acc), self.expr(st.value)), acc)
+                del self.env[id(s.axis)]
+
+            self.counted(self.expr(s.lo), self.expr(s.hi), s.axis.name, add)
+            self.store_scalar(st.tensor, self.b.load(acc), self.address(st.tensor, [self.expr(i) for i in st.indices]))
+            del self.env[id(s.var)]
+
+        self.counted(ir.Constant(I64, 0), ir.Constant(I64, s.n), s.var.name, step)
 
     def store(self, s: Store):
         t = s.tensor
@@ -473,6 +501,8 @@ def tensors_of(stage: Stage) -> List[Tensor]:
                 walk(s.body)
             elif isinstance(s, RegisterBlock):
                 walk(s.plain())
+            elif isinstance(s, Scan):
+                exprs = [s.lo, s.hi, s.store.value] + list(s.store.indices) + ([s.cond] if s.cond is not None else [])
             else:
                 exprs = list(s.indices) + [s.value]
             for e in exprs:

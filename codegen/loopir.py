@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
+from te_grad.evaluator import identity_of
+from te_grad import dsl
 from te_grad.ir import Expr, Tensor, Var
 from te_grad.printer import ExprPrinter, Namer
 
@@ -77,7 +79,25 @@ class RegisterBlock:
         return body
 
 
-Stmt = Union[Loop, If, Store, RegisterBlock]
+@dataclass
+class Scan:
+    """A running reduction carried in a register along ``var`` in ``[0, n)``::
+
+        acc = identity
+        for var in range(n):
+            for axis in range(lo, hi): if cond: acc = combine(acc, store.value)
+            store.tensor[store.indices] = acc
+    """
+    var: Var
+    n: int
+    axis: Var
+    lo: Expr
+    hi: Expr
+    cond: Optional[Expr]
+    store: Store  # its ``combine`` is the running combiner
+
+
+Stmt = Union[Loop, If, Store, RegisterBlock, Scan]
 
 
 @dataclass
@@ -113,6 +133,24 @@ def stage_text(stage: Stage, tensor_names: Namer) -> str:
                     "in vector registers across the loops below"
                 out.append(f"{pad}// {v}: {what}")
                 emit(s.plain(), depth)
+            elif isinstance(s, Scan):
+                v, r = p(s.var), p(s.axis)
+                name = tensor_names.name(s.store.tensor, s.store.tensor.name)
+                idx = "".join(f"[{p(i)}]" for i in s.store.indices)
+                op = _COMBINE_SYM[s.store.combine]
+                out.append(f"{pad}// acc: a register carried along {v}")
+                dt = s.store.tensor.dtype
+                out.append(f"{pad}acc = {p(dsl.const(identity_of(s.store.combine, dt), dt))};")
+                out.append(f"{pad}for ({v} = 0; {v} < {s.n}; ++{v}) {{")
+                out.append(f"{pad}  for ({r} = {p(s.lo)}; {r} < {p(s.hi)}; ++{r}) {{")
+                inner = f"acc {op} {p(s.store.value)};"
+                if s.cond is not None:
+                    out.append(f"{pad}    if ({p(s.cond)}) {inner}")
+                else:
+                    out.append(f"{pad}    {inner}")
+                out.append(f"{pad}  }}")
+                out.append(f"{pad}  {name}{idx} = acc;")
+                out.append(f"{pad}}}")
             elif isinstance(s, If):
                 out.append(f"{pad}if ({p(s.cond)}) {{")
                 emit(s.body, depth + 1)

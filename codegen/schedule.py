@@ -34,6 +34,7 @@ from te_grad.ir import (Binary, ComputeOp, Const, Expr, PlaceholderOp, Read, Red
 
 from . import congruence
 from .loopir import If, Loop, RegisterBlock, Stage, Store
+from .scan import scan_nests
 
 
 def _summands(e: Expr) -> List[Expr]:
@@ -247,9 +248,15 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
     if tiled is not None:  # an element-wise stage whose reads cross the store's layout
         return Stage(t, tiled[0], tiled[1])
     stmts = _elementwise_nest(t, order, shape, store_init, parallel)
+    shape_of = dict(zip(map(id, axes), shape))
     for guard, red in terms:
         conds = ([guard] if guard is not None else []) + ([red.where] if red.where is not None else [])
         cond = dsl.all(conds) if conds else None
+        if ew is None and len(terms) == 1:  # T holds the running value alone: a scan may extend it
+            scan = scan_nests(t, order, shape_of, red, cond)
+            if scan is not None:  # it writes every element: no initialization
+                body, par = scan
+                return Stage(t, body, shape_of[id(par)] if par is not None else 0)
         mods = _class_moduli(axes, shape, red, cond, parallel)
         for view in congruence.class_views(axes, shape, mods):
             if view.mapping:

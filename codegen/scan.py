@@ -1,0 +1,124 @@
+"""Running reductions: ``T[.., v, ..] = R(body(r) for r in range(lo, hi(v)))`` as a scan.
+
+A prefix sum written in the DSL, ``cumsum[i, j] = sum(X[i, k] for k in range(j + 1))``,
+is a triangle of ``n^2 / 2`` additions; its gradient, ``sum(h[i, j] for j in
+range(k, n))``, the mirror triangle. When one output axis ``v`` moves only one
+bound of the reduce axis (the upper one forward, the lower one backward), the
+bound never goes back, and the body does not read ``v``, each element extends
+the previous one:
+
+    T[.., v, ..] = T[.., v - 1, ..]  combined with  body(r) for r in range(hi(v - 1), hi(v))
+
+which is linear in ``n``. ``v`` then runs in order (forward, or backward for a
+moving lower bound) and is never split among threads; the other output axes
+keep the order of the stage's initialization nest, so a scan along a
+non-innermost axis still vectorizes across the innermost one.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from simplify.linear import normalize
+from te_grad import dsl
+from te_grad.evaluator import evaluate, identity_of
+from te_grad.graph import free_vars
+from te_grad.ir import ComputeOp, Expr, Reduce, Tensor, Var
+from te_grad.transform import substitute
+
+from .loopir import If, Loop, Scan, Store
+
+#: a scan replaces the direct reduction when its rows are at least this long on average
+MIN_MEAN_EXTENT = 4
+#: the most output points whose bounds are probed to prove them monotonic
+MAX_PROBE = 1 << 22
+
+
+def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], red: Reduce,
+               cond: Optional[Expr]) -> Optional[Tuple[List, Optional[Var]]]:
+    """``(statements, parallel axis)`` computing ``t = red`` as a scan, or None if it is not a
+    running reduction (see the module doc). ``order`` is the output loop order."""
+    if len(red.axes) != 1 or red.combiner not in ("sum", "prod", "max", "min"):
+        return None
+    r = red.axes[0]
+    outputs = {id(a): a for a in t.op.axes}
+    movers = [a for a in t.op.axes if any(a is x for b in (r.lo, r.hi) for x in free_vars(b))]
+    if len(movers) != 1:
+        return None
+    v = movers[0]
+    # threads share another axis: the first long enough, in loop order
+    parallel = next((a for a in order if a is not v and shape_of[id(a)] >= 4), None)
+    in_lo, in_hi = (any(v is x for x in free_vars(b)) for b in (r.lo, r.hi))
+    if in_lo == in_hi:
+        return None  # a sliding window (both bounds move) is not a scan
+    if any(v is x for e in (red.body, cond) if e is not None for x in free_vars(e)):
+        return None
+    if any(id(x) not in outputs for b in (r.lo, r.hi) for x in free_vars(b)):
+        return None
+    forward = in_hi
+    if not _monotonic(t, v, r.hi if forward else r.lo, r.lo if forward else r.hi):
+        return None
+
+    n = shape_of[id(v)]
+    identity = dsl.const(identity_of(red.combiner, t.dtype), t.dtype)
+    u = Var(v.name + "s")  # the scan step: v itself forward, n - 1 - v backward
+    at_v = u if forward else dsl.const(n - 1) - u
+    prev = u - 1 if forward else dsl.const(n) - u  # v - 1 forward, v + 1 backward, for u >= 1
+    first = dsl.compare("eq", u, dsl.const(0))
+
+    def here(e):
+        return substitute(e, {v: at_v})
+
+    def before(e):
+        return substitute(e, {v: prev})
+
+    axes = list(t.op.axes)
+    store_at = tuple(at_v if a is v else a for a in axes)
+    clamped = dsl.maximum(prev, dsl.const(0)) if forward else dsl.minimum(prev, dsl.const(n - 1))
+    carried = dsl.if_then_else(first, identity, t[tuple(clamped if a is v else a for a in axes)])
+    if forward:  # r from where the previous element stopped to hi(v)
+        lo = dsl.if_then_else(first, r.lo, dsl.maximum(r.lo, before(r.hi)))
+        hi = here(r.hi)
+    else:  # r from lo(v) to where the next element started
+        lo = here(r.lo)
+        hi = dsl.if_then_else(first, r.hi, dsl.minimum(r.hi, before(r.lo)))
+    lo, hi, carried = normalize(lo), normalize(hi), normalize(carried)
+    store = Store(t, store_at, dsl.cast(t.dtype, red.body), combine=red.combiner)
+    body: List = [If(cond, [store])] if cond is not None else [store]
+
+    pos = next(k for k, a in enumerate(order) if a is v)
+    outer, inner = list(order[:pos]), list(order[pos + 1:])
+    if not inner:  # v innermost: the running value stays in a register
+        scan = Scan(u, n, r, lo, hi, cond, Store(t, store_at, dsl.cast(t.dtype, red.body), combine=red.combiner))
+        return _nest(outer, shape_of, [scan], parallel), parallel
+    copy = _nest(inner, shape_of, [Store(t, store_at, carried)], parallel)
+    accumulate = [Loop(r, lo, hi, _nest(inner, shape_of, body, parallel))]
+    return _nest(outer, shape_of, [Loop(u, dsl.const(0), dsl.const(n), copy + accumulate)], parallel), parallel
+
+
+def _nest(order: Sequence[Var], shape_of: Dict[int, int], inner: List, parallel) -> List:
+    body = inner
+    for a in reversed(list(order)):
+        body = [Loop(a, dsl.const(0), dsl.const(shape_of[id(a)]), body, parallel=a is parallel)]
+    return body
+
+
+def _monotonic(t: Tensor, v: Var, moving: Expr, fixed: Expr) -> bool:
+    """True if ``moving`` never decreases along ``v`` and the rows are long enough on average
+    for a scan to pay, probed at every output point the bounds depend on."""
+    used = [a for a in t.op.axes if any(a is x for b in (moving, fixed) for x in free_vars(b))]
+    extent = dict(zip(map(id, t.op.axes), t.shape))
+    dims = tuple(extent[id(a)] for a in used)
+    if int(np.prod(dims)) > MAX_PROBE:
+        return False
+    grid = ComputeOp(tuple(used), dsl.const(0, "int64"))
+    values = []
+    for b in (moving, fixed):
+        probe = Tensor("bound", dims, "int64", ComputeOp(grid.axes, dsl.cast("int64", b)))
+        values.append(evaluate([probe], {})[0])
+    along = next(k for k, a in enumerate(used) if a is v)
+    if np.any(np.diff(values[0], axis=along) < 0):
+        return False
+    length = np.abs(values[0] - values[1])
+    return float(length.mean()) >= MIN_MEAN_EXTENT

@@ -1,0 +1,61 @@
+"""Running reductions compiled as scans (codegen/scan.py), compared with the reference evaluator.
+
+A reduction whose upper (or lower) bound moves with one output axis while the
+body does not read it is computed in linear time, each element extending the
+previous one; anything else keeps the direct reduction.
+"""
+import numpy as np
+import te_grad as tg
+
+from test_codegen import assert_kernel_matches
+
+
+def _feed(rng, *tensors):
+    return {t: rng.standard_normal(t.shape) for t in tensors}
+
+
+def test_cumsum_and_its_gradient():
+    x = tg.placeholder((37, 45), dtype="float64", name="X")
+    k = tg.reduce_axis((0, 45), "k")
+    y = tg.compute((37, 45), lambda i, j: tg.sum(x[i, k], axis=k, where=k <= j), name="cumsum")
+    head = tg.placeholder(y.shape, dtype="float64", name="head")
+    (dx,) = tg.gradient(y, [x], head=head)  # a suffix sum: the reverse scan
+    rng = np.random.default_rng(0)
+    kern, _ = assert_kernel_matches([y, dx], [x, head], _feed(rng, x, head), rtol=1e-9, atol=1e-11,
+                                    scaled=True)
+    assert kern.loops.count("carried along") == 2
+
+
+def test_running_max_and_product_with_a_condition_and_an_offset():
+    x = tg.placeholder((6, 30), dtype="float64", name="X")
+    k = tg.reduce_axis((0, 30), "k")
+    cummax = tg.compute((6, 28), lambda i, j: tg.max(x[i, k], axis=k, where=k < j + 3), name="cummax")
+    k2 = tg.reduce_axis((0, 30), "k2")
+    cumprod = tg.compute((6, 30), lambda i, j: tg.prod(1.0 + 0.01 * x[i, k2], axis=k2,
+                                                       where=(k2 <= j) & (k2 % 3 != 1)), name="cumprod")
+    k3 = tg.reduce_axis((0, 30), "k3")
+    suffix = tg.compute((6, 30), lambda i, j: tg.sum(x[i, k3] * x[i, k3], axis=k3, where=k3 >= j),
+                        name="suffix")
+    rng = np.random.default_rng(3)
+    kern, _ = assert_kernel_matches([cummax, cumprod, suffix], [x], _feed(rng, x), scaled=True)
+    assert kern.loops.count("carried along") == 3
+
+
+def test_scan_along_an_outer_axis_vectorizes_across_the_inner_one():
+    x = tg.placeholder((40, 33), dtype="float64", name="X")
+    k = tg.reduce_axis((0, 40), "k")
+    y = tg.compute((40, 33), lambda i, j: tg.sum(x[k, j], axis=k, where=k <= i), name="down")
+    kern, _ = assert_kernel_matches([y], [x], _feed(np.random.default_rng(4), x), scaled=True)
+    assert "for (is = 0; is < 40; ++is)" in kern.loops  # the scan step, outside the vectorized j
+    assert "carried along" not in kern.loops
+
+
+def test_sliding_windows_and_shrinking_bounds_stay_direct():
+    x = tg.placeholder((50,), dtype="float64", name="X")
+    k = tg.reduce_axis((0, 50), "k")
+    window = tg.compute((45,), lambda j: tg.sum(x[k], axis=k, where=(k >= j) & (k < j + 6)), name="window")
+    k2 = tg.reduce_axis((0, 50), "k2")
+    shrinking = tg.compute((50,), lambda j: tg.sum(x[k2], axis=k2, where=k2 < 50 - j), name="shrinking")
+    kern, _ = assert_kernel_matches([window, shrinking], [x], _feed(np.random.default_rng(5), x),
+                                    scaled=True)
+    assert "carried along" not in kern.loops
