@@ -18,6 +18,7 @@ from te_grad.ir import Tensor
 from .jit import compile_module
 from .kernel import CompiledStage, Kernel, default_threads
 from .llvm_emit import RUN_STAGES, emit_module, tensors_of
+from .regions import regions
 from .schedule import stages_for
 
 __all__ = ["build", "Kernel"]
@@ -58,10 +59,9 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
         if id(t) not in index:
             index[id(t)] = len(buffers)
             buffers.append(t)
-    text, names = emit_module(stages, index, fast_math)
-    compiled = compile_module(text, names + [RUN_STAGES])
-    compiled_stages = [CompiledStage(s, compiled.addresses[nm], [index[id(t)] for t in tensors_of(s)],
-                                     tensor_iterations(s.tensor))
-                       for s, nm in zip(stages, names)]
-    return Kernel(simplified, inputs, buffers, compiled_stages, compiled,
+    text, _ = emit_module(stages, index, fast_math)
+    compiled = compile_module(text, [RUN_STAGES])
+    compiled_stages = [CompiledStage(s, [index[id(t)] for t in tensors_of(s)], tensor_iterations(s.tensor))
+                       for s in stages]
+    return Kernel(simplified, inputs, buffers, compiled_stages, regions(stages), compiled,
                   threads if threads is not None else default_threads())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -15,9 +16,12 @@ from te_grad.ir import Tensor
 from .llvm_emit import RUN_STAGES
 from .loopir import Stage, program_text
 
-#: below this many innermost iterations a stage runs on one thread: handing work to
+#: below this many innermost iterations a run of stages stays on one thread: handing work to
 #: another thread costs about 20 µs, more than splitting saves on smaller stages
 PARALLEL_THRESHOLD = 200_000
+
+#: the parallel range given to stages run whole (each clamps it to its own loop)
+_WHOLE = 1 << 62
 
 _pools: Dict[int, ThreadPoolExecutor] = {}
 
@@ -38,12 +42,13 @@ def default_threads() -> int:
 
 
 class CompiledStage:
-    def __init__(self, stage: Stage, address: int, buffers: List[int], work: int):
+    """A stage of a kernel: its loops, the kernel buffers it uses (in argument order) and
+    its innermost iterations."""
+
+    def __init__(self, stage: Stage, buffers: List[int], work: int):
         self.stage = stage
-        self.buffers = buffers  # indices into the kernel's buffer list, in argument order
+        self.buffers = buffers
         self.work = work
-        argtypes = [ctypes.c_void_p] * len(buffers) + [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-        self.fn = ctypes.CFUNCTYPE(ctypes.c_int32, *argtypes)(address)
 
 
 class Kernel:
@@ -56,36 +61,42 @@ class Kernel:
     """
 
     def __init__(self, outputs: Sequence[Tensor], inputs: Sequence[Tensor], buffers: Sequence[Tensor],
-                 stages: Sequence[CompiledStage], compiled, threads: int):
+                 stages: Sequence[CompiledStage], regions: Sequence[Tuple[int, int]], compiled, threads: int):
         self.outputs = list(outputs)
         self.inputs = list(inputs)
         self.buffers = list(buffers)
         self.stages = list(stages)
+        self.regions = list(regions)  # runs of stages a thread can go through without waiting
         self._compiled = compiled  # keeps the JIT engine (and so the machine code) alive
         self.threads = threads
         self._index = {id(t): n for n, t in enumerate(self.buffers)}
         self._plans: Dict[int, List[Tuple[int, int, bool]]] = {}
+        given = {id(t) for t in self.inputs} | {id(t) for t in self.outputs}
+        self._intermediates = [n for n, t in enumerate(self.buffers) if id(t) not in given]
+        self._scratch: List[Dict[int, np.ndarray]] = []
+        self._lock = threading.Lock()
         run_stages = compiled.addresses[RUN_STAGES]
         self._run_stages = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                            ctypes.c_void_p)(run_stages)
+                                            ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)(run_stages)
 
     def _plan(self) -> List[Tuple[int, int, bool]]:
-        """Runs of stages ``(first, last, shared)``: a shared stage is split among threads; runs
-        of the others go to native code in one call."""
+        """Runs of stages ``(first, last, shared)``: a shared run is one parallel region split
+        among the threads; consecutive runs too small to share go to native code in one call."""
         cached = self._plans.get(self.threads)
         if cached is not None:
             return cached
         runs: List[Tuple[int, int, bool]] = []
-        for k, cs in enumerate(self.stages):
-            shared = self.threads > 1 and cs.work >= PARALLEL_THRESHOLD and cs.stage.parallel_extent > 1
+        for first, last in self.regions:
+            extent = self.stages[first].stage.parallel_extent
+            work = sum(cs.work for cs in self.stages[first:last])
+            shared = self.threads > 1 and work >= PARALLEL_THRESHOLD and extent > 1
             if runs and not shared and not runs[-1][2]:
-                runs[-1] = (runs[-1][0], k + 1, False)
+                runs[-1] = (runs[-1][0], last, False)
             else:
-                runs.append((k, k + 1, shared))
+                runs.append((first, last, shared))
         self._plans[self.threads] = runs
         return runs
 
-    # -- inspection ---------------------------------------------------------------------
     @property
     def loops(self) -> str:
         return program_text([s.stage for s in self.stages])
@@ -119,21 +130,12 @@ class Kernel:
         for t, a in zip(self.outputs, outs):
             if values[self._index[id(t)]] is None:
                 values[self._index[id(t)]] = a
-        for n, t in enumerate(self.buffers):
-            if values[n] is None:
-                values[n] = np.empty(t.shape, dtype=np.bool_ if t.dtype == "bool" else t.dtype)
-        pointers = [a.ctypes.data for a in values]
-        table = None
-        for first, last, shared in self._plan():
-            if shared:
-                self._run(self.stages[first], pointers)
-                continue
-            if table is None:
-                table = (ctypes.c_void_p * len(pointers))(*pointers)
-            err = (ctypes.c_int64 * 4)()
-            rc = self._run_stages(table, first, last, ctypes.addressof(err))
-            if rc:
-                self._check(self.stages[err[3]], [(rc, list(err))])
+        scratch = self._take_scratch()
+        try:
+            self._run_all(values, scratch)
+        finally:
+            with self._lock:
+                self._scratch.append(scratch)
         results = []
         for t, a in zip(self.outputs, outs):
             src = values[self._index[id(t)]]
@@ -141,6 +143,26 @@ class Kernel:
                 a[...] = src
             results.append(a)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _take_scratch(self) -> Dict[int, np.ndarray]:
+        """Buffers for the intermediates of one call: allocated once, kept by the kernel and
+        reused (a set per concurrent call), so that calls do not fault in fresh pages."""
+        with self._lock:
+            if self._scratch:
+                return self._scratch.pop()
+        return {n: np.empty(t.shape, dtype=np.bool_ if t.dtype == "bool" else t.dtype)
+                for n in self._intermediates for t in [self.buffers[n]]}
+
+    def _run_all(self, values, scratch):
+        for n, a in scratch.items():
+            if values[n] is None:
+                values[n] = a
+        table = (ctypes.c_void_p * len(values))(*[a.ctypes.data for a in values])
+        for first, last, shared in self._plan():
+            if shared:
+                self._run_shared(table, first, last)
+            else:
+                self._check(self._run_range(table, first, last, 0, _WHOLE))
 
     def _out_arrays(self, out) -> List[np.ndarray]:
         if out is None:
@@ -157,34 +179,36 @@ class Kernel:
                 raise UserError(f"out array for {t.name} must be C-contiguous and writeable")
         return out
 
-    def _run(self, cs: CompiledStage, pointers):
-        """One stage split among the threads."""
-        args = [pointers[b] for b in cs.buffers]
-        extent = cs.stage.parallel_extent
+    def _run_shared(self, table, first: int, last: int):
+        """Stages ``[first, last)`` (one region) with their parallel range split among threads."""
+        extent = self.stages[first].stage.parallel_extent
         threads = min(self.threads, extent)
         bounds = [extent * k // threads for k in range(threads + 1)]
         chunks = [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
         # the calling thread takes the last chunk itself: one hand-off fewer
-        futures = [_pool(self.threads).submit(self._call, cs, args, lo, hi) for lo, hi in chunks[:-1]]
-        mine = self._call(cs, args, *chunks[-1])
-        self._check(cs, [f.result() for f in futures] + [mine])
+        futures = [_pool(self.threads).submit(self._run_range, table, first, last, lo, hi)
+                   for lo, hi in chunks[:-1]]
+        mine = self._run_range(table, first, last, *chunks[-1])
+        for result in [f.result() for f in futures] + [mine]:
+            self._check(result)
 
-    @staticmethod
-    def _call(cs: CompiledStage, args, lo: int, hi: int):
+    def _run_range(self, table, first: int, last: int, lo: int, hi: int):
         err = (ctypes.c_int64 * 4)()
-        rc = cs.fn(*args, lo, hi, ctypes.addressof(err))
+        rc = self._run_stages(table, first, last, lo, hi, ctypes.addressof(err))
         return rc, list(err)
 
-    def _check(self, cs: CompiledStage, results):
-        for rc, err in results:
-            if rc == 0:
-                continue
-            tensor = self.buffers[err[0]] if 0 <= err[0] < len(self.buffers) else None
-            name = tensor.name if tensor is not None else "?"
-            if rc == 1:
-                raise UserError(f"index {err[2]} is out of range [0, {tensor.shape[err[1]]}) for "
-                                f"dimension {err[1]} of tensor {name} (a data-dependent index, "
-                                f"while computing {cs.stage.tensor.name})")
-            if rc == 2:
-                raise UserError(f"integer division by zero while computing {name}")
-            raise InternalError(f"stage {cs.stage.tensor.name} returned code {rc}")
+    def _check(self, result):
+        """Raise the error a run of stages returned, if any (``err[3]`` is the failing stage)."""
+        rc, err = result
+        if rc == 0:
+            return
+        stage = self.stages[err[3]].stage.tensor.name
+        tensor = self.buffers[err[0]] if 0 <= err[0] < len(self.buffers) else None
+        name = tensor.name if tensor is not None else "?"
+        if rc == 1:
+            raise UserError(f"index {err[2]} is out of range [0, {tensor.shape[err[1]]}) for "
+                            f"dimension {err[1]} of tensor {name} (a data-dependent index, "
+                            f"while computing {stage})")
+        if rc == 2:
+            raise UserError(f"integer division by zero while computing {name}")
+        raise InternalError(f"stage {stage} returned code {rc}")

@@ -443,10 +443,11 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
     """One LLVM module with a function per stage: ``(module text, function names)``.
 
     It also defines :data:`RUN_STAGES`, ``i32 run_stages(i8** buffers, i64 first,
-    i64 last, i64* err)``: stages ``first`` to ``last - 1`` over their whole parallel
-    range, the kernel's buffers by index; on an error it returns the stage's code
-    and writes the stage's number to ``err[3]``. A kernel whose stages are too small
-    to share among threads runs with one call.
+    i64 last, i64 lo, i64 hi, i64* err)``: stages ``first`` to ``last - 1``, each over
+    ``[lo, hi)`` of its parallel loop (clamped to the loop), the kernel's buffers by
+    index; on an error it returns the stage's code and writes the stage's number to
+    ``err[3]``. Stages too small to share among threads run in one call, and so does
+    each thread's share of a parallel region (:mod:`.regions`).
     """
     module = ir.Module(name="te_grad")
     names, functions = [], []
@@ -462,9 +463,9 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
 
 def _emit_run_stages(module: ir.Module, stages: Sequence[Stage], functions, buffer_index: Dict[int, int]):
     i8p = ir.PointerType(I8)
-    fn = ir.Function(module, ir.FunctionType(I32, [ir.PointerType(i8p), I64, I64, ir.PointerType(I64)]),
-                     RUN_STAGES)
-    bufs, first, last, err = fn.args
+    fn = ir.Function(module, ir.FunctionType(I32, [ir.PointerType(i8p), I64, I64, I64, I64,
+                                                   ir.PointerType(I64)]), RUN_STAGES)
+    bufs, first, last, lo, hi, err = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     for k, (stage, callee) in enumerate(zip(stages, functions)):
         run, skip = fn.append_basic_block(f"run{k}"), fn.append_basic_block(f"after{k}")
@@ -475,8 +476,7 @@ def _emit_run_stages(module: ir.Module, stages: Sequence[Stage], functions, buff
         for t, param in zip(tensors_of(stage), callee.args):
             slot = b.gep(bufs, [ir.Constant(I64, buffer_index[id(t)])], inbounds=True)
             args.append(b.bitcast(b.load(slot), param.type))
-        extent = ir.Constant(I64, max(stage.parallel_extent, 1))
-        rc = b.call(callee, args + [ir.Constant(I64, 0), extent, err])
+        rc = b.call(callee, args + [lo, hi, err])
         failed = fn.append_basic_block(f"failed{k}")
         b.cbranch(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), failed, skip)
         b.position_at_end(failed)

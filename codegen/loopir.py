@@ -107,6 +107,8 @@ class Stage:
     body: List[Stmt]
     parallel_extent: int = 0
     checked_reads: List[Expr] = field(default_factory=list)
+    #: the output axis split among threads, when the parallel loop runs over one (not a tile index)
+    parallel_axis: Optional[Var] = None
 
 
 _COMBINE_SYM = {"sum": "+=", "prod": "*=", "max": "max=", "min": "min="}

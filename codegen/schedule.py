@@ -256,7 +256,7 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
             scan = scan_nests(t, order, shape_of, red, cond)
             if scan is not None:  # it writes every element: no initialization
                 body, par = scan
-                return Stage(t, body, shape_of[id(par)] if par is not None else 0)
+                return Stage(t, body, shape_of[id(par)] if par is not None else 0, parallel_axis=par)
         mods = _class_moduli(axes, shape, red, cond, parallel)
         for view in congruence.class_views(axes, shape, mods):
             if view.mapping:
@@ -266,7 +266,7 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
             stmts += _term_nests(t, view, red_axes, value, cond_v, red.combiner, parallel)
     extent = dict(zip(map(id, axes), shape))
     par_extent = extent[id(parallel)] if parallel is not None else 0
-    return Stage(t, stmts, par_extent)
+    return Stage(t, stmts, par_extent, parallel_axis=parallel)
 
 
 def _class_moduli(axes, shape, red: Reduce, cond: Optional[Expr], parallel) -> Dict[int, int]:
@@ -476,7 +476,7 @@ def scatter_stages(t: Tensor) -> List[Stage]:
     store = Store(t, op.indices, dsl.cast(t.dtype, op.value), combine="sum", checked=True)
     inner = [If(op.where, [store])] if op.where is not None else [store]
     acc = _nest(list(op.axes), {id(r): (r.lo, r.hi) for r in op.axes}, inner, None)
-    return [Stage(t, zero, t.shape[0] if axes else 0), Stage(t, acc, 0)]
+    return [Stage(t, zero, t.shape[0] if axes else 0, parallel_axis=parallel), Stage(t, acc, 0)]
 
 
 def stages_for(outputs: Sequence[Tensor]) -> List[Stage]:

@@ -621,3 +621,17 @@ def test_without_fast_math_a_sum_adds_in_order():
     sequential = np.cumsum(xv, axis=1, dtype=np.float32)[:, -1]
     np.testing.assert_array_equal(tg.build([s], inputs=[x], fast_math=False)(xv), sequential)
     assert not np.array_equal(tg.build([s], inputs=[x])(xv), sequential)  # lanes do reassociate
+
+
+def test_intermediate_buffers_are_reused_across_calls_without_stale_values():
+    """Intermediates live in buffers the kernel keeps; each call overwrites all of them."""
+    x = ph((40, 30), "X")
+    k = tg.reduce_axis((0, 30), "k")
+    rows = tg.compute((40,), lambda i: tg.sum(tg.exp(x[i, k]), axis=k), name="rows")
+    y = tg.compute((40, 30), lambda i, j: tg.exp(x[i, j]) / rows[i], name="y")
+    kern = tg.build([y], inputs=[x])
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        xv = rng.standard_normal((40, 30))
+        assert_same(kern(xv), tg.evaluate([y], {x: xv})[0], what="y")
+    assert len(kern._scratch) == 1  # one set of intermediates, kept

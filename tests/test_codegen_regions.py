@@ -1,0 +1,66 @@
+"""Parallel regions: consecutive stages that threads run without waiting for each other.
+
+Every stage is forced onto the thread pool (threshold 0) so that the regions
+are exercised on small shapes; results must equal the evaluator's.
+"""
+import numpy as np
+import pytest
+
+import codegen.kernel
+import te_grad as tg
+from te_grad import nn
+
+from test_codegen import assert_kernel_matches
+
+
+@pytest.fixture
+def always_parallel(monkeypatch):
+    monkeypatch.setattr(codegen.kernel, "PARALLEL_THRESHOLD", 0)
+
+
+def _with_gradient(y, inputs, rng):
+    head = tg.placeholder(y.shape, dtype="float64", name="head")
+    grads = list(tg.gradient(y, inputs, head=head))
+    feed = {t: rng.standard_normal(t.shape) for t in inputs + [head]}
+    return [y] + grads, inputs + [head], feed
+
+
+def _graphs():
+    rng = np.random.default_rng(0)
+    x = tg.placeholder((13, 17), dtype="float64", name="X")
+    yield "softmax", _with_gradient(nn.softmax(x), [x], rng)
+    g = tg.placeholder((17,), dtype="float64", name="g")
+    b = tg.placeholder((17,), dtype="float64", name="b")
+    yield "layer_norm", _with_gradient(nn.layer_norm(x, g, b), [x, g, b], rng)
+    q, k, v = (tg.placeholder((3, 9, 5), dtype="float64", name=n) for n in "QKV")
+    att = nn.batch_matmul(nn.softmax(nn.batch_matmul(q, k, transpose_b=True)), v)
+    yield "attention", _with_gradient(att, [q, k, v], rng)
+    xi = tg.placeholder((2, 3, 10, 10), dtype="float64", name="XI")
+    w = tg.placeholder((4, 3, 3, 3), dtype="float64", name="W")
+    yield "conv_s2", _with_gradient(nn.conv2d(xi, w, stride=2, padding=1), [xi, w], rng)
+    kk = tg.reduce_axis((0, 17), "kk")
+    yield "cumsum", _with_gradient(tg.compute((13, 17), lambda i, j: tg.sum(x[i, kk], axis=kk, where=kk <= j),
+                                              name="cumsum"), [x], rng)
+
+
+@pytest.mark.parametrize("name,graph", list(_graphs()), ids=[n for n, _ in _graphs()])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_regions_match_the_evaluator(always_parallel, name, graph, threads):
+    outs, inputs, feed = graph
+    kern, _ = assert_kernel_matches(outs, inputs, feed, threads=threads, rtol=1e-9, atol=1e-11, scaled=True)
+    assert all(shared for _, _, shared in kern._plan())
+
+
+def test_row_local_stages_share_one_region_and_a_transposed_read_starts_another(always_parallel):
+    x = tg.placeholder((30, 20), dtype="float64", name="X")
+    k = tg.reduce_axis((0, 20), "k")
+    rows = tg.compute((30,), lambda i: tg.sum(x[i, k] * x[i, k], axis=k), name="rows")
+    scaled = tg.compute((30, 20), lambda i, j: x[i, j] / (1.0 + rows[i]), name="scaled")
+    k2 = tg.reduce_axis((0, 20), "k2")
+    again = tg.compute((30,), lambda i: tg.max(scaled[i, k2], axis=k2), name="again")
+    crossed = tg.compute((30, 30), lambda i, j: again[j] - scaled[i, 0] * again[i], name="crossed")
+    feed = {x: np.random.default_rng(1).standard_normal(x.shape)}
+    kern, _ = assert_kernel_matches([crossed], [x], feed, threads=3, rtol=1e-12, atol=1e-12)
+    names = [cs.stage.tensor.name for cs in kern.stages]
+    regions = [[names[n] for n in range(a, b)] for a, b in kern.regions]
+    assert ["rows", "scaled", "again"] in regions and ["crossed"] in regions
