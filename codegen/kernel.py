@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -182,8 +183,9 @@ class Kernel:
     def _run_shared(self, table, first: int, last: int):
         """Stages ``[first, last)`` (one region) with their parallel range split among threads."""
         extent = self.stages[first].stage.parallel_extent
+        granule = math.lcm(*[cs.stage.parallel_granule for cs in self.stages[first:last]])
         threads = min(self.threads, extent)
-        bounds = [extent * k // threads for k in range(threads + 1)]
+        bounds = [0] + [extent * k // threads // granule * granule for k in range(1, threads)] + [extent]
         chunks = [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
         # the calling thread takes the last chunk itself: one hand-off fewer
         futures = [_pool(self.threads).submit(self._run_range, table, first, last, lo, hi)

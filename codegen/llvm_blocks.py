@@ -74,8 +74,8 @@ class RegisterBlockEmitter:
                                          None))
         for start, keep_from in tail:
             one_block(ir.Constant(I64, start), keep_from)
-        if blk.jam_var is not None:
-            del self.env[id(blk.jam_var)]
+        for var, _, _ in blk.jams:
+            self.env.pop(id(var), None)
 
     def reduction_lanes(self, blk: RegisterBlock, width: int, starts, accs, iota):
         """Lanes along a reduce axis: vectors accumulate across every loop, lanes combine at the end."""
@@ -107,8 +107,8 @@ class RegisterBlockEmitter:
             total = self.horizontal(st.combine, dt, self.b.load(acc), width)
             ptr = self.address(st.tensor, [self.expr(i) for i in st.indices])
             self.store_scalar(st.tensor, self.combine(st.combine, dt, self.load_scalar(st.tensor, ptr), total), ptr)
-        if blk.jam_var is not None:
-            del self.env[id(blk.jam_var)]
+        for var, _, _ in blk.jams:
+            self.env.pop(id(var), None)
 
     def horizontal(self, op: str, dt: str, vec, width: int):
         """The lanes of ``vec`` combined into one value, in whole vectors: register-sized
@@ -130,11 +130,10 @@ class RegisterBlockEmitter:
             acc = self.combine(op, dt, part(acc, 0, n), part(acc, n, n))
         return self.b.extract_element(acc, ir.Constant(I32, 0))
 
-    def bind_jam(self, blk: RegisterBlock, j: int):
-        if blk.jam_var is not None:
-            outer = self.env[id(blk.jam_outer)]
-            self.env[id(blk.jam_var)] = self.b.add(self.b.mul(outer, ir.Constant(I64, blk.jam)),
-                                                   ir.Constant(I64, j))
+    def bind_jam(self, blk: RegisterBlock, copy: int):
+        for var, outer, f, offset in blk.jam_values(copy):
+            self.env[id(var)] = self.b.add(self.b.mul(self.env[id(outer)], ir.Constant(I64, f)),
+                                           ir.Constant(I64, offset))
 
     def block_loops(self, blk: RegisterBlock, k: int, st: Store, accs, lanes_of):
         """The block's loops; innermost, ``lanes_of(accumulate)`` calls ``accumulate(lanes, mask)``
@@ -189,11 +188,11 @@ class RegisterBlockEmitter:
         if any(not vectorizable(p, dt) for p in parts):
             return None
         ranges = dict(self.ranges)
-        if blk.jam_var is not None:
-            outer = ranges.get(id(blk.jam_outer))
+        for var, outer_var, f in blk.jams:
+            outer = ranges.get(id(outer_var))
             if outer is None:
                 return None
-            ranges[id(blk.jam_var)] = (outer[0] * blk.jam, outer[1] * blk.jam + blk.jam - 1)
+            ranges[id(var)] = (outer[0] * f, outer[1] * f + f - 1)
         for lp in blk.loops:
             lo_iv, hi_iv = interval(lp.lo, ranges), interval(lp.hi, ranges)
             if lo_iv is None or hi_iv is None:
@@ -207,7 +206,7 @@ class RegisterBlockEmitter:
         n = hi - lo
         if n < lanes:
             return None
-        budget = 8 // blk.jam  # accumulator registers for each jammed copy
+        budget = max(1, 12 // blk.jam)  # accumulator registers for each jammed copy
         # a power-of-two number of registers (LLVM splits other vector lengths into scalars
         # across loops): the widest computing at most 1/8 more lanes than the row has, else
         # the one computing the fewest

@@ -84,9 +84,14 @@ class StageEmitter(RegisterBlockEmitter):
 
     def loop(self, s: Loop, split: bool):
         lo, hi = self.expr(s.lo), self.expr(s.hi)
-        if split:  # this thread's share of the parallel loop
-            lo = self.b.select(self.b.icmp_signed(">", self.lo, lo), self.lo, lo)
-            hi = self.b.select(self.b.icmp_signed("<", self.hi, hi), self.hi, hi)
+        if split:  # this thread's share of the parallel loop (in blocks of ``scale`` indices)
+            first, end = self.lo, self.hi
+            if s.scale > 1:
+                up = ir.Constant(I64, s.scale - 1)
+                first = self.b.sdiv(self.b.add(first, up), ir.Constant(I64, s.scale))
+                end = self.b.sdiv(self.b.add(end, up), ir.Constant(I64, s.scale))
+            lo = self.b.select(self.b.icmp_signed(">", first, lo), first, lo)
+            hi = self.b.select(self.b.icmp_signed("<", end, hi), end, hi)
         lo_iv, hi_iv = interval(s.lo, self.ranges), interval(s.hi, self.ranges)
 
         def body(i):

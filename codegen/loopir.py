@@ -8,7 +8,7 @@ expressions inside them are ordinary te_grad expressions without reductions
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 from te_grad.evaluator import identity_of
 from te_grad import dsl
@@ -24,6 +24,9 @@ class Loop:
     hi: Expr
     body: List["Stmt"]
     parallel: bool = False
+    #: a parallel loop over blocks of ``scale`` consecutive indices of the split axis
+    #: (threads get ranges that are whole blocks)
+    scale: int = 1
 
 
 @dataclass
@@ -60,22 +63,37 @@ class RegisterBlock:
     loops: List[Loop]  # bodies unused: only (var, lo, hi), outer first
     cond: Optional[Expr]
     store: "Store"
-    #: unroll-and-jam: the block also covers ``jam`` consecutive values of the output
-    #: variable ``jam_var``, whose enclosing loop runs over ``jam_outer`` (= jam_var // jam)
-    jam_var: Optional[Var] = None
-    jam_outer: Optional[Var] = None
-    jam: int = 1
+    #: unroll-and-jam: the block also covers ``factor`` consecutive values of each output
+    #: variable ``var`` of ``(var, outer, factor)``, whose enclosing loop runs over
+    #: ``outer`` (= var // factor); the first varies slowest among the copies
+    jams: Tuple[Tuple[Var, Var, int], ...] = ()
     #: the lanes run along a reduce axis: the vector accumulates over all the loops and
     #: its lanes are combined once at the end
     reduce_lanes: bool = False
+
+    @property
+    def jam(self) -> int:
+        """How many jammed copies the block computes."""
+        n = 1
+        for _, _, f in self.jams:
+            n *= f
+        return n
+
+    def jam_values(self, copy: int):
+        """``[(var, outer, offset)]``: copy ``copy`` computes ``var = outer * factor + offset``."""
+        out = []
+        for var, outer, f in reversed(self.jams):
+            out.append((var, outer, f, copy % f))
+            copy //= f
+        return list(reversed(out))
 
     def plain(self) -> List["Stmt"]:
         inner = [If(self.cond, [self.store])] if self.cond is not None else [self.store]
         body: List["Stmt"] = [Loop(self.var, self.lo, self.hi, inner)]
         for lp in reversed(self.loops):
             body = [Loop(lp.var, lp.lo, lp.hi, body)]
-        if self.jam_var is not None:
-            body = [Loop(self.jam_var, self.jam_outer * self.jam, self.jam_outer * self.jam + self.jam, body)]
+        for var, outer, f in reversed(self.jams):
+            body = [Loop(var, outer * f, outer * f + f, body)]
         return body
 
 
@@ -109,6 +127,8 @@ class Stage:
     checked_reads: List[Expr] = field(default_factory=list)
     #: the output axis split among threads, when the parallel loop runs over one (not a tile index)
     parallel_axis: Optional[Var] = None
+    #: threads must get ranges of the split axis that are multiples of this
+    parallel_granule: int = 1
 
 
 _COMBINE_SYM = {"sum": "+=", "prod": "*=", "max": "max=", "min": "min="}

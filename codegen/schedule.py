@@ -17,6 +17,7 @@ checked indices.
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -194,40 +195,71 @@ def _accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out
         block = RegisterBlock(inner_var, *bounds[id(inner_var)], loops, cond, store,
                               reduce_lanes=not inner_is_output)
         outer = list(order[:k])
-        jam = _jam_choice(outer, bounds, store, parallel, out_axes)
-        if jam is not None:
-            var, factor = jam
-            block.jam_var, block.jam_outer, block.jam = var, Var(var.name + "o"), factor
+        bounds = dict(bounds)
+        jams = []
+        scaled = None
+        for var, factor in _jam_choices(outer, bounds, store, parallel, out_axes):
+            jam_outer = Var(var.name + "o")
+            jams.append((var, jam_outer, factor))
             n = int(bounds[id(var)][1].value)
-            bounds = dict(bounds)
-            bounds[id(block.jam_outer)] = (dsl.const(0), dsl.const(n // factor))
-            outer = [block.jam_outer if v is var else v for v in outer]
-        return _nest(outer, bounds, [block], parallel)
+            bounds[id(jam_outer)] = (dsl.const(0), dsl.const(n // factor))
+            outer = [jam_outer if v is var else v for v in outer]
+            if var is parallel:
+                scaled = (jam_outer, factor)
+        block.jams = tuple(jams)
+        body: List = [block]
+        for v in reversed(outer):
+            lo, hi = bounds[id(v)]
+            if scaled is not None and v is scaled[0]:  # threads take whole blocks of the split axis
+                body = [Loop(v, lo, hi, body, parallel=True, scale=scaled[1])]
+            else:
+                body = [Loop(v, lo, hi, body, parallel=v is parallel)]
+        return body
     inner = [If(cond, [store])] if cond is not None else [store]
     return _nest(order, bounds, inner, parallel)
 
 
-def _jam_choice(outer: List[Var], bounds, store: Store, parallel, out_axes):
-    """An output loop to unroll-and-jam into the register block, with its factor, or None.
+#: most accumulator vectors of jammed copies, and the fewest blocks a jammed split axis keeps
+MAX_COPIES = 12
+MIN_SPLIT_BLOCKS = 8
 
-    It must not be the parallel loop, must run over ``[0, n)`` with ``n`` divisible by the
-    factor, must not bound other loops, and some read of the body must not depend on it
-    (that read is then shared by the jammed copies)."""
+
+def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes) -> List[Tuple[Var, int]]:
+    """Output loops to unroll-and-jam into the register block, with their factors.
+
+    Each must run over ``[0, n)`` with ``n`` divisible by its factor, must not bound other
+    loops, and some read of the body must not depend on it (that read is then shared by
+    the jammed copies). First the innermost such loop that is not split among threads,
+    by 4 or 2; then the split loop itself, by the largest of 4, 3, 2 keeping at most
+    :data:`MAX_COPIES` copies and :data:`MIN_SPLIT_BLOCKS` blocks for the threads."""
     reads = reads_in(store.value)
-    for v in reversed(outer):
-        if v is parallel or not any(v is a for a in out_axes):
-            continue
+
+    def eligible(v):
+        if not any(v is a for a in out_axes):
+            return False
         lo, hi = bounds[id(v)]
         if not (isinstance(lo, Const) and lo.value == 0 and isinstance(hi, Const)):
-            continue
+            return False
         if any(v is x for w in outer for b in bounds[id(w)] for x in free_vars(b)):
-            continue
-        if not any(all(not any(x is v for x in free_vars(i)) for i in r.indices) for r in reads):
-            continue
-        for factor in (4, 2):
-            if hi.value % factor == 0 and hi.value >= factor:
-                return v, factor
-    return None
+            return False
+        return any(all(not any(x is v for x in free_vars(i)) for i in r.indices) for r in reads)
+
+    chosen: List[Tuple[Var, int]] = []
+    for v in reversed(outer):
+        if v is not parallel and eligible(v):
+            n = bounds[id(v)][1].value
+            factor = next((f for f in (4, 2) if n % f == 0 and n >= f), None)
+            if factor is not None:
+                chosen.append((v, factor))
+                break
+    if parallel is not None and any(parallel is v for v in outer) and eligible(parallel):
+        n = bounds[id(parallel)][1].value
+        copies = chosen[0][1] if chosen else 1
+        factor = next((f for f in (4, 3, 2) if n % f == 0 and n // f >= MIN_SPLIT_BLOCKS
+                       and copies * f <= MAX_COPIES), None)
+        if factor is not None:
+            chosen.append((parallel, factor))
+    return chosen
 
 
 def _accesses(*exprs: Optional[Expr]) -> List[Sequence[Expr]]:
@@ -266,7 +298,18 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
             stmts += _term_nests(t, view, red_axes, value, cond_v, red.combiner, parallel)
     extent = dict(zip(map(id, axes), shape))
     par_extent = extent[id(parallel)] if parallel is not None else 0
-    return Stage(t, stmts, par_extent, parallel_axis=parallel)
+    return Stage(t, stmts, par_extent, parallel_axis=parallel, parallel_granule=_granule(stmts))
+
+
+def _granule(stmts) -> int:
+    """The least common multiple of the block sizes of the parallel loops in ``stmts``."""
+    g = 1
+    for s in stmts:
+        if isinstance(s, Loop):
+            if s.parallel:
+                g = math.lcm(g, s.scale)
+            g = math.lcm(g, _granule(s.body))
+    return g
 
 
 def _class_moduli(axes, shape, red: Reduce, cond: Optional[Expr], parallel) -> Dict[int, int]:

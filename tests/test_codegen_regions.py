@@ -64,3 +64,16 @@ def test_row_local_stages_share_one_region_and_a_transposed_read_starts_another(
     names = [cs.stage.tensor.name for cs in kern.stages]
     regions = [[names[n] for n in range(a, b)] for a, b in kern.regions]
     assert ["rows", "scaled", "again"] in regions and ["crossed"] in regions
+
+
+@pytest.mark.parametrize("threads", [2, 3, 5])
+@pytest.mark.parametrize("rows", [24, 36, 64])
+def test_jammed_split_axis_gives_threads_whole_blocks(always_parallel, threads, rows):
+    """Contractions jam the axis threads split: each thread gets whole blocks of it."""
+    x = tg.placeholder((rows, 40), dtype="float64", name="X")
+    w = tg.placeholder((24, 40), dtype="float64", name="W")
+    y = nn.dense(x, w)
+    outs, inputs, feed = _with_gradient(y, [x, w], np.random.default_rng(rows))
+    kern, _ = assert_kernel_matches(outs, inputs, feed, threads=threads, rtol=1e-9, atol=1e-11, scaled=True)
+    granules = {cs.stage.parallel_granule for cs in kern.stages}
+    assert granules - {1}, "no stage jammed its split axis"
