@@ -30,8 +30,8 @@ from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Select, 
 
 from .intervals import interval, speculatable
 from .llvm_blocks import RegisterBlockEmitter
-from .llvm_types import FCMP, I1, I8, I32, I64, LIBM, LLVM_INTRINSIC, MEMORY, SCALAR, strides
-from .loopir import If, Loop, RegisterBlock, Scan, Stage, Store
+from .llvm_types import FCMP, I1, I8, I32, I64, LIBM, LLVM_INTRINSIC, MEMORY, SCALAR, SIZE, strides, vectorizable
+from .loopir import If, Loop, RegisterBlock, Scan, Stage, Store, TransposeBlock
 from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
 _VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
@@ -56,6 +56,7 @@ class StageEmitter(RegisterBlockEmitter):
         self.env: Dict[int, ir.Value] = {}
         self.ranges: Dict[int, tuple] = {}  # inclusive value ranges of the enclosing loop variables
         self.vec = None  # inside a register block: (id of its variable, lane values, width)
+        self.transposed = None  # inside a transpose block: (its read, the vector of this row)
 
     # -- statements -------------------------------------------------------------------
     def emit(self) -> ir.Function:
@@ -79,6 +80,8 @@ class StageEmitter(RegisterBlockEmitter):
                 self.register_block(s)
             elif isinstance(s, Scan):
                 self.scan(s)
+            elif isinstance(s, TransposeBlock):
+                self.transpose_block(s)
             else:
                 raise InternalError(f"unknown loop statement {s!r}")
 
@@ -157,6 +160,54 @@ class StageEmitter(RegisterBlockEmitter):
         identity = Const(identity_of(st.combine, st.tensor.dtype), st.tensor.dtype)
         self.store(Store(st.tensor, st.indices, Select(s.cond, st.value, identity), st.combine))
         return True
+
+    def transpose_block(self, blk: TransposeBlock):
+        """Eight vector loads of the crossing read, an 8 x 8 transpose in registers (three
+        rounds of shuffles), then each of the eight store rows computed as one vector."""
+        st, rd = blk.store, blk.read
+        if not vectorizable(st.value, st.tensor.dtype):
+            self.stmts(blk.plain())
+            return
+        u0, v0 = self.expr(blk.u0), self.expr(blk.v0)
+        row_t = ir.VectorType(MEMORY[rd.tensor.dtype], 8)
+        rows = []
+        self.env[id(blk.u)] = u0
+        for k in range(8):
+            self.env[id(blk.v)] = self.b.add(v0, ir.Constant(I64, k))
+            ptr = self.address(rd.tensor, [self.expr(i) for i in rd.indices])
+            rows.append(self.b.load(self.b.bitcast(ptr, ir.PointerType(row_t)), align=SIZE[rd.tensor.dtype]))
+        cols = self.transpose8(rows)
+        iota = ir.Constant(ir.VectorType(I64, 8), [ir.Constant(I64, k) for k in range(8)])
+        out_t = ir.VectorType(MEMORY[st.tensor.dtype], 8)
+        for m in range(8):
+            self.env[id(blk.u)] = self.b.add(u0, ir.Constant(I64, m))
+            self.env[id(blk.v)] = v0
+            ptr = self.address(st.tensor, [self.expr(i) for i in st.indices])
+            self.vec = (id(blk.v), self.b.add(self.splat(v0, 8), iota), 8)
+            self.transposed = (rd, cols[m])
+            value = self.as_vector(self.expr(st.value))
+            self.vec, self.transposed = None, None
+            self.b.store(value, self.b.bitcast(ptr, ir.PointerType(out_t)), align=SIZE[st.tensor.dtype])
+        del self.env[id(blk.u)], self.env[id(blk.v)]
+
+    def transpose8(self, rows):
+        """``cols[m][k] = rows[k][m]`` for eight 8-lane vectors."""
+        def shuffle(a, b, idx):
+            return self.b.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, len(idx)),
+                                                           [ir.Constant(I32, i) for i in idx]))
+        lo_pairs = [shuffle(rows[2 * k], rows[2 * k + 1], [0, 8, 1, 9, 4, 12, 5, 13]) for k in range(4)]
+        hi_pairs = [shuffle(rows[2 * k], rows[2 * k + 1], [2, 10, 3, 11, 6, 14, 7, 15]) for k in range(4)]
+        low, high = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+        quads = []
+        for half in (0, 2):
+            a, b = lo_pairs[half], lo_pairs[half + 1]
+            c, d = hi_pairs[half], hi_pairs[half + 1]
+            quads += [shuffle(a, b, low), shuffle(a, b, high), shuffle(c, d, low), shuffle(c, d, high)]
+        cols = [None] * 8
+        for m in range(4):
+            cols[m] = shuffle(quads[m], quads[m + 4], [0, 1, 2, 3, 8, 9, 10, 11])
+            cols[m + 4] = shuffle(quads[m], quads[m + 4], [4, 5, 6, 7, 12, 13, 14, 15])
+        return cols
 
     def scan(self, s: Scan):
         """A running reduction: the accumulator stays in a register across the scan steps."""
@@ -262,6 +313,8 @@ class StageEmitter(RegisterBlockEmitter):
     e_ReduceAxis = e_Var
 
     def e_Read(self, e: Read):
+        if self.transposed is not None and e is self.transposed[0]:
+            return self.transposed[1]
         if self.vec is not None and any(x is not None and id(x) == self.vec[0] for i in e.indices
                                         for x in free_vars(i)):
             return self.vector_read(e)
@@ -504,7 +557,7 @@ def tensors_of(stage: Stage) -> List[Tensor]:
             elif isinstance(s, If):
                 exprs = [s.cond]
                 walk(s.body)
-            elif isinstance(s, RegisterBlock):
+            elif isinstance(s, (RegisterBlock, TransposeBlock)):
                 walk(s.plain())
             elif isinstance(s, Scan):
                 exprs = [s.lo, s.hi, s.store.value] + list(s.store.indices) + ([s.cond] if s.cond is not None else [])

@@ -115,7 +115,23 @@ class Scan:
     store: Store  # its ``combine`` is the running combiner
 
 
-Stmt = Union[Loop, If, Store, RegisterBlock, Scan]
+@dataclass
+class TransposeBlock:
+    """``for u in [u0, u0 + 8): for v in [v0, v0 + 8): store``, where ``store`` is unit-stride
+    in ``v`` and ``read`` (in its value) unit-stride in ``u``: eight rows of ``read`` are
+    loaded as vectors and transposed in registers, then each row of the store is one vector."""
+    u: Var
+    v: Var
+    u0: Expr
+    v0: Expr
+    store: Store
+    read: Expr  # the Read node of ``store.value`` that crosses the store's layout
+
+    def plain(self) -> List["Stmt"]:
+        return [Loop(self.u, self.u0, self.u0 + 8, [Loop(self.v, self.v0, self.v0 + 8, [self.store])])]
+
+
+Stmt = Union[Loop, If, Store, RegisterBlock, Scan, TransposeBlock]
 
 
 @dataclass
@@ -154,6 +170,9 @@ def stage_text(stage: Stage, tensor_names: Namer) -> str:
                 what = "lanes of a vector accumulator" if s.reduce_lanes else \
                     "in vector registers across the loops below"
                 out.append(f"{pad}// {v}: {what}")
+                emit(s.plain(), depth)
+            elif isinstance(s, TransposeBlock):
+                out.append(f"{pad}// 8 x 8: rows of {p(s.read)} transposed in vector registers")
                 emit(s.plain(), depth)
             elif isinstance(s, Scan):
                 v, r = p(s.var), p(s.axis)

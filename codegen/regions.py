@@ -15,7 +15,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from te_grad.graph import reads_in
 
-from .loopir import If, Loop, RegisterBlock, Scan, Stage
+from .loopir import If, Loop, RegisterBlock, Scan, Stage, TransposeBlock
 
 
 def regions(stages: Sequence[Stage]) -> List[Tuple[int, int]]:
@@ -59,7 +59,7 @@ def _reads(stmts):
         elif isinstance(s, If):
             exprs = [s.cond]
             yield from _reads(s.body)
-        elif isinstance(s, RegisterBlock):
+        elif isinstance(s, (RegisterBlock, TransposeBlock)):
             yield from _reads(s.plain())
         elif isinstance(s, Scan):
             exprs = [s.lo, s.hi, s.store.value] + list(s.store.indices) + ([s.cond] if s.cond is not None else [])

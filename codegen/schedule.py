@@ -34,7 +34,7 @@ from te_grad.ir import (Binary, ComputeOp, Const, Expr, PlaceholderOp, Read, Red
                         ScatterOp, Select, Tensor, Var)
 
 from . import congruence
-from .loopir import If, Loop, RegisterBlock, Stage, Store
+from .loopir import If, Loop, RegisterBlock, Stage, Store, TransposeBlock
 from .scan import scan_nests
 
 
@@ -391,7 +391,8 @@ def _tile_transposed(t: Tensor, order: List[Var], accesses, store: Store):
         return None
     v = order[-1]
     extent = dict(zip(map(id, t.op.axes), t.shape))
-    for acc in accesses:
+    for read in reads_in(store.value):
+        acc = read.indices
         if not acc or coefficient(acc[-1], v) != 0 or all(coefficient(i, v) == 0 for i in acc):
             continue  # unit-stride or invariant in v: nothing to tile for
         u = next((x for x in order[:-1] if coefficient(acc[-1], x) in (1, -1)), None)
@@ -402,16 +403,35 @@ def _tile_transposed(t: Tensor, order: List[Var], accesses, store: Store):
     outer = [x for x in order if x is not u and x is not v]
     uo, vo, ui, vi = Var(u.name + "o"), Var(v.name + "o"), Var(u.name + "i"), Var(v.name + "i")
     nu, nv = extent[id(u)], extent[id(v)]
-    rename = {u: uo * TILE + ui, v: vo * TILE + vi}
-    body = [Store(t, tuple(substitute(i, rename) for i in store.indices), substitute(store.value, rename))]
     c = dsl.const
-    body = [Loop(vi, c(0), dsl.minimum(c(TILE), nv - vo * TILE), body)]
-    body = [Loop(ui, c(0), dsl.minimum(c(TILE), nu - uo * TILE), body)]
+    if _blocks_of_eight(t, store, read, u, v, nu, nv):  # 8 x 8 blocks transposed in registers
+        ub, vb = Var(u.name + "b"), Var(v.name + "b")
+        body = [TransposeBlock(u, v, uo * TILE + ub * 8, vo * TILE + vb * 8, store, read)]
+        body = [Loop(vb, c(0), dsl.minimum(c(TILE), nv - vo * TILE) // 8, body)]
+        body = [Loop(ub, c(0), dsl.minimum(c(TILE), nu - uo * TILE) // 8, body)]
+    else:
+        rename = {u: uo * TILE + ui, v: vo * TILE + vi}
+        body = [Store(t, tuple(substitute(i, rename) for i in store.indices), substitute(store.value, rename))]
+        body = [Loop(vi, c(0), dsl.minimum(c(TILE), nv - vo * TILE), body)]
+        body = [Loop(ui, c(0), dsl.minimum(c(TILE), nu - uo * TILE), body)]
     body = [Loop(vo, c(0), c(-(-nv // TILE)), body)]
     body = [Loop(uo, c(0), c(-(-nu // TILE)), body, parallel=True)]
     for x in reversed(outer):
         body = [Loop(x, c(0), c(extent[id(x)]), body)]
     return body, -(-nu // TILE)
+
+
+def _blocks_of_eight(t: Tensor, store: Store, read: Read, u: Var, v: Var, nu: int, nv: int) -> bool:
+    """True if the tiles can be cut into 8 x 8 blocks transposed in registers: 32-bit values,
+    extents divisible by 8, the store's row unit-stride in ``v`` and the read's in ``u``."""
+    four_bytes = ("float32", "int32")
+    if t.dtype not in four_bytes or read.tensor.dtype not in four_bytes or nu % 8 or nv % 8:
+        return False
+    last_of = [(store.indices, v, u), (read.indices, u, v)]
+    for idx, along, _ in last_of:
+        if coefficient(idx[-1], along) != 1 or any(coefficient(i, along) != 0 for i in idx[:-1]):
+            return False
+    return all(coefficient(i, v) is not None and coefficient(i, u) is not None for i in read.indices)
 
 
 def _const_bounds(ranges: Dict[int, Tuple[int, int]]) -> Dict[int, Tuple[Expr, Expr]]:

@@ -635,3 +635,21 @@ def test_intermediate_buffers_are_reused_across_calls_without_stale_values():
         xv = rng.standard_normal((40, 30))
         assert_same(kern(xv), tg.evaluate([y], {x: xv})[0], what="y")
     assert len(kern._scratch) == 1  # one set of intermediates, kept
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_transposes_in_eight_by_eight_register_blocks(threads):
+    """32-bit transposes whose extents divide by 8 go through 8 x 8 in-register transposes."""
+    rng = np.random.default_rng(5)
+    X = ph((2, 72, 80), "X", "float32")
+    Y = ph((80, 72), "Y", "float32")
+    N = ph((64, 96), "N", "int32")
+    D = ph((64, 64), "D")  # float64: the element-wise fallback
+    outs = [tg.compute((2, 80, 72), lambda b, i, j: X[b, j, i] * 2.0 + Y[i, j], name="mixed"),
+            tg.compute((96, 64), lambda i, j: N[j, i] * 3, name="int_t"),
+            tg.compute((80, 72), lambda i, j: tg.exp(X[1, j, i]) - Y[i, j] * Y[i, 0], name="exp_t"),
+            tg.compute((64, 64), lambda i, j: D[j, i], name="f64_t")]
+    feed = {X: rng.standard_normal(X.shape).astype(np.float32), Y: rng.standard_normal(Y.shape).astype(np.float32),
+            N: rng.integers(-1000, 1000, N.shape).astype(np.int32), D: rng.standard_normal(D.shape)}
+    kern, _ = assert_kernel_matches(outs, [X, Y, N, D], feed, rtol=1e-6, atol=1e-6, threads=threads)
+    assert kern.loops.count("transposed in vector registers") == 3
