@@ -165,10 +165,15 @@ def prepare_te_grad(w, arrays, head, threads):
     t2 = time.perf_counter()
     bwd = tg.build(grads, inputs=floats + data + [head_ph], threads=threads)
     t3 = time.perf_counter()
+    step = tg.build([w.output] + list(grads), inputs=floats + data + [head_ph], threads=threads)
     g = bwd(*arrays, head)
     values = [fwd(*arrays)] + (list(g) if isinstance(g, tuple) else [g])
+    for got, want in zip(step(*arrays, head), values):  # the step kernel computes the same values
+        if rel_err(got, want) > RTOL:
+            raise AssertionError("te_grad's training-step kernel disagrees with its forward and backward")
     info = dict(build_fwd_s=t1 - t0, gradient_s=t2 - t1, build_bwd_s=t3 - t2)
-    return dict(fwd=lambda: fwd(*arrays), bwd=lambda: bwd(*arrays, head)), values, info
+    return (dict(fwd=lambda: fwd(*arrays), bwd=lambda: bwd(*arrays, head), step=lambda: step(*arrays, head)),
+            values, info)
 
 
 def prepare_torch(torch, fn, arrays, n_float, head):
@@ -200,17 +205,24 @@ def prepare_jax(jax, fn, arrays, n_float, head):
         xs, data, h = args[:n_float], args[n_float:-1], args[-1]
         return jax.vjp(lambda *x: fn(*x, *data), *xs)[1](h)
 
+    def step(*args):  # the output and its gradients in one jitted call
+        xs, data, h = args[:n_float], args[n_float:-1], args[-1]
+        out, pullback = jax.vjp(lambda *x: fn(*x, *data), *xs)
+        return out, pullback(h)
+
     x64 = jax.config.read("jax_enable_x64")
     args = [jax.device_put(a if x64 or a.dtype != np.int64 else a.astype(np.int32)) for a in arrays]
     h = jax.device_put(head)
-    fwd, bwd = jax.jit(fn), jax.jit(vjp)
+    fwd, bwd, stepped = jax.jit(fn), jax.jit(vjp), jax.jit(step)
     t0 = time.perf_counter()
     out = jax.block_until_ready(fwd(*args))
     t1 = time.perf_counter()
     g = jax.block_until_ready(bwd(*args, h))
     t2 = time.perf_counter()
+    jax.block_until_ready(stepped(*args, h))
     fns = dict(fwd=lambda: jax.block_until_ready(fwd(*args)),
-               bwd=lambda: jax.block_until_ready(bwd(*args, h)))
+               bwd=lambda: jax.block_until_ready(bwd(*args, h)),
+               step=lambda: jax.block_until_ready(stepped(*args, h)))
     return fns, [np.asarray(out)] + [np.asarray(x) for x in g], \
         dict(compile_fwd_s=t1 - t0, compile_bwd_s=t2 - t1)
 
@@ -316,6 +328,7 @@ def report(recs, frameworks):
             tag = f"te_grad/{key} {what[:3]}"
             summary[tag] = dict(geomean=gmean, worst=worst[0], worst_op=worst[1], ops=len(vals))
             print(f"{tag:<20} geomean {gmean:6.2f}   worst {worst[0]:6.2f} ({worst[1]})")
+    step_table(recs, frameworks, summary)
     unstable = [f"{r['op']} {k} {what}" for r in recs for k in frameworks
                 for what in ("fwd", "bwd", "step") if r.get(k, {}).get(f"{what}_ms", 0)
                 > UNSTABLE * r[k].get(f"{what}_min_ms", math.inf)]
@@ -325,6 +338,32 @@ def report(recs, frameworks):
     passed = sum(r["ok"] and r["checked"] for r in recs)
     print(f"checks: {passed}/{len(recs)} PASS" + (f"; FAIL: {', '.join(bad)}" if bad else ""))
     return summary
+
+
+def step_table(recs, frameworks, summary):
+    """A training step: the output and every gradient from one call (te_grad: one kernel
+    computing shared tensors once; JAX: one jitted VJP; PyTorch: recorded forward + autograd)."""
+    others = [(k, s) for k, s in (("torch", "pt"), ("jax", "jax")) if k in frameworks]
+    cols = [("tg step", lambda r: r.get("te_grad", {}).get("step_ms"))]
+    for key, short in others:
+        cols += [(f"{short} step", lambda r, k=key: r.get(k, {}).get("step_ms")),
+                 (f"tg/{short}", lambda r, k=key: ratio(r, "te_grad", k, "step_ms"))]
+    header = f"{'op':<17}" + "".join(f"{c:>10}" for c, _ in cols)
+    print("\ntraining step (forward + all gradients in one call), median ms")
+    print(header)
+    print("-" * len(header))
+    for r in recs:
+        print(f"{r['op']:<17}" + "".join(f"{fmt(get(r), '.3f' if 'step' in c else '.2f'):>10}"
+                                         for c, get in cols))
+    for key, _ in others:
+        vals = [(ratio(r, "te_grad", key, "step_ms"), r["op"]) for r in recs]
+        vals = [(v, op) for v, op in vals if v]
+        if vals:
+            gmean = math.exp(sum(math.log(v) for v, _ in vals) / len(vals))
+            worst = max(vals)
+            tag = f"te_grad/{key} step"
+            summary[tag] = dict(geomean=gmean, worst=worst[0], worst_op=worst[1], ops=len(vals))
+            print(f"{tag:<20} geomean {gmean:6.2f}   worst {worst[0]:6.2f} ({worst[1]})")
 
 
 def cpu_name() -> str:
