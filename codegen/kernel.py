@@ -18,8 +18,9 @@ from .llvm_emit import RUN_STAGES
 from .loopir import Stage, program_text
 
 #: below this many innermost iterations a run of stages stays on one thread: handing work to
-#: another thread costs about 20 µs, more than splitting saves on smaller stages
-PARALLEL_THRESHOLD = 200_000
+#: another thread costs about 20 µs (more when it has to wake up), more than splitting saves
+#: on smaller runs
+PARALLEL_THRESHOLD = 500_000
 
 #: the parallel range given to stages run whole (each clamps it to its own loop)
 _WHOLE = 1 << 62

@@ -145,6 +145,8 @@ class Stage:
     parallel_axis: Optional[Var] = None
     #: threads must get ranges of the split axis that are multiples of this
     parallel_granule: int = 1
+    #: innermost iterations, when they differ from the tensor's own count (a scatter's zero-fill)
+    work: Optional[int] = None
 
 
 _COMBINE_SYM = {"sum": "+=", "prod": "*=", "max": "max=", "min": "min="}

@@ -539,7 +539,8 @@ def scatter_stages(t: Tensor) -> List[Stage]:
     store = Store(t, op.indices, dsl.cast(t.dtype, op.value), combine="sum", checked=True)
     inner = [If(op.where, [store])] if op.where is not None else [store]
     acc = _nest(list(op.axes), {id(r): (r.lo, r.hi) for r in op.axes}, inner, None)
-    return [Stage(t, zero, t.shape[0] if axes else 0, parallel_axis=parallel), Stage(t, acc, 0)]
+    zero_fill = Stage(t, zero, t.shape[0] if axes else 0, parallel_axis=parallel, work=int(np.prod(t.shape)))
+    return [zero_fill, Stage(t, acc, 0)]
 
 
 def stages_for(outputs: Sequence[Tensor]) -> List[Stage]:
