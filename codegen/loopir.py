@@ -149,6 +149,16 @@ class Stage:
     work: Optional[int] = None
 
 
+def nest(order: Sequence[Var], bounds, inner: List[Stmt], parallel: Optional[Var] = None) -> List[Stmt]:
+    """Loops over ``order`` (outermost first, ``bounds[id(var)] = (lo, hi)``) around ``inner``;
+    the loop over ``parallel`` is marked as split among threads."""
+    body = inner
+    for v in reversed(list(order)):
+        lo, hi = bounds[id(v)]
+        body = [Loop(v, lo, hi, body, parallel=v is parallel)]
+    return body
+
+
 _COMBINE_SYM = {"sum": "+=", "prod": "*=", "max": "max=", "min": "min="}
 
 

@@ -27,7 +27,7 @@ from te_grad.graph import free_vars
 from te_grad.ir import ComputeOp, Expr, Reduce, Tensor, Var
 from te_grad.transform import substitute
 
-from .loopir import If, Loop, Scan, Store
+from .loopir import If, Loop, Scan, Store, nest
 
 #: a scan replaces the direct reduction when its rows are at least this long on average
 MIN_MEAN_EXTENT = 4
@@ -87,21 +87,15 @@ def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], red: R
     store = Store(t, store_at, dsl.cast(t.dtype, red.body), combine=red.combiner)
     body: List = [If(cond, [store])] if cond is not None else [store]
 
+    full = {id(a): (dsl.const(0), dsl.const(shape_of[id(a)])) for a in order}
     pos = next(k for k, a in enumerate(order) if a is v)
     outer, inner = list(order[:pos]), list(order[pos + 1:])
     if not inner:  # v innermost: the running value stays in a register
         scan = Scan(u, n, r, lo, hi, cond, Store(t, store_at, dsl.cast(t.dtype, red.body), combine=red.combiner))
-        return _nest(outer, shape_of, [scan], parallel), parallel
-    copy = _nest(inner, shape_of, [Store(t, store_at, carried)], parallel)
-    accumulate = [Loop(r, lo, hi, _nest(inner, shape_of, body, parallel))]
-    return _nest(outer, shape_of, [Loop(u, dsl.const(0), dsl.const(n), copy + accumulate)], parallel), parallel
-
-
-def _nest(order: Sequence[Var], shape_of: Dict[int, int], inner: List, parallel) -> List:
-    body = inner
-    for a in reversed(list(order)):
-        body = [Loop(a, dsl.const(0), dsl.const(shape_of[id(a)]), body, parallel=a is parallel)]
-    return body
+        return nest(outer, full, [scan], parallel), parallel
+    copy = nest(inner, full, [Store(t, store_at, carried)], parallel)
+    accumulate = [Loop(r, lo, hi, nest(inner, full, body, parallel))]
+    return nest(outer, full, [Loop(u, dsl.const(0), dsl.const(n), copy + accumulate)], parallel), parallel
 
 
 def _monotonic(t: Tensor, v: Var, moving: Expr, fixed: Expr) -> bool:
@@ -112,10 +106,9 @@ def _monotonic(t: Tensor, v: Var, moving: Expr, fixed: Expr) -> bool:
     dims = tuple(extent[id(a)] for a in used)
     if int(np.prod(dims)) > MAX_PROBE:
         return False
-    grid = ComputeOp(tuple(used), dsl.const(0, "int64"))
     values = []
     for b in (moving, fixed):
-        probe = Tensor("bound", dims, "int64", ComputeOp(grid.axes, dsl.cast("int64", b)))
+        probe = Tensor("bound", dims, "int64", ComputeOp(tuple(used), dsl.cast("int64", b)))
         values.append(evaluate([probe], {})[0])
     along = next(k for k, a in enumerate(used) if a is v)
     if np.any(np.diff(values[0], axis=along) < 0):

@@ -34,7 +34,7 @@ from te_grad.ir import (Binary, ComputeOp, Const, Expr, PlaceholderOp, Read, Red
                         ScatterOp, Select, Tensor, Var)
 
 from . import congruence
-from .loopir import If, Loop, RegisterBlock, Stage, Store, TransposeBlock
+from .loopir import If, Loop, RegisterBlock, Stage, Store, TransposeBlock, nest
 from .scan import scan_nests
 
 
@@ -170,15 +170,6 @@ def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
 # stages
 # ---------------------------------------------------------------------------
 
-def _nest(order: List[Var], bounds: Dict[int, Tuple[Expr, Expr]], inner: List, parallel) -> List:
-    """Loops in ``order`` (outermost first) around ``inner``."""
-    body = inner
-    for v in reversed(order):
-        lo, hi = bounds[id(v)]
-        body = [Loop(v, lo, hi, body, parallel=v is parallel)]
-    return body
-
-
 def _accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_axes) -> List:
     """The loops of one reduction term; when the innermost loop runs over an output axis
     with reduce loops just outside it, those become a :class:`RegisterBlock`."""
@@ -216,7 +207,7 @@ def _accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out
                 body = [Loop(v, lo, hi, body, parallel=v is parallel)]
         return body
     inner = [If(cond, [store])] if cond is not None else [store]
-    return _nest(order, bounds, inner, parallel)
+    return nest(order, bounds, inner, parallel)
 
 
 #: most accumulator vectors of jammed copies, and the fewest blocks a jammed split axis keeps
@@ -339,17 +330,17 @@ def _elementwise_nest(t: Tensor, order: List[Var], shape, store: Store, parallel
     axes = list(t.op.axes)
     full = _const_bounds({id(a): (0, n) for a, n in zip(axes, shape)})
     if not order:  # a 0-d tensor
-        return _nest(order, full, [store], parallel)
+        return nest(order, full, [store], parallel)
     inner = order[-1]
     mods = congruence.moduli([inner], [dict(zip(map(id, axes), shape))[id(inner)]],
                              [store.value], exclude=[parallel] if parallel is not None else [])
     if not mods:
-        return _nest(order, full, [store], parallel)
+        return nest(order, full, [store], parallel)
     views = congruence.class_views([inner], [dict(zip(map(id, axes), shape))[id(inner)]], mods)
     stores = [Store(t, tuple(v.mapping.get(a, a) for a in axes), congruence.in_class(store.value, v))
               for v in views]
     full[id(views[0].axes[0])] = (dsl.const(0), dsl.const(views[0].shape[0]))
-    return _nest(order[:-1] + views[0].axes, full, stores, parallel)
+    return nest(order[:-1] + views[0].axes, full, stores, parallel)
 
 
 def _term_nests(t: Tensor, view, red_axes, value: Expr, cond: Optional[Expr], combiner: str,
@@ -534,11 +525,11 @@ def scatter_stages(t: Tensor) -> List[Stage]:
     op: ScatterOp = t.op
     axes = [Var(f"i{d}") for d in range(t.ndim)]
     parallel = axes[0] if axes else None
-    zero = _nest(axes, {id(a): (dsl.const(0), dsl.const(n)) for a, n in zip(axes, t.shape)},
+    zero = nest(axes, {id(a): (dsl.const(0), dsl.const(n)) for a, n in zip(axes, t.shape)},
                  [Store(t, tuple(axes), dsl.const(0, t.dtype))], parallel)
     store = Store(t, op.indices, dsl.cast(t.dtype, op.value), combine="sum", checked=True)
     inner = [If(op.where, [store])] if op.where is not None else [store]
-    acc = _nest(list(op.axes), {id(r): (r.lo, r.hi) for r in op.axes}, inner, None)
+    acc = nest(list(op.axes), {id(r): (r.lo, r.hi) for r in op.axes}, inner, None)
     zero_fill = Stage(t, zero, t.shape[0] if axes else 0, parallel_axis=parallel, work=int(np.prod(t.shape)))
     return [zero_fill, Stage(t, acc, 0)]
 
