@@ -59,10 +59,9 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
         if id(t) not in index:
             index[id(t)] = len(buffers)
             buffers.append(t)
-    text, _ = emit_module(stages, index, fast_math)
+    text = emit_module(stages, index, fast_math)
     compiled = compile_module(text, [RUN_STAGES])
-    compiled_stages = [CompiledStage(s, [index[id(t)] for t in tensors_of(s)],
-                                     s.work if s.work is not None else tensor_iterations(s.tensor))
+    compiled_stages = [CompiledStage(s, s.work if s.work is not None else tensor_iterations(s.tensor))
                        for s in stages]
     return Kernel(simplified, inputs, buffers, compiled_stages, regions(stages), compiled,
                   threads if threads is not None else default_threads())

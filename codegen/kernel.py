@@ -44,12 +44,10 @@ def default_threads() -> int:
 
 
 class CompiledStage:
-    """A stage of a kernel: its loops, the kernel buffers it uses (in argument order) and
-    its innermost iterations."""
+    """A stage of a kernel: its loops and its innermost iterations."""
 
-    def __init__(self, stage: Stage, buffers: List[int], work: int):
+    def __init__(self, stage: Stage, work: int):
         self.stage = stage
-        self.buffers = buffers
         self.work = work
 
 

@@ -31,7 +31,7 @@ from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Select, 
 from .intervals import interval, speculatable
 from .llvm_blocks import RegisterBlockEmitter
 from .llvm_types import FCMP, I1, I8, I32, I64, LIBM, LLVM_INTRINSIC, MEMORY, SCALAR, SIZE, strides, vectorizable
-from .loopir import If, Loop, RegisterBlock, Scan, Stage, Store, TransposeBlock
+from .loopir import If, Loop, RegisterBlock, Scan, Stage, Store, TransposeBlock, stmt_reads
 from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
 _VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
@@ -498,7 +498,7 @@ RUN_STAGES = "run_stages"
 
 
 def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math: bool = True):
-    """One LLVM module with a function per stage: ``(module text, function names)``.
+    """One LLVM module with a function per stage, as text.
 
     It also defines :data:`RUN_STAGES`, ``i32 run_stages(i8** buffers, i64 first,
     i64 last, i64 lo, i64 hi, i64* err)``: stages ``first`` to ``last - 1``, each over
@@ -508,15 +508,14 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
     each thread's share of a parallel region (:mod:`.regions`).
     """
     module = ir.Module(name="te_grad")
-    names, functions = [], []
+    functions = []
     for n, s in enumerate(stages):
         name = f"stage{n}_{s.tensor.name}"
         fn = StageEmitter(module, s, name, buffer_index, fast_math).emit()
         fn.attributes.add("noinline")  # called from run_stages too: one copy of the code
-        names.append(name)
         functions.append(fn)
     _emit_run_stages(module, stages, functions, buffer_index)
-    return str(module), names
+    return str(module)
 
 
 def _emit_run_stages(module: ir.Module, stages: Sequence[Stage], functions, buffer_index: Dict[int, int]):
@@ -547,24 +546,6 @@ def _emit_run_stages(module: ir.Module, stages: Sequence[Stage], functions, buff
 def tensors_of(stage: Stage) -> List[Tensor]:
     """The buffers a stage touches: its output first, then what it reads, in order."""
     seen = {id(stage.tensor): stage.tensor}
-
-    def walk(stmts):
-        for s in stmts:
-            exprs = []
-            if isinstance(s, Loop):
-                exprs = [s.lo, s.hi]
-                walk(s.body)
-            elif isinstance(s, If):
-                exprs = [s.cond]
-                walk(s.body)
-            elif isinstance(s, (RegisterBlock, TransposeBlock)):
-                walk(s.plain())
-            elif isinstance(s, Scan):
-                exprs = [s.lo, s.hi, s.store.value] + list(s.store.indices) + ([s.cond] if s.cond is not None else [])
-            else:
-                exprs = list(s.indices) + [s.value]
-            for e in exprs:
-                for r in reads_in(e):
-                    seen.setdefault(id(r.tensor), r.tensor)
-    walk(stage.body)
+    for r in stmt_reads(stage.body):
+        seen.setdefault(id(r.tensor), r.tensor)
     return list(seen.values())

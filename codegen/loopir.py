@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 from te_grad.evaluator import identity_of
 from te_grad import dsl
+from te_grad.graph import reads_in
 from te_grad.ir import Expr, Tensor, Var
 from te_grad.printer import ExprPrinter, Namer
 
@@ -147,6 +148,26 @@ class Stage:
     parallel_granule: int = 1
     #: innermost iterations, when they differ from the tensor's own count (a scatter's zero-fill)
     work: Optional[int] = None
+
+
+def stmt_reads(stmts: Sequence[Stmt]):
+    """Every read in ``stmts`` (loop bounds, guards, indices and values), in program order."""
+    for s in stmts:
+        if isinstance(s, Loop):
+            exprs = [s.lo, s.hi]
+        elif isinstance(s, If):
+            exprs = [s.cond]
+        elif isinstance(s, (RegisterBlock, TransposeBlock)):
+            yield from stmt_reads(s.plain())
+            continue
+        elif isinstance(s, Scan):
+            exprs = [s.lo, s.hi, s.store.value] + list(s.store.indices) + ([s.cond] if s.cond is not None else [])
+        else:
+            exprs = list(s.indices) + [s.value]
+        for e in exprs:
+            yield from reads_in(e)
+        if isinstance(s, (Loop, If)):
+            yield from stmt_reads(s.body)
 
 
 def nest(order: Sequence[Var], bounds, inner: List[Stmt], parallel: Optional[Var] = None) -> List[Stmt]:

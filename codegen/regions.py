@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence, Tuple
 
-from te_grad.graph import reads_in
-
-from .loopir import If, Loop, RegisterBlock, Scan, Stage, TransposeBlock
+from .loopir import Stage, stmt_reads
 
 
 def regions(stages: Sequence[Stage]) -> List[Tuple[int, int]]:
@@ -43,27 +41,8 @@ def _split_dim(s: Stage):
 def _joins(first: Stage, s: Stage, split_dim: Dict[int, int]) -> bool:
     if _split_dim(first) is None or s.parallel_extent != first.parallel_extent:
         return False
-    for r in _reads(s.body):
+    for r in stmt_reads(s.body):
         d = split_dim.get(id(r.tensor))
         if d is not None and r.indices[d] is not s.parallel_axis:
             return False
     return True
-
-
-def _reads(stmts):
-    for s in stmts:
-        exprs = []
-        if isinstance(s, Loop):
-            exprs = [s.lo, s.hi]
-            yield from _reads(s.body)
-        elif isinstance(s, If):
-            exprs = [s.cond]
-            yield from _reads(s.body)
-        elif isinstance(s, (RegisterBlock, TransposeBlock)):
-            yield from _reads(s.plain())
-        elif isinstance(s, Scan):
-            exprs = [s.lo, s.hi, s.store.value] + list(s.store.indices) + ([s.cond] if s.cond is not None else [])
-        else:
-            exprs = list(s.indices) + [s.value]
-        for e in exprs:
-            yield from reads_in(e)

@@ -332,11 +332,11 @@ def _elementwise_nest(t: Tensor, order: List[Var], shape, store: Store, parallel
     if not order:  # a 0-d tensor
         return nest(order, full, [store], parallel)
     inner = order[-1]
-    mods = congruence.moduli([inner], [dict(zip(map(id, axes), shape))[id(inner)]],
-                             [store.value], exclude=[parallel] if parallel is not None else [])
+    extent = [dict(zip(map(id, axes), shape))[id(inner)]]
+    mods = congruence.moduli([inner], extent, [store.value], exclude=[parallel] if parallel is not None else [])
     if not mods:
         return nest(order, full, [store], parallel)
-    views = congruence.class_views([inner], [dict(zip(map(id, axes), shape))[id(inner)]], mods)
+    views = congruence.class_views([inner], extent, mods)
     stores = [Store(t, tuple(v.mapping.get(a, a) for a in axes), congruence.in_class(store.value, v))
               for v in views]
     full[id(views[0].axes[0])] = (dsl.const(0), dsl.const(views[0].shape[0]))
