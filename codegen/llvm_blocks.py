@@ -12,12 +12,12 @@ emitted as the equivalent plain loop nest.
 """
 from __future__ import annotations
 
-from te_grad.evaluator import identity_of
+from te_grad.ops import identity_of
 from te_grad.graph import free_vars
 from simplify.linear import coefficient
 from te_grad.ir import Const, Read
 
-from .intervals import interval, speculatable
+from te_grad.intervals import interval, speculatable
 from .llvm import ir
 from .llvm_types import I32, I64, MEMORY, SCALAR, SIZE, strides, vectorizable
 from .loopir import RegisterBlock, Store

@@ -24,13 +24,13 @@ from .llvm import ir
 
 from te_grad import dtypes
 from te_grad.errors import InternalError
-from te_grad.evaluator import identity_of
+from te_grad.ops import identity_of
 from te_grad.graph import free_vars, reads_in
 from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Select, Tensor, Unary, Var)
 
-from .intervals import interval, speculatable
+from te_grad.intervals import interval, speculatable
 from .llvm_blocks import RegisterBlockEmitter
-from .llvm_types import FCMP, I1, I8, I32, I64, LIBM, LLVM_INTRINSIC, MEMORY, SCALAR, SIZE, strides, vectorizable
+from .llvm_types import FCMP, I1, I8, I32, I64, MEMORY, SCALAR, SIZE, lowering, strides, vectorizable
 from .loopir import If, Loop, RegisterBlock, Scan, Stage, Store, TransposeBlock, stmt_reads
 from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
@@ -449,22 +449,43 @@ class StageEmitter(RegisterBlockEmitter):
         return phi
 
     def e_Call(self, e: Call):
-        x = self.expr(e.args[0])
+        args = [self.expr(a) for a in e.args]
+        if len(args) > 1:
+            args = list(self.match(*args))
+        x = args[0]
         dt = e.dtype
+        how, what = lowering(e.name, dt)
         if e.name == "stop_gradient":
             return x
-        if dt == "float32" and e.name in _VECMATH:
+        if how == "inline":
             return _VECMATH[e.name](self.b, self.module, x)
         if e.name == "sigmoid":  # 1 / (1 + exp(-x)): exact limits 0 and 1 for large |x|
             one = self.const(x, 1.0)
             ex = self.call_intrinsic("llvm.exp", dt, [self.b.fneg(x)])
             return self.b.fdiv(one, self.b.fadd(one, ex))
-        if (e.name, dt) in LIBM:
-            fn = self.module.globals.get(LIBM[(e.name, dt)])
+        if how == "libm":
+            if isinstance(x.type, ir.VectorType):
+                return self.lanewise_call(what, args)
+            fn = self.module.globals.get(what)
             if fn is None:
-                fn = ir.Function(self.module, ir.FunctionType(x.type, [x.type]), LIBM[(e.name, dt)])
-            return self.b.call(fn, [x])
-        return self.call_intrinsic(LLVM_INTRINSIC[e.name], dt, [x])
+                fn = ir.Function(self.module, ir.FunctionType(x.type, [x.type] * len(args)), what)
+            return self.b.call(fn, args)
+        if how == "llvm":
+            return self.call_intrinsic(what, dt, args)
+        raise InternalError(f"no lowering for intrinsic {e.name}")
+
+    def lanewise_call(self, symbol: str, args):
+        """A scalar C function applied lane by lane to vector arguments."""
+        vt = args[0].type
+        fn = self.module.globals.get(symbol)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(vt.element, [vt.element] * len(args)), symbol)
+        out = ir.Constant(vt, ir.Undefined)
+        for k in range(vt.count):
+            lane = ir.Constant(I32, k)
+            value = self.b.call(fn, [self.b.extract_element(a, lane) for a in args])
+            out = self.b.insert_element(out, value, lane)
+        return out
 
     def call_intrinsic(self, name: str, dtype: str, args):
         args = self.match(*args)

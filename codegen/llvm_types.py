@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
+from te_grad import ops
+from te_grad.errors import InternalError
 from te_grad.graph import reads_in
 from te_grad.ir import Call, Expr, Read
 
@@ -12,11 +14,26 @@ I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 SCALAR = {"float32": ir.FloatType(), "float64": ir.DoubleType(), "int32": I32, "int64": I64, "bool": I1}
 MEMORY = dict(SCALAR, bool=I8)
 FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-LIBM = {("tanh", "float32"): "tanhf", ("tanh", "float64"): "tanh",
-         ("erf", "float32"): "erff", ("erf", "float64"): "erf"}
-LLVM_INTRINSIC = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin",
-                   "cos": "llvm.cos", "abs": "llvm.fabs", "floor": "llvm.floor", "ceil": "llvm.ceil",
-                   "trunc": "llvm.trunc", "round": "llvm.roundeven"}
+#: intrinsics with an inline vector form in float32 (:mod:`.vecmath`)
+INLINE_F32 = ("exp", "tanh", "sigmoid")
+#: intrinsics lowered to other operations (no call at all)
+EXPANDED = ("sigmoid", "stop_gradient")
+
+
+def lowering(name: str, dtype: str):
+    """How intrinsic ``name`` is lowered for ``dtype``: ``("inline", None)`` (vecmath),
+    ``("expand", None)``, ``("llvm", intrinsic)`` or ``("libm", C symbol)``, from its record."""
+    op = ops.intrinsic(name)
+    if dtype == "float32" and name in INLINE_F32:
+        return "inline", None
+    if name in EXPANDED:
+        return "expand", None
+    if op.llvm is not None:
+        return "llvm", op.llvm
+    if op.c_name is not None:
+        return "libm", op.c_name + ("f" if dtype == "float32" else "")
+    raise InternalError(f"intrinsic {name} has no native lowering: give its record in te_grad/ops.py "
+                        "an llvm intrinsic or a C math library name")
 
 
 SIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
@@ -25,7 +42,7 @@ SIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 def vectorizable(e: Expr, dtype: str) -> bool:
     """True if ``e`` has a lane-wise vector form: no opaque library calls, no data-dependent
     or boolean reads."""
-    if isinstance(e, Call) and (e.name, e.dtype) in LIBM:
+    if isinstance(e, Call) and lowering(e.name, e.dtype)[0] == "libm":
         return False
     if isinstance(e, Read):
         if e.tensor.dtype == "bool" or any(reads_in(i) for i in e.indices):

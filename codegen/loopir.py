@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple, Union
 
-from te_grad.evaluator import identity_of
+from te_grad.ops import identity_of
 from te_grad import dsl
 from te_grad.graph import reads_in
 from te_grad.ir import Expr, Tensor, Var

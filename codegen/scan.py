@@ -22,7 +22,8 @@ import numpy as np
 
 from simplify.linear import normalize
 from te_grad import dsl
-from te_grad.evaluator import evaluate, identity_of
+from te_grad.evaluator import evaluate
+from te_grad.ops import identity_of
 from te_grad.graph import free_vars
 from te_grad.ir import ComputeOp, Expr, Reduce, Tensor, Var
 from te_grad.transform import substitute

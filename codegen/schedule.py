@@ -23,9 +23,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from te_grad import dsl
-from te_grad.autodiff.normalize import normalized_body
+from te_grad.lift import normalized_body
 from te_grad.errors import InternalError
-from te_grad.evaluator import evaluate, identity_of
+from te_grad.evaluator import evaluate
+from te_grad.ops import identity_of
 from te_grad.graph import free_vars, reads_in, topo_order
 from te_grad.transform import substitute
 from simplify.affine import constant_value

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterable, List, Set, Union
 
 from te_grad.ir import Tensor
+from te_grad.verify import verify_if_enabled
 
 from .bounds import RuntimeCheck, check_bounds
 from .count import iterations
@@ -28,4 +29,5 @@ def simplify(tensors: Union[Tensor, Iterable[Tensor]], keep: Set[int] = frozense
     check_bounds(ts)
     new = simplify_graph(ts, keep)
     out = [new[id(t)] for t in ts]
+    verify_if_enabled(out, "simplify")
     return out[0] if single else out

@@ -51,18 +51,19 @@ def _count_nest(out_axes: Sequence[Var], shape: Sequence[int], loops: Sequence[R
             rest_loops.append(ax)
     if factor == 0:
         return 0
-    if not rest_loops:
-        trip = dsl.const(1)
-        body = dsl.if_then_else(dsl.all(guards), trip, dsl.const(0)) if guards else trip
+    loop_ids = {id(ax) for ax in rest_loops}
+    inner = [g for g in guards if any(id(v) in loop_ids for v in free_vars(g))]
+    outer = [g for g in guards if not any(id(v) in loop_ids for v in free_vars(g))]
+    if inner:  # a guard inside the loops (a select in an enclosing reduction): count point by point
+        body = dsl.sum(dsl.const(1), list(rest_loops), where=dsl.all(inner))
+    elif not rest_loops:
+        body = dsl.const(1)
     else:
         last = rest_loops[-1]
         trip = dsl.maximum(last.hi - last.lo, 0)
-        if len(rest_loops) > 1:
-            body = dsl.sum(trip, list(rest_loops[:-1]))
-        else:
-            body = trip
-        if guards:
-            body = dsl.if_then_else(dsl.all(guards), body, dsl.const(0))
+        body = dsl.sum(trip, list(rest_loops[:-1])) if len(rest_loops) > 1 else trip
+    if outer:
+        body = dsl.if_then_else(dsl.all(outer), body, dsl.const(0))
     counter = Tensor("count", tuple(rest_shape), "int64", ComputeOp(tuple(rest_out), body))
     return factor * int(np.sum(evaluate([counter], {})[0], dtype=np.int64))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from te_grad import dsl
-from te_grad.evaluator import identity_of
+from te_grad.ops import identity_of
 from te_grad.ir import Binary, Cast, Const, Expr, Reduce, Select, Unary, Var
 from te_grad.transform import substitute
 
@@ -106,20 +106,23 @@ class ReductionParts:
 
 
 def simplify_reduction(red: Reduce, out_axes: Sequence[Var], shape: Sequence[int]) -> Optional[Expr]:
-    """An exact replacement for ``red`` with tight loops, or None if isl cannot help."""
+    """An exact replacement for ``red`` with tight loops, or None if there is nothing to gain.
+
+    Raises :class:`~simplify.isl_bridge.Unsupported` (or its :class:`Unverified`) when isl
+    could not produce a scan that passes translation validation: the caller falls back."""
     parts = ReductionParts(red, out_axes, shape)
     if not parts.ok or (not parts.affine_conditions and not parts.residual):
         return None  # a box, or an already simplified nest: nothing to gain
-    try:
-        nests = parts.domain().scan()
-        if any(n.strided for n in nests):
-            # a strided loop vectorizes and reads badly: see whether solving for the other
-            # variables (the reverse loop order) avoids it, as for a strided conv's gradient
+    nests = parts.domain().scan()
+    if any(n.strided for n in nests):
+        # a strided loop vectorizes and reads badly: see whether solving for the other
+        # variables (the reverse loop order) avoids it, as for a strided conv's gradient
+        try:
             other = parts.domain(list(reversed(range(len(parts.dims))))).scan()
-            if sum(n.strided for n in other) < sum(n.strided for n in nests):
-                nests = other
-    except Unsupported:
-        return None
+        except Unsupported:
+            other = nests
+        if sum(n.strided for n in other) < sum(n.strided for n in nests):
+            nests = other
     identity = dsl.const(identity_of(red.combiner, red.dtype), red.dtype)
     terms = [_term(red, parts, nest, identity) for nest in nests]
     if not terms:

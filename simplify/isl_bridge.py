@@ -24,6 +24,15 @@ class Unsupported(Exception):
     """isl produced a loop form this bridge does not translate (callers fall back)."""
 
 
+class Unverified(Unsupported):
+    """No scan of the domain passed translation validation (:mod:`.validate`); the message
+    says why. Callers fall back to a form that is correct by construction."""
+
+
+#: the most schedules (orders of the dimensions) tried before a domain is given up
+MAX_ORDERS = 24
+
+
 @dataclass
 class LoopNest:
     """One piece of a scanned domain.
@@ -73,13 +82,54 @@ class Domain:
         return {n: point.get_coordinate_val(isl.dim_type.set, i).to_python() for i, n in enumerate(names)}
 
     def scan(self) -> List[LoopNest]:
-        """Loop nests that together visit every point of the domain exactly once."""
+        """Loop nests that together visit every point of the domain exactly once.
+
+        Each scan is checked by :func:`~simplify.validate.check_nests` before it is
+        returned; a scan that fails (isl's AST generator loses points of some domains
+        with several modular constraints) is retried with the dimensions in other orders,
+        and :class:`Unverified` is raised when none passes."""
+        from .validate import check_nests
         if self.set.is_empty():
             return []
+        reasons: List[str] = []
+        for order, option in self._schedules():
+            try:
+                nests = self._scan(order, option)
+            except Unsupported as err:
+                reasons.append(str(err))
+                continue
+            why = check_nests(self, nests)
+            if why is None:
+                return nests
+            reasons.append(f"the scan in order {order}{' (' + option + ')' if option else ''}: {why}")
+        raise Unverified("; ".join(dict.fromkeys(reasons)))
+
+    def _schedules(self):
+        """The requested order, its reverse, isl's 'atomic' generation of each, then other
+        orders (at most :data:`MAX_ORDERS` schedules in all)."""
+        import itertools
+        first = [list(self.order), list(reversed(self.order))]
+        tried = []
+        for option in (None, "atomic"):
+            for order in first:
+                if (order, option) not in tried:
+                    tried.append((order, option))
+        for perm in itertools.permutations(self.order):
+            if len(tried) >= MAX_ORDERS:
+                break
+            if (list(perm), None) not in tried:
+                tried.append((list(perm), None))
+        yield from tried
+
+    def _scan(self, order, option=None) -> List[LoopNest]:
+        self._current_order = order
         dnames = ", ".join(d[0] for d in self.dims)
-        snames = ", ".join(self.dims[k][0] for k in self.order)
+        snames = ", ".join(self.dims[k][0] for k in order)
         sched = isl.UnionMap.from_map(isl.Map(f"{{ S[{dnames}] -> [{snames}] }}").intersect_domain(self.set))
         build = isl.AstBuild.from_context(self.context)
+        if option is not None and order:
+            slots = ", ".join(f"s{k}" for k in range(len(order)))
+            build = build.set_options(isl.UnionMap(f"{{ [{slots}] -> {option}[x] : 0 <= x < {len(order)} }}"))
         try:
             root = build.node_from_schedule_map(sched)
         except isl.Error as err:  # e.g. "unknown divs" for some nested floor/min/max bounds
@@ -133,7 +183,7 @@ class Domain:
 
     def _hint(self, iterator: str) -> str:
         if iterator.startswith("c") and iterator[1:].isdigit() and int(iterator[1:]) < len(self.dims):
-            return self.dims[self.order[int(iterator[1:])]][1]
+            return self.dims[self._current_order[int(iterator[1:])]][1]
         return iterator
 
 

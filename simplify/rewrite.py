@@ -11,10 +11,18 @@ Tensors are processed producers first. For each compute:
 4. summed reductions over the same loops with the same filter are fused into
    one reduction (softmax's two row sums of its backward become one).
 A tensor whose body does not change is kept as the same object.
+
+When isl gives no scan of a reduction that passes translation validation
+(:mod:`.validate`), the reduction falls back to a form that is correct by
+construction: a scatter when its ``where`` pins every output index, the raw
+reduction otherwise. The tensor's op says so (``note``, shown by ``tg.show``),
+the caller's ``fallbacks`` list receives it, and a :class:`SimplificationWarning`
+names it.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Set
+import warnings
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from te_grad.graph import topo_order
 from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, Read, Reduce, Select, Tensor)
@@ -22,16 +30,26 @@ from te_grad.ir import structurally_equal
 from te_grad.transform import substitute
 from te_grad.visitor import Mutator, Visitor
 
+from te_grad.errors import SimplificationWarning
+
 from .fold import fold
 from .gather import simplify_reduction
-from .scatter import try_scatter
+from .isl_bridge import Unsupported
+from .scatter import scatter_term, try_scatter
 
 
 def summands(e: Expr) -> List[Expr]:
-    """The operands of a chain of float ``+``."""
-    if isinstance(e, Binary) and e.op == "add":
-        return summands(e.a) + summands(e.b)
-    return [e]
+    """The operands of a chain of ``+``, left to right (iterative: chains may be long)."""
+    out: List[Expr] = []
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Binary) and node.op == "add":
+            stack.append(node.b)
+            stack.append(node.a)
+        else:
+            out.append(node)
+    return out
 
 
 def _sum(terms: List[Expr]) -> Expr:
@@ -71,18 +89,36 @@ class _Redirect(Mutator):
         return Read(target, node.indices)
 
 
-def _simplify_term(t: Tensor, e: Expr) -> Expr:
+def _simplify_term(t: Tensor, e: Expr, fallbacks: List[Tuple[str, str]]) -> Expr:
     """Simplify a top-level term of ``t``'s body (a reduction, maybe guarded or cast)."""
     if isinstance(e, Reduce):
-        out = simplify_reduction(e, t.op.axes, t.shape)
+        try:
+            out = simplify_reduction(e, t.op.axes, t.shape)
+        except Unsupported as err:
+            return _fallback(t, e, str(err), fallbacks)
         return e if out is None else out
     if isinstance(e, Cast):
-        inner = _simplify_term(t, e.a)
+        inner = _simplify_term(t, e.a, fallbacks)
         return e if inner is e.a else Cast(e.dtype, inner)
     if isinstance(e, Select) and isinstance(e.f, Const) and e.f.value == 0:
-        inner = _simplify_term(t, e.t)
+        inner = _simplify_term(t, e.t, fallbacks)
         return e if inner is e.t else Select(e.cond, inner, e.f)
     return e
+
+
+def _fallback(t: Tensor, red: Reduce, reason: str, fallbacks: List[Tuple[str, str]]) -> Expr:
+    """A form of ``red`` (a term of ``t``) that is correct by construction: a scatter, or the
+    reduction itself. Recorded in ``fallbacks`` and warned about."""
+    scatter = scatter_term(f"{t.name}_scatter", t.shape, red.dtype, red, t.op.axes,
+                           f"a scatter: no verified gather ({reason})")
+    form = "a scatter (one pass over the forward domain)" if scatter is not None else \
+        "the raw reduction (one pass over the forward domain per element)"
+    fallbacks.append((t.name, f"{form}: {reason}"))
+    warnings.warn(f"te_grad: the simplification of {t.name} could not be verified by isl, so it uses "
+                  f"{form}, which is exact but slower ({reason})", SimplificationWarning, stacklevel=4)
+    if scatter is None:
+        return red
+    return Read(scatter, tuple(t.op.axes))
 
 
 def _fuse(terms: List[Expr]) -> List[Expr]:
@@ -124,11 +160,15 @@ def _inlinable(original: Tensor, p: Tensor, reads: Dict[int, int], outputs: Set[
     return reads.get(id(original), 0) == 1 and id(original) not in outputs
 
 
-def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset()) -> Dict[int, Tensor]:
+def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset(),
+                   fallbacks: Optional[List[Tuple[str, str]]] = None) -> Dict[int, Tensor]:
     """Simplified versions of every tensor behind ``tensors``: ``{id(old): new}``.
 
     Tensors whose id is in ``keep`` are left exactly as they are (and never inlined).
+    ``fallbacks`` (a list) receives ``(tensor name, reason)`` for each reduction that
+    kept a form correct by construction because no simplification passed validation.
     """
+    fallbacks = [] if fallbacks is None else fallbacks
     tensors = list(tensors)
     order = topo_order(tensors)
     reads: Dict[int, int] = {}
@@ -139,6 +179,7 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset()) -> D
     outputs = {id(t) for t in tensors} | set(keep)
     new: Dict[int, Tensor] = {}
     inline: Dict[int, Tensor] = {}
+    summand_readers = _summand_readers(order)
     for t in order:
         if id(t) in keep or not isinstance(t.op, ComputeOp):
             new[id(t)] = t
@@ -152,30 +193,43 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset()) -> D
         if scatter is not None:
             new[id(t)] = scatter
             continue
-        own = [_simplify_term(t, s) for s in summands(redirected)]
+        before = len(fallbacks)
+        own = [_simplify_term(t, s, fallbacks) for s in summands(redirected)]
+        note = "; ".join(r for _, r in fallbacks[before:]) or None
         body = _sum(own)
         body = _Redirect({}, inline).visit(body) if inline else body
         body = fold(_sum(_fuse(summands(body))))
-        if body is t.op.body:
+        if body is t.op.body and note is None:
             out = t
         else:
-            out = Tensor(t.name, t.shape, t.dtype, ComputeOp(t.op.axes, body))
+            out = Tensor(t.name, t.shape, t.dtype, ComputeOp(t.op.axes, body, note))
         new[id(t)] = out
-        if _inlinable(t, out, reads, outputs) and _single_summand_reader(t, order):
+        if _inlinable(t, out, reads, outputs) and _single_summand_reader(t, summand_readers):
             inline[id(out)] = out
     return new
 
 
-def _single_summand_reader(p: Tensor, order: List[Tensor]) -> bool:
-    """True if ``p``'s one reader reads it as a top-level summand at its own index, or p is elementwise."""
-    if isinstance(p.op.body, Const):
-        return True
+def _summand_readers(order: List[Tensor]) -> Dict[int, Tuple[Tensor, Read]]:
+    """For each tensor, the first compute (in ``order``) with a top-level summand that reads
+    it, and that read."""
+    out: Dict[int, Tuple[Tensor, Read]] = {}
     for c in order:
         if not isinstance(c.op, ComputeOp):
             continue
         for s in summands(c.op.body):
             s_inner = s.a if isinstance(s, Cast) else s
-            if isinstance(s_inner, Read) and s_inner.tensor is p:
-                return len(s_inner.indices) == len(c.op.axes) and all(
-                    i is a for i, a in zip(s_inner.indices, c.op.axes)) and c.shape == p.shape
-    return False
+            if isinstance(s_inner, Read):
+                out.setdefault(id(s_inner.tensor), (c, s_inner))
+    return out
+
+
+def _single_summand_reader(p: Tensor, readers: Dict[int, Tuple[Tensor, Read]]) -> bool:
+    """True if ``p``'s one reader reads it as a top-level summand at its own index, or p is elementwise."""
+    if isinstance(p.op.body, Const):
+        return True
+    found = readers.get(id(p))
+    if found is None:
+        return False
+    c, read = found
+    return len(read.indices) == len(c.op.axes) and all(
+        i is a for i, a in zip(read.indices, c.op.axes)) and c.shape == p.shape

@@ -47,16 +47,37 @@ def try_scatter(t: Tensor) -> Optional[Tensor]:
     names = {id(ax): f"r{n}" for n, ax in enumerate(red.axes)}
     if all(isl_expr(g, names) is not None for g, _ in eqs.values()):
         return None  # quasi-affine: a gather is exact and cheaper
+    return _scatter(t.name, t.shape, t.dtype, red, op.axes, eqs, None)
+
+
+def scatter_term(name: str, shape, dtype: str, red: Reduce, out_axes, note: str) -> Optional[Tensor]:
+    """The reduction term ``red`` of a compute over ``out_axes`` as a scatter tensor, when its
+    ``where`` pins every output index (``g_d(r) == j_d``), else None: one pass over the
+    domain instead of one per output element, correct by construction (no isl scan needed
+    for the indices). The fallback of a gather that did not pass validation."""
+    if red.combiner != "sum" or not out_axes:
+        return None
+    outs = {id(a) for a in out_axes}
+    if any(id(v) in outs for ax in red.axes for b in (ax.lo, ax.hi) for v in free_vars(b)):
+        return None  # bounds that use the output indices: the gather form is the only one
+    eqs = _index_equalities(red, out_axes)
+    if eqs is None:
+        return None
+    return _scatter(name, shape, dtype, red, out_axes, eqs, note)
+
+
+def _scatter(name, shape, dtype, red: Reduce, out_axes, eqs, note) -> Tensor:
+    names = {id(ax): f"r{n}" for n, ax in enumerate(red.axes)}
     used = {id(c) for _, c in eqs.values()}
-    to_index = {ax: eqs[d][0] for d, ax in enumerate(op.axes)}
+    to_index = {ax: eqs[d][0] for d, ax in enumerate(out_axes)}
     lifted, value = lift_guards(red.body)
     conds = [c for c in conjuncts(red.where) if id(c) not in used]
     conds += [c for lc in lifted for c in conjuncts(lc)]
     conds = [substitute(c, to_index) for c in conds]
     value = substitute(value, to_index)
-    indices = tuple(eqs[d][0] for d in range(len(op.axes)))
+    indices = tuple(eqs[d][0] for d in range(len(out_axes)))
     axes, indices, value, where = _tighten(red, indices, value, conds, names)
-    return Tensor(t.name, t.shape, t.dtype, ScatterOp(tuple(axes), indices, value, where))
+    return Tensor(name, shape, dtype, ScatterOp(tuple(axes), indices, value, where, note))
 
 
 def _tighten(red: Reduce, indices, value, conds: List[Expr], names):

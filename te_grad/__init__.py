@@ -5,24 +5,29 @@ The public API (see the README and DESIGN.md): build ops with
 functions; evaluate them with :func:`evaluate`; print them with :func:`show`.
 """
 from . import dtypes
-from .errors import InternalError, TeGradError, UserError
+from .errors import InternalError, SimplificationWarning, TeGradError, UserError
 from .ir import Expr, Tensor
-from .dsl import (abs, all, any, call, cast, ceil, compute, const, cos, erf, exp, floor,
-                  if_then_else, log, logical_not, max, maximum, min, minimum, placeholder, pow,
-                  prod, reduce_axis, round, sigmoid, sin, sqrt, stop_gradient, sum, tanh, trunc)
+from .dsl import (abs, acos, all, any, asin, atan, atan2, call, cast, ceil, compute, const, cos, erf,
+                  exp, expm1, floor, if_then_else, log, log1p, logical_not, max, maximum, min, minimum,
+                  placeholder, pow, prod, reduce_axis, round, sigmoid, sin, sqrt, stop_gradient, sum,
+                  tanh, trunc)
 from .evaluator import evaluate
 from .printer import show
 from .autodiff import DifferentiationResult, differentiate, gradient
 from .autodiff.rows import RowGradient, row_gradient
 from . import nn
+from .deep import deep_entry
+from .verify import verify
 
 
+@deep_entry
 def simplify(tensors):
     """Exact, cheaper equivalents of ``tensors`` (isl): see the ``simplify`` package."""
     from simplify import simplify as _simplify
     return _simplify(tensors)
 
 
+@deep_entry
 def build(outputs, inputs, **options):
     """Compile ``outputs`` (functions of the placeholders ``inputs``) to a native kernel (LLVM).
 
@@ -32,12 +37,14 @@ def build(outputs, inputs, **options):
     return _build(outputs, inputs, **options)
 
 
+@deep_entry
 def domain(tensor):
     """The iteration domains (isl sets) of ``tensor``'s reductions, for inspection."""
     from simplify.domain import domains
     return domains(tensor)
 
 
+@deep_entry
 def iterations(tensors) -> int:
     """Exact innermost-loop iterations to compute ``tensors`` from placeholders, each op once."""
     from simplify import iterations as _iterations
@@ -50,7 +57,8 @@ __all__ = [
     "placeholder", "compute", "reduce_axis", "sum", "prod", "max", "min",
     "const", "cast", "if_then_else", "all", "any", "logical_not", "call",
     "exp", "log", "sqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf", "pow",
+    "asin", "acos", "atan", "atan2", "log1p", "expm1", "SimplificationWarning",
     "maximum", "minimum", "floor", "ceil", "trunc", "round", "stop_gradient",
     "evaluate", "show", "nn", "differentiate", "gradient", "DifferentiationResult",
-    "simplify", "iterations", "build", "domain", "row_gradient", "RowGradient",
+    "simplify", "iterations", "build", "domain", "row_gradient", "RowGradient", "verify",
 ]

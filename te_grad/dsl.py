@@ -15,11 +15,12 @@ from typing import Callable
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, ops
 from .errors import UserError
+from .deep import deep_entry
 from .graph import free_vars
 from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce,
-                 ReduceAxis, Select, Tensor, Unary, Var, INTRINSICS)
+                 ReduceAxis, Select, Tensor, Unary, Var)
 from .visitor import Visitor
 
 # ---------------------------------------------------------------------------
@@ -89,7 +90,12 @@ def _operands(a, b):
 
 
 def cast(dtype, x) -> Expr:
-    """``x`` converted to ``dtype`` (no node if it already has that dtype)."""
+    """``x`` converted to ``dtype`` (no node if it already has that dtype): ``tg.cast("int64", e)``.
+
+    Float to integer truncates toward zero; anything to ``bool`` is ``!= 0``."""
+    if isinstance(dtype, (Expr, Tensor)) or isinstance(x, (str, np.dtype, type)):
+        raise UserError(f"tg.cast(dtype, x) takes the dtype first, then the expression; got "
+                        f"tg.cast({dtype!r}, {x!r})")
     dtype = dtypes.canonical(dtype)
     x = as_expr(x, dtype)
     if x.dtype == dtype:
@@ -223,27 +229,49 @@ def _flatten(args):
 
 
 def _intrinsic(name: str, *args) -> Expr:
+    op = ops.intrinsic(name)
+    if len(args) != op.arity:
+        raise UserError(f"tg.{name} takes {op.arity} argument{'s' if op.arity > 1 else ''}, got {len(args)}")
     args = [as_expr(a) for a in args]
     for a in args:
         if a.dtype == dtypes.BOOL:
             raise UserError(f"tg.{name} of the condition {a}; cast it first with tg.cast")
-    float_dtypes = [a.dtype for a in args if dtypes.is_float(a.dtype)]
-    dt = functools.reduce(dtypes.promote, float_dtypes) if float_dtypes else dtypes.DEFAULT_FLOAT
+    dt = op.result_dtype([a.dtype for a in args])
     return Call(name, tuple(cast(dt, a) for a in args))
 
 
-def exp(x): return _intrinsic("exp", x)
-def log(x): return _intrinsic("log", x)
-def sqrt(x): return _intrinsic("sqrt", x)
-def tanh(x): return _intrinsic("tanh", x)
-def sigmoid(x): return _intrinsic("sigmoid", x)
-def sin(x): return _intrinsic("sin", x)
-def cos(x): return _intrinsic("cos", x)
-def erf(x): return _intrinsic("erf", x)
-def floor(x): return _intrinsic("floor", x)
-def ceil(x): return _intrinsic("ceil", x)
-def trunc(x): return _intrinsic("trunc", x)
-def round(x): return _intrinsic("round", x)  # noqa: A001 - TVM's name; rounds half to even
+def _function(name: str):
+    """The DSL function of intrinsic ``name``: argument checks and dtype rule from its record."""
+    op = ops.intrinsic(name)
+    params = ", ".join(["y", "x"][:op.arity]) if op.arity == 2 else "x"
+
+    def fn(*args):
+        return _intrinsic(name, *args)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (f"{op.doc}\n\n``tg.{name}({params})``, elementwise on float expressions (integers are "
+                  f"converted to float32). Derivative: {op.math}.")
+    return fn
+
+
+exp = _function("exp")
+log = _function("log")
+sqrt = _function("sqrt")
+tanh = _function("tanh")
+sigmoid = _function("sigmoid")
+sin = _function("sin")
+cos = _function("cos")
+erf = _function("erf")
+asin = _function("asin")
+acos = _function("acos")
+atan = _function("atan")
+atan2 = _function("atan2")
+log1p = _function("log1p")
+expm1 = _function("expm1")
+floor = _function("floor")
+ceil = _function("ceil")
+trunc = _function("trunc")
+round = _function("round")  # noqa: A001 - TVM's name; rounds half to even
 
 
 def stop_gradient(x):
@@ -257,27 +285,42 @@ def stop_gradient(x):
 
 
 def abs(x):  # noqa: A001 - TVM's name
-    """Absolute value; keeps integer dtypes."""
+    """Absolute value; keeps integer dtypes. Derivative: sign(x), with sign(0) = 0."""
     x = as_expr(x)
     if dtypes.is_int(x.dtype):
         return maximum(x, -x)
     return _intrinsic("abs", x)
 
 
-def pow(a, b): return binary("pow", a, b)  # noqa: A001
-def maximum(a, b): return binary("max", a, b)
-def minimum(a, b): return binary("min", a, b)
-def logical_not(c): return unary("not", c)
+def pow(a, b):  # noqa: A001
+    """``a ** b``; integers are converted to float32. Derivative: ``b a^(b-1) da + log(a) a^b db``."""
+    return binary("pow", a, b)
+
+
+def maximum(a, b):
+    """The larger of ``a`` and ``b``, elementwise (NaN if either is NaN). At a tie the
+    derivative goes half to each operand."""
+    return binary("max", a, b)
+
+
+def minimum(a, b):
+    """The smaller of ``a`` and ``b``, elementwise (NaN if either is NaN). At a tie the
+    derivative goes half to each operand."""
+    return binary("min", a, b)
+
+
+def logical_not(c):
+    """The negation of condition ``c`` (also written ``~c``)."""
+    return unary("not", c)
 
 
 def call(name: str, *args) -> Expr:
-    """An intrinsic by name (``tg.call("exp", x)``)."""
-    if name not in INTRINSICS:
-        raise UserError(f"unknown intrinsic {name!r}; known: {', '.join(INTRINSICS)}")
-    if len(args) != 1:  # every intrinsic is unary
-        raise UserError(f"intrinsic {name!r} takes 1 argument, got {len(args)}")
-    if name == "abs":
+    """An intrinsic by name: ``tg.call("exp", x)``, ``tg.call("atan2", y, x)``."""
+    op = ops.intrinsic(name)
+    if name == "abs" and len(args) == op.arity:
         return abs(*args)
+    if name == "stop_gradient" and len(args) == op.arity:
+        return stop_gradient(*args)
     return _intrinsic(name, *args)
 
 
@@ -373,17 +416,22 @@ def _axis_names(fcompute: Callable, ndim: int, name: str):
         params = []
     if params and params[0].kind == inspect.Parameter.VAR_POSITIONAL:
         return [f"i{d}" for d in range(ndim)], True
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    # index arguments are the positional parameters without a default: ``lambda i, j, M=M: ...``
+    # (the usual way to bind a value in a Python lambda) has two
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.default is inspect.Parameter.empty]
     if len(positional) != ndim:
         raise UserError(f"compute {name!r} has {ndim} dimensions but its function takes "
-                        f"{len(positional)} index arguments")
+                        f"{len(positional)} index arguments (parameters without a default value)")
     return [p.name for p in positional], False
 
 
 def compute(shape, fcompute: Callable, name: str = "compute", dtype=None) -> Tensor:
     """``T[i, ...] = fcompute(i, ...)`` over the rectangular domain of ``shape``.
 
-    The function's parameter names name the axes. ``dtype`` casts the body.
+    The function's parameters without a default value are the index variables, one per
+    dimension, and name the axes (``lambda i, j, M=M: ...`` binds ``M`` as Python does).
+    ``dtype`` casts the body.
     """
     shape = _shape(shape, f"compute {name!r}")
     names, _ = _axis_names(fcompute, len(shape), name)
@@ -413,6 +461,7 @@ class _ScopeChecker(Visitor):
         del self.bound[len(self.bound) - len(node.axes):]
 
 
+@deep_entry
 def check_scopes(body: Expr, axes, name: str):
     """Raise if ``body`` uses a variable that is not one of ``axes`` or bound by a reduction."""
     _ScopeChecker(name).visit(body)

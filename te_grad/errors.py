@@ -16,3 +16,8 @@ class UserError(TeGradError, ValueError):
 
 class InternalError(TeGradError, RuntimeError):
     """A bug in te_grad: an invariant that should always hold did not."""
+
+
+class SimplificationWarning(UserWarning):
+    """A simplification could not be verified, so te_grad used a slower form that is
+    correct by construction (see ``DifferentiationResult.fallbacks``)."""

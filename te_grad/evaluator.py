@@ -5,8 +5,15 @@ index variable is an ``arange`` laid along its own array dimension, so an
 expression evaluates to an array that broadcasts to the domain. A reduction
 prepends one dimension per reduce axis (numpy broadcasting aligns on the right,
 so everything outside the reduction stays valid) and reduces them away.
-Large reduction domains are cut into chunks along their first axis to bound
-memory.
+
+Memory stays bounded (about :data:`CHUNK_ELEMENTS` elements per array): a
+tensor whose reductions are large is computed in boxes of its output domain,
+and a reduction domain is cut into boxes along as many of its axes as needed.
+A reduce axis that its ``where`` pins to a value (a conjunct ``k == e`` or
+``k + c == e`` where ``e`` uses only enclosing variables and earlier axes, as in
+every raw vector-Jacobian product) is not enumerated: it is bound to ``e``, and
+``lo <= e < hi`` joins the mask. That is exact, and it makes the raw form of an
+elementwise op linear in its size instead of quadratic.
 
 Guards are exact: every expression is evaluated under a *mask* of the points
 where it is actually needed (the branch of a select that is taken, the points
@@ -17,55 +24,140 @@ points the index is clamped, so memory is never touched out of bounds.
 """
 from __future__ import annotations
 
-import math
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, ops
+from .deep import deep_entry
 from .errors import InternalError, UserError
-from .graph import topo_order
+from .graph import free_vars, topo_order
 from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce,
                  ScatterOp, Select, Tensor, Unary, Var)
 from .printer import expr_to_str
 
-#: elements of one intermediate array above which a reduction is chunked
+#: elements of one intermediate array above which work is cut into boxes
 CHUNK_ELEMENTS = 1 << 23
 
-_erf = np.frompyfunc(math.erf, 1, 1)
-
-_INTRINSIC = {
-    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh, "abs": np.abs,
-    "sin": np.sin, "cos": np.cos, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc,
-    "round": np.rint,  # half to even, like LLVM's roundeven
-    "stop_gradient": lambda x: x,
-    "sigmoid": lambda x: 0.5 * (np.tanh(0.5 * x) + 1.0),  # overflow-free logistic
-    "erf": lambda x: np.asarray(_erf(x)).astype(x.dtype),  # a 0-d input gives a Python float
-}
-_ARITH = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
-          "min": np.minimum, "max": np.maximum, "pow": np.power,
-          "floordiv": np.floor_divide, "floormod": np.remainder}
 _COMPARE = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
             "eq": np.equal, "ne": np.not_equal}
-_COMBINE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
 def identity_of(combiner: str, dtype: str):
-    """The value of a reduction over an empty domain."""
-    if combiner == "sum":
-        return 0
-    if combiner == "prod":
-        return 1
-    if dtypes.is_float(dtype):
-        return -np.inf if combiner == "max" else np.inf
-    info = np.iinfo(dtype)
-    return info.min if combiner == "max" else info.max
+    """The value of a reduction over an empty domain (see :mod:`te_grad.ops`)."""
+    return ops.identity_of(combiner, dtype)
 
 
 def _and(mask, cond):
     if mask is None:
         return cond
     return np.logical_and(mask, cond)
+
+
+def _conjuncts(cond: Optional[Expr]) -> List[Expr]:
+    if cond is None:
+        return []
+    if isinstance(cond, Binary) and cond.op == "and":
+        return _conjuncts(cond.a) + _conjuncts(cond.b)
+    return [cond]
+
+
+def _signed_terms(e: Expr, sign: int, out: list):
+    """``e`` as a signed sum of terms (through integer ``+``, ``-`` and unary ``-``)."""
+    if isinstance(e, Binary) and e.op in ("add", "sub") and dtypes.is_int(e.dtype):
+        _signed_terms(e.a, sign, out)
+        _signed_terms(e.b, sign if e.op == "add" else -sign, out)
+    elif isinstance(e, Unary) and e.op == "neg" and dtypes.is_int(e.dtype):
+        _signed_terms(e.a, -sign, out)
+    else:
+        out.append((sign, e))
+    return out
+
+
+def solve_for(axis: Var, cond: Expr) -> Optional[Expr]:
+    """``e`` if the condition ``cond`` is ``axis == e`` up to moving terms (``axis`` appearing
+    once, with coefficient +1 or -1, and nowhere inside another term), else None."""
+    if not (isinstance(cond, Compare) and cond.op == "eq" and dtypes.is_int(cond.a.dtype)):
+        return None
+    terms = _signed_terms(cond.a, 1, []) + _signed_terms(cond.b, -1, [])  # sum(terms) == 0
+    mine = [t for t in terms if t[1] is axis]
+    if len(mine) != 1 or any(any(v is axis for v in free_vars(e)) for s, e in terms if e is not axis):
+        return None
+    sign = mine[0][0]
+    value = None
+    for s, e in terms:
+        if e is axis:
+            continue
+        part = -s * sign  # axis = -sign * sum(others)
+        if value is None:
+            value = e if part > 0 else -e
+        else:
+            value = value + e if part > 0 else value - e
+    return value if value is not None else Const(0, axis.dtype)
+
+
+def plan_reduction(axes: Sequence[Var], where: Optional[Expr]):
+    """``(solutions, rest)``: for each axis the expression its ``where`` pins it to (or None, to
+    enumerate it), and the conjuncts of ``where`` left to check. An axis is pinned only by an
+    expression of enclosing variables and earlier axes."""
+    rest = _conjuncts(where)
+    solutions: List[Optional[Expr]] = []
+    for t, ax in enumerate(axes):
+        later = {id(a) for a in axes[t:]}
+        found = None
+        for c in rest:
+            e = solve_for(ax, c)
+            if e is not None and not any(id(v) in later for v in free_vars(e)):
+                found = (c, e)
+                break
+        if found is None:
+            solutions.append(None)
+        else:
+            rest = [c for c in rest if c is not found[0]]
+            solutions.append(found[1])
+    return solutions, rest
+
+
+def _boxes(ranges: Sequence[Tuple[int, int]], limit: int):
+    """Sub-boxes of ``ranges`` covering it once, each of at most ``limit`` points (or one point)."""
+    sizes = [hi - lo for lo, hi in ranges]
+    if any(n <= 0 for n in sizes):
+        return
+    t = 0  # the first axis whose suffix fits: earlier axes go one value at a time
+    while t < len(sizes) and int(np.prod(sizes[t:], dtype=np.int64)) > limit:
+        t += 1
+    if t == len(sizes):
+        t = len(sizes) - 1
+        step = 1
+    else:
+        t = max(t - 1, 0)
+        step = max(1, limit // max(1, int(np.prod(sizes[t + 1:], dtype=np.int64))))
+    if not sizes:
+        yield []
+        return
+    heads = [range(lo, hi) for lo, hi in ranges[:t]]
+    lo_t, hi_t = ranges[t]
+    for head in np.ndindex(*[len(r) for r in heads]) if heads else [()]:
+        fixed = [(r[k], r[k] + 1) for r, k in zip(heads, head)]
+        for start in range(lo_t, hi_t, step):
+            yield fixed + [(start, min(hi_t, start + step))] + list(ranges[t + 1:])
+
+
+def _work_per_element(e: Expr) -> int:
+    """Points the reductions of ``e`` enumerate per element of the enclosing domain (constant
+    bounds only; pinned axes count one), the deepest nesting's product."""
+    best = 1
+    stack = [(e, 1)]
+    while stack:
+        node, factor = stack.pop()
+        if isinstance(node, Reduce):
+            solutions, _ = plan_reduction(node.axes, node.where)
+            for ax, sol in zip(node.axes, solutions):
+                if sol is None and ax.extent is not None:
+                    factor *= max(1, ax.extent)
+            best = max(best, factor)
+        stack.extend((c, factor) for c in node.children())
+    return best
 
 
 class _ExprEvaluator:
@@ -79,16 +171,30 @@ class _ExprEvaluator:
 
     def run(self) -> np.ndarray:
         op: ComputeOp = self.tensor.op
-        nd = len(op.axes)
-        for d, ax in enumerate(op.axes):
-            self.env[id(ax)] = np.arange(self.tensor.shape[d], dtype=np.int64).reshape(
-                [self.tensor.shape[d] if e == d else 1 for e in range(nd)])
-        out = self.eval(op.body, None)
-        # np.array, not np.ascontiguousarray: the latter turns a 0-d result into shape (1,)
-        return np.array(np.broadcast_to(out, self.tensor.shape), dtype=self.tensor.dtype, order="C")
+        shape = self.tensor.shape
+        out = np.empty(shape, dtype=self.tensor.dtype)
+        if out.size == 0:
+            return out
+        limit = max(1, CHUNK_ELEMENTS // _work_per_element(op.body))
+        for box in _boxes([(0, n) for n in shape], limit):
+            nd = len(op.axes)
+            for d, ax in enumerate(op.axes):
+                lo, hi = box[d]
+                self.env[id(ax)] = np.arange(lo, hi, dtype=np.int64).reshape(
+                    [hi - lo if e == d else 1 for e in range(nd)])
+            self.shape = tuple(hi - lo for lo, hi in box)
+            value = self.eval(op.body, None)
+            out[tuple(slice(lo, hi) for lo, hi in box)] = np.broadcast_to(value, self.shape)
+        for ax in op.axes:
+            self.env.pop(id(ax), None)
+        return out
 
     def eval(self, e: Expr, mask) -> np.ndarray:
-        out = getattr(self, "e_" + type(e).__name__)(e, mask)
+        method = getattr(self, "e_" + type(e).__name__, None)
+        if method is None:
+            raise InternalError(f"the evaluator does not know the node {type(e).__name__} "
+                                f"(in {self.tensor.name})")
+        out = method(e, mask)
         if out.dtype != np.dtype(e.dtype):
             out = out.astype(e.dtype)
         return out
@@ -120,7 +226,7 @@ class _ExprEvaluator:
                 raise UserError(f"integer division by zero in {expr_to_str(e)} "
                                 f"(compute {self.tensor.name})")
             b = np.where(zero, 1, b) if np.any(zero) else b
-        return _ARITH[e.op](a, b)
+        return ops.BINARY_OPS[e.op].numpy(a, b)
 
     def e_Unary(self, e: Unary, mask):
         a = self.eval(e.a, mask)
@@ -137,7 +243,7 @@ class _ExprEvaluator:
 
     def e_Call(self, e: Call, mask):
         args = [self.eval(a, mask) for a in e.args]
-        return _INTRINSIC[e.name](*args)
+        return ops.intrinsic(e.name).numpy(*args)
 
     def e_Cast(self, e: Cast, mask):
         a = self.eval(e.a, mask)
@@ -182,21 +288,26 @@ class _ExprEvaluator:
     # -- reductions ------------------------------------------------------------------
     def e_Reduce(self, e: Reduce, mask):
         outer_shape = self.shape
-        ranges, varying = self._axis_ranges(e.axes, mask, outer_shape)
-        ident = np.array(identity_of(e.combiner, e.dtype), dtype=e.dtype)
+        solutions, rest = plan_reduction(e.axes, e.where)
+        where = None
+        for c in rest:
+            where = c if where is None else Binary("and", where, c)
+        ranges, varying = self._axis_ranges(e.axes, solutions, mask, outer_shape)
+        comb = ops.combiner(e.combiner)
+        ident = np.array(comb.identity(e.dtype), dtype=e.dtype)
         result = None
-        for part_ranges in self._chunks(ranges, outer_shape):
-            inner_mask, sizes = self._enter(e.axes, part_ranges, varying, e.where, mask, outer_shape)
+        limit = max(1, CHUNK_ELEMENTS // max(1, int(np.prod(outer_shape, dtype=np.int64))))
+        for box in _boxes(ranges, limit):
+            inner_mask, sizes = self._enter(e.axes, solutions, box, varying, where, mask, outer_shape)
             body = self.eval(e.body, inner_mask)
             full = np.broadcast_shapes(body.shape, sizes + (1,) * len(outer_shape),
                                        () if inner_mask is None else np.shape(inner_mask))
             body = np.broadcast_to(body, full)
             if inner_mask is not None:
                 body = np.where(np.broadcast_to(inner_mask, full), body, ident)
-            part = np.asarray(_COMBINE[e.combiner].reduce(body, axis=tuple(range(len(e.axes)))),
-                              dtype=e.dtype)
+            part = np.asarray(comb.ufunc.reduce(body, axis=tuple(range(len(e.axes)))), dtype=e.dtype)
             self._leave(e.axes, outer_shape)
-            result = part if result is None else _COMBINE[e.combiner](result, part)
+            result = part if result is None else comb.ufunc(result, part)
         return ident if result is None else result
 
     def run_scatter(self) -> np.ndarray:
@@ -204,9 +315,10 @@ class _ExprEvaluator:
         op: ScatterOp = self.tensor.op
         out = np.zeros(self.tensor.shape, dtype=self.tensor.dtype)
         self.shape = ()
-        ranges, varying = self._axis_ranges(op.axes, None, ())
-        for part_ranges in self._chunks(ranges, ()):
-            mask, sizes = self._enter(op.axes, part_ranges, varying, op.where, None, ())
+        solutions = [None] * len(op.axes)
+        ranges, varying = self._axis_ranges(op.axes, solutions, None, ())
+        for box in _boxes(ranges, CHUNK_ELEMENTS):
+            mask, sizes = self._enter(op.axes, solutions, box, varying, op.where, None, ())
             full = np.broadcast_shapes(sizes, () if mask is None else np.shape(mask))
             sel = np.ones(full, dtype=bool) if mask is None else np.broadcast_to(mask, full)
             idx = [np.broadcast_to(self.eval(i, mask), full)[sel] for i in op.indices]
@@ -222,13 +334,18 @@ class _ExprEvaluator:
         return out
 
     # -- iteration domains shared by reductions and scatters -----------------------
-    def _axis_ranges(self, axes, mask, outer_shape):
-        """The bounding range of each axis, and which axes have varying bounds."""
+    def _axis_ranges(self, axes, solutions, mask, outer_shape):
+        """The bounding range of each enumerated axis ((0, 1) for a pinned one), and which
+        axes have bounds that vary (checked per point)."""
         m = len(axes)
         ranges, varying = [], []
         for t, ax in enumerate(axes):
             # bounds may depend on outer variables and on earlier axes of this domain
             self.shape = tuple(hi - lo for lo, hi in ranges) + (1,) * (m - t) + tuple(outer_shape)
+            if solutions[t] is not None:
+                ranges.append((0, 1))
+                self.env[id(ax)] = self.eval(solutions[t], mask)
+                continue
             lo, hi = self.eval(ax.lo, mask), self.eval(ax.hi, mask)
             lo_min = int(lo.min()) if lo.size else 0
             hi_max = int(hi.max()) if hi.size else 0
@@ -240,30 +357,25 @@ class _ExprEvaluator:
         self.shape = outer_shape
         return ranges, varying
 
-    def _chunks(self, ranges, outer_shape):
-        """Sub-ranges of ``ranges``, cut along the first axis, small enough to hold in memory."""
-        sizes = [hi - lo for lo, hi in ranges]
-        if 0 in sizes:
-            return
-        inner = int(np.prod(outer_shape, dtype=np.int64)) * int(np.prod(sizes[1:], dtype=np.int64))
-        chunk = max(1, CHUNK_ELEMENTS // max(1, inner))
-        lo0, hi0 = ranges[0]
-        for start in range(lo0, hi0, chunk):
-            yield [(start, min(hi0, start + chunk))] + list(ranges[1:])
-
-    def _enter(self, axes, ranges, varying, where, mask, outer_shape):
-        """Bind ``axes`` to ``ranges``; return the mask of the domain's points and its sizes."""
+    def _enter(self, axes, solutions, ranges, varying, where, mask, outer_shape):
+        """Bind ``axes`` to ``ranges`` (pinned ones to their values); return the mask of the
+        domain's points and its sizes."""
         m = len(axes)
         sizes = tuple(hi - lo for lo, hi in ranges)
-        for t, ax in enumerate(axes):
-            self._bind_axis(ax, t, m, ranges[t], outer_shape)
         self.shape = sizes + tuple(outer_shape)
         inner_mask = mask
-        for t in varying:
-            ax = axes[t]
-            value = self.env[id(ax)]
-            lo, hi = self.eval(ax.lo, inner_mask), self.eval(ax.hi, inner_mask)
-            inner_mask = _and(inner_mask, (value >= lo) & (value < hi))
+        for t, ax in enumerate(axes):
+            if solutions[t] is None:
+                self._bind_axis(ax, t, m, ranges[t], outer_shape)
+                if t in varying:
+                    value = self.env[id(ax)]
+                    lo, hi = self.eval(ax.lo, inner_mask), self.eval(ax.hi, inner_mask)
+                    inner_mask = _and(inner_mask, (value >= lo) & (value < hi))
+            else:
+                value = self.eval(solutions[t], inner_mask)
+                self.env[id(ax)] = value
+                lo, hi = self.eval(ax.lo, inner_mask), self.eval(ax.hi, inner_mask)
+                inner_mask = _and(inner_mask, (value >= lo) & (value < hi))
         if where is not None:
             inner_mask = _and(inner_mask, self.eval(where, inner_mask))
         return inner_mask, sizes
@@ -305,6 +417,7 @@ def check_feed(tensor: Tensor, value) -> np.ndarray:
     return arr
 
 
+@deep_entry
 def evaluate(tensors: Sequence[Tensor], feed: Dict[Tensor, object]) -> List[np.ndarray]:
     """Compute ``tensors`` with numpy from the placeholder values in ``feed``.
 

@@ -5,21 +5,18 @@ from .ir import Expr, Read, Reduce, Tensor, Var, ComputeOp
 from .visitor import Visitor
 
 
-class _ReadCollector(Visitor):
-    def __init__(self):
-        self.reads: List[Read] = []
-
-    def visit_Read(self, node: Read):
-        self.reads.append(node)
-        for ix in node.indices:
-            self.visit(ix)
-
-
 def reads_in(expr: Expr) -> List[Read]:
-    """Every Read node of ``expr`` in a fixed left-to-right order (repeats kept)."""
-    c = _ReadCollector()
-    c.visit(expr)
-    return c.reads
+    """Every Read node of ``expr`` in a fixed left-to-right order (repeats kept).
+
+    Iterative (an explicit stack), like the other queries here: depth does not matter."""
+    reads: List[Read] = []
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Read):
+            reads.append(node)
+        stack.extend(reversed(node.children()))
+    return reads
 
 
 def tensors_read(expr: Expr) -> Tuple[Tensor, ...]:
@@ -30,35 +27,37 @@ def tensors_read(expr: Expr) -> Tuple[Tensor, ...]:
     return tuple(seen.values())
 
 
-class _FreeVars(Visitor):
-    def __init__(self):
-        self.bound = []
-        self.free: Dict[int, Var] = {}
-
-    def visit_Var(self, node):
-        if not any(node is b for b in self.bound):
-            self.free.setdefault(id(node), node)
-
-    def visit_ReduceAxis(self, node):
-        self.visit_Var(node)
-
-    def visit_Reduce(self, node: Reduce):
-        n = len(self.bound)
-        for ax in node.axes:  # an axis' bounds may use enclosing variables and the earlier axes
-            self.visit(ax.lo)
-            self.visit(ax.hi)
-            self.bound.append(ax)
-        self.visit(node.body)
-        if node.where is not None:
-            self.visit(node.where)
-        del self.bound[n:]
-
-
 def free_vars(expr: Expr) -> Tuple[Var, ...]:
-    """Variables used in ``expr`` and not bound by a reduction inside it."""
-    c = _FreeVars()
-    c.visit(expr)
-    return tuple(c.free.values())
+    """Variables used in ``expr`` and not bound by a reduction inside it (in order of first use)."""
+    free: Dict[int, Var] = {}
+    bound: Dict[int, int] = {}
+    stack = [("visit", expr)]
+    while stack:
+        action, item = stack.pop()
+        if action == "bind" or action == "unbind":
+            for ax in item:
+                bound[id(ax)] = bound.get(id(ax), 0) + (1 if action == "bind" else -1)
+            continue
+        node = item
+        if isinstance(node, Var):  # also ReduceAxis: a use of the variable
+            if not bound.get(id(node)):
+                free.setdefault(id(node), node)
+            continue
+        if isinstance(node, Reduce):
+            # an axis' bounds may use enclosing variables and the earlier axes; the body and
+            # the where see every axis
+            todo = []
+            for k, ax in enumerate(node.axes):
+                todo += [("bind", node.axes[:k]), ("visit", ax.lo), ("visit", ax.hi),
+                         ("unbind", node.axes[:k])]
+            todo += [("bind", node.axes), ("visit", node.body)]
+            if node.where is not None:
+                todo.append(("visit", node.where))
+            todo.append(("unbind", node.axes))
+            stack.extend(reversed(todo))
+            continue
+        stack.extend(("visit", c) for c in reversed(node.children()))
+    return tuple(free.values())
 
 
 def topo_order(outputs: Iterable[Tensor]) -> List[Tensor]:

@@ -16,22 +16,61 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Optional, Tuple
 
-from . import dtypes
+from . import dtypes, ops
 from .errors import UserError
 
-ARITH_OPS = ("add", "sub", "mul", "div", "floordiv", "floormod", "min", "max", "pow")
+ARITH_OPS = tuple(ops.BINARY_OPS)
 LOGIC_OPS = ("and", "or")
 COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
 UNARY_OPS = ("neg", "not")
-COMBINERS = ("sum", "prod", "max", "min")
-INTRINSICS = ("exp", "log", "sqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf",
-              "floor", "ceil", "trunc", "round", "stop_gradient")
+COMBINERS = tuple(ops.COMBINERS)
+INTRINSICS = tuple(ops.INTRINSICS)
+
+#: the deepest expression te_grad builds: every stage handles this depth (a chain of this many
+#: additions), deeper ones are a UserError where they are built
+MAX_DEPTH = 20_000
 
 
 class Expr:
-    """Base of every scalar expression node."""
+    """Base of every scalar expression node.
+
+    Each node's structural hash and depth are computed once, when it is built, from
+    its children's (so neither hashing nor comparing a deep expression recurses)."""
 
     __slots__ = ()
+
+    def __post_init__(self):
+        h = [type(self).__name__]
+        depth = 0
+        for name in _field_names(type(self)):
+            v = getattr(self, name)
+            if isinstance(v, tuple):
+                for x in v:
+                    h.append(x)
+                    if isinstance(x, Expr):
+                        depth = max(depth, x.__dict__["_depth"])
+            else:
+                h.append(v)
+                if isinstance(v, Expr):
+                    depth = max(depth, v.__dict__["_depth"])
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise UserError(f"expression too deep: {depth} nested operations, te_grad's limit is "
+                            f"{MAX_DEPTH}; split it into several tg.compute stages or use a reduction "
+                            "(tg.sum over an axis) instead of a long chain")
+        object.__setattr__(self, "_depth", depth)
+        object.__setattr__(self, "_hash", self._own_hash(h))
+        derived = getattr(self, "_derived_dtype", None)
+        if derived is not None:  # children's dtypes are cached: no recursion
+            object.__setattr__(self, "_dtype", derived())
+
+    def _own_hash(self, parts):
+        return hash(tuple(parts))
+
+    @property
+    def depth(self) -> int:
+        """The number of nodes on the longest path from this node to a leaf."""
+        return self.__dict__["_depth"]
 
     # -- structural identity -------------------------------------------------
     def same_as(self, other) -> bool:
@@ -39,11 +78,7 @@ class Expr:
         return structurally_equal(self, other)
 
     def __hash__(self):
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash((type(self).__name__,) + tuple(getattr(self, f.name) for f in fields(self)))
-            object.__setattr__(self, "_hash", h)
-        return h
+        return self.__dict__["_hash"]
 
     def children(self) -> Tuple["Expr", ...]:
         """The direct sub-expressions, in a fixed order."""
@@ -94,9 +129,19 @@ class Expr:
     def __ne__(self, o): return self._dsl().compare("ne", self, o)
 
 
+_FIELDS = {}
+
+
+def _field_names(cls) -> Tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
 def _child_fields(node):
-    for f in fields(node):
-        v = getattr(node, f.name)
+    for name in _field_names(type(node)):
+        v = getattr(node, name)
         if isinstance(v, tuple):
             yield from v
         else:
@@ -104,20 +149,29 @@ def _child_fields(node):
 
 
 def structurally_equal(a, b) -> bool:
-    """True if ``a`` and ``b`` are the same expression tree (binders by identity)."""
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, (Var, Tensor)):
-        return False
-    if isinstance(a, tuple):
-        return len(a) == len(b) and all(structurally_equal(x, y) for x, y in zip(a, b))
-    if not isinstance(a, Expr):
-        return a == b and type(a) is type(b)
-    if hash(a) != hash(b):
-        return False
-    return all(structurally_equal(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
+    """True if ``a`` and ``b`` are the same expression tree (binders by identity).
+
+    Iterative (an explicit stack), so the depth of the trees does not matter."""
+    stack = [(a, b)]
+    while stack:
+        a, b = stack.pop()
+        if a is b:
+            continue
+        if type(a) is not type(b) or isinstance(a, (Var, Tensor)):
+            return False
+        if isinstance(a, tuple):
+            if len(a) != len(b):
+                return False
+            stack.extend(zip(a, b))
+            continue
+        if not isinstance(a, Expr):
+            if a != b:
+                return False
+            continue
+        if hash(a) != hash(b):
+            return False
+        stack.extend((getattr(a, n), getattr(b, n)) for n in _field_names(type(a)))
+    return True
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -126,7 +180,7 @@ class Const(Expr):
     value: object
     dtype: str
 
-    def __hash__(self):
+    def _own_hash(self, parts):
         return hash(("Const", self.value, self.dtype))
 
 
@@ -136,7 +190,7 @@ class Var(Expr):
     name: str
     dtype: str = dtypes.INDEX
 
-    def __hash__(self):
+    def _own_hash(self, parts):
         return id(self)
 
     def children(self):
@@ -154,7 +208,7 @@ class ReduceAxis(Var):
     lo: Expr = None
     hi: Expr = None
 
-    def __hash__(self):
+    def _own_hash(self, parts):
         return id(self)
 
     def children(self):
@@ -177,6 +231,9 @@ class Binary(Expr):
 
     @property
     def dtype(self):
+        return self.__dict__["_dtype"]
+
+    def _derived_dtype(self):
         return self.a.dtype
 
 
@@ -188,6 +245,9 @@ class Unary(Expr):
 
     @property
     def dtype(self):
+        return self.__dict__["_dtype"]
+
+    def _derived_dtype(self):
         return self.a.dtype
 
 
@@ -218,6 +278,9 @@ class Select(Expr):
 
     @property
     def dtype(self):
+        return self.__dict__["_dtype"]
+
+    def _derived_dtype(self):
         return self.t.dtype
 
 
@@ -229,6 +292,9 @@ class Call(Expr):
 
     @property
     def dtype(self):
+        return self.__dict__["_dtype"]
+
+    def _derived_dtype(self):
         return self.args[0].dtype
 
 
@@ -247,6 +313,9 @@ class Read(Expr):
 
     @property
     def dtype(self):
+        return self.__dict__["_dtype"]
+
+    def _derived_dtype(self):
         return self.tensor.dtype
 
 
@@ -263,6 +332,9 @@ class Reduce(Expr):
 
     @property
     def dtype(self):
+        return self.__dict__["_dtype"]
+
+    def _derived_dtype(self):
         return self.body.dtype
 
 
@@ -280,9 +352,13 @@ class PlaceholderOp:
 
 @dataclass(frozen=True, eq=False)
 class ComputeOp:
-    """``T[axes] = body`` over the rectangular domain of the tensor's shape."""
+    """``T[axes] = body`` over the rectangular domain of the tensor's shape.
+
+    ``note`` (optional) says how a pass produced the op when that matters to a reader,
+    e.g. a simplification that fell back to a form correct by construction."""
     axes: Tuple[Var, ...]
     body: Expr
+    note: Optional[str] = None
 
     def inputs(self):
         from .graph import tensors_read
@@ -301,6 +377,7 @@ class ScatterOp:
     indices: Tuple[Expr, ...]
     value: Expr
     where: Optional[Expr] = None
+    note: Optional[str] = None
 
     def inputs(self):
         from .graph import tensors_read

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 from typing import Dict, Iterable, List, Union
 
+from .deep import deep_entry
 from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, Reduce, ScatterOp,
                  Select, Tensor, Unary, Var)
 
@@ -111,6 +112,7 @@ class ExprPrinter:
         return f"{e.combiner}({self(e.body)} {' '.join(loops)}{where})", _ATOM
 
 
+@deep_entry
 def expr_to_str(e: Expr) -> str:
     """One expression as text (names unique within it)."""
     return ExprPrinter()(e)
@@ -131,10 +133,11 @@ def tensor_lines(tensors: Iterable[Tensor], tensor_names: Namer = None) -> List[
             lines.append(f"input {tname}: {_type_str(t)}")
             continue
         p = ExprPrinter(Namer(), names)
+        note = f"  [fallback: {t.op.note}]" if getattr(t.op, "note", None) else ""
         if isinstance(t.op, ScatterOp):
-            lines.append(f"{tname} = 0; {scatter_text(tname, t.op, p)}    # {_type_str(t)}")
+            lines.append(f"{tname} = 0; {scatter_text(tname, t.op, p)}    # {_type_str(t)}{note}")
         else:
-            lines.append(f"{tname}{op_header(t.op, p)} = {p(t.op.body)}    # {_type_str(t)}")
+            lines.append(f"{tname}{op_header(t.op, p)} = {p(t.op.body)}    # {_type_str(t)}{note}")
     return lines
 
 
@@ -157,6 +160,7 @@ def op_header(op: ComputeOp, p: ExprPrinter) -> str:
     return "[" + ", ".join(p(a) for a in op.axes) + "]"
 
 
+@deep_entry
 def show(tensors: Union[Tensor, Iterable[Tensor]]) -> str:
     """The formulas of ``tensors`` and of everything they depend on, one line each."""
     if isinstance(tensors, Tensor):

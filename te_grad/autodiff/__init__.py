@@ -5,13 +5,15 @@ See :func:`differentiate`. The derivative of every operator lives in
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .. import dtypes
+from ..deep import deep_entry
+from ..verify import verify_if_enabled
 from ..errors import UserError
 from ..graph import topo_order
 from ..ir import ComputeOp, Tensor
-from .vjp import ones_like, sum_contributions, vjp_of_compute, zeros_like
+from .vjp import full_box, hull, ones_like, sum_contributions, vjp_of_compute, zeros_like
 
 __all__ = ["differentiate", "gradient", "DifferentiationResult"]
 
@@ -26,7 +28,10 @@ class DifferentiationResult(Sequence):
     that do not influence the outputs).
     """
 
-    def __init__(self, outputs, inputs, gradients, adjoints, simplified: bool, raw=None):
+    def __init__(self, outputs, inputs, gradients, adjoints, simplified: bool, raw=None, fallbacks=()):
+        #: ``(tensor name, reason)`` for each reduction the simplifier left in a form correct by
+        #: construction (a scatter or the raw sum) because no simplification passed validation
+        self.fallbacks = list(fallbacks)
         self.outputs = tuple(outputs)
         self.inputs = tuple(inputs)
         self.gradients = tuple(gradients)
@@ -100,6 +105,7 @@ def _apply_override(y: Tensor, adj: Tensor, rule: Override, ancestors) -> Dict[T
     return got
 
 
+@deep_entry
 def differentiate(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor],
                   head=None, override: Optional[Dict[Tensor, Override]] = None,
                   simplify: bool = True) -> DifferentiationResult:
@@ -131,31 +137,36 @@ def differentiate(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Ten
             raise UserError(f"cannot take the gradient with respect to {x.name} of dtype {x.dtype}: "
                             "integer and bool tensors have no gradient")
     order = topo_order(outputs)
-    pending: Dict[int, List[Tensor]] = {}
+    # contributions waiting for each tensor, with the boxes outside which they are zero
+    pending: Dict[int, List[Tuple[Tensor, tuple]]] = {}
     for y, h in zip(outputs, _heads(outputs, head)):
-        pending.setdefault(id(y), []).append(h)
+        pending.setdefault(id(y), []).append((h, full_box(y)))
     adjoints: Dict[Tensor, Tensor] = {}
     for t in reversed(order):
         contribs = pending.pop(id(t), None)
         if not contribs:
             continue
-        adj = sum_contributions(t, contribs)
+        adj = sum_contributions(t, [c for c, _ in contribs])
         adjoints[t] = adj
         if t in override:
             anc = {id(a) for a in topo_order([t]) if a is not t}
             for x, c in _apply_override(t, adj, override[t], anc).items():
-                pending.setdefault(id(x), []).append(c)
+                pending.setdefault(id(x), []).append((c, full_box(x)))
         elif isinstance(t.op, ComputeOp):
-            for x, c in vjp_of_compute(t, adj):
-                pending.setdefault(id(x), []).append(c)
+            for x, c, box in vjp_of_compute(t, adj, hull([b for _, b in contribs])):
+                pending.setdefault(id(x), []).append((c, box))
     grads = [adjoints[x] if x in adjoints else zeros_like(x, f"d{x.name}") for x in inputs]
     raw = list(grads)
+    verify_if_enabled(raw + list(adjoints.values()), "autodiff (the raw vector-Jacobian products)")
+    fallbacks: List = []
     if simplify:
-        grads, adjoints = _simplified(outputs, grads, adjoints, override)
-    return DifferentiationResult(outputs, inputs, grads, adjoints, simplified=simplify, raw=raw)
+        grads, adjoints = _simplified(outputs, grads, adjoints, override, fallbacks)
+        verify_if_enabled(list(grads) + list(adjoints.values()), "simplify (the simplified gradients)")
+    return DifferentiationResult(outputs, inputs, grads, adjoints, simplified=simplify, raw=raw,
+                                 fallbacks=fallbacks)
 
 
-def _simplified(outputs, grads, adjoints, override):
+def _simplified(outputs, grads, adjoints, override, fallbacks):
     """Gradients and adjoints through the isl simplifier, forward tensors untouched."""
     from simplify import check_bounds, simplify_graph
     check_bounds(outputs)
@@ -163,7 +174,7 @@ def _simplified(outputs, grads, adjoints, override):
     for y in outputs:  # user-given heads are kept too
         if adjoints.get(y) is not None and y not in override:
             keep |= {id(t) for t in topo_order([adjoints[y]]) if t.is_placeholder}
-    new = simplify_graph(list(grads) + list(adjoints.values()), keep)
+    new = simplify_graph(list(grads) + list(adjoints.values()), keep, fallbacks)
     return [new[id(g)] for g in grads], {t: new[id(a)] for t, a in adjoints.items()}
 
 

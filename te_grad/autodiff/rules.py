@@ -15,13 +15,22 @@ Each rule receives the node ``n``, the node's adjoint ``g`` and ``y``, an
 expression for the node's forward value (a read of the forward tensor when
 the node is a whole compute body, so ``exp``, ``tanh``, ``sigmoid``, ``sqrt``
 and ``/`` reuse the stored result instead of recomputing it).
+
+The rules of the intrinsic functions (``exp``, ``atan2``, ...) are part of their
+records in :mod:`te_grad.ops`; the operators' rules are here.
+
+Branches: the adjoint of a read inside a branch of ``if_then_else(c, t, f)`` is
+``if_then_else(c, adjoint, 0)`` with *every* partial along the way inside it, so a
+partial that is infinite where the branch is not taken (``sqrt`` at 0 under
+``x > 0``, ``log`` under ``p > 0``) is never multiplied by the zero of the other
+branch: the gradient stays finite, as the function's is.
 """
 from __future__ import annotations
 
 import math
 from typing import Callable, Dict, List, Tuple
 
-from .. import dsl, dtypes
+from .. import dsl, dtypes, ops
 from ..errors import InternalError
 from ..ir import Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, Select, Unary, Var
 from .algebra import add, div, mul, neg, sub
@@ -70,32 +79,6 @@ def _pow_rule(n: Binary, g: Expr, y: Expr) -> Partials:
     return [(n.a, mul(g, mul(b, dsl.pow(n.a, sub(b, 1))))), (b, mul(g, mul(dsl.log(n.a), y)))]
 
 
-INTRINSIC_RULES: Dict[str, Callable[[Expr, Expr], Expr]] = {
-    # d exp(x) = exp(x) dx
-    "exp": lambda x, y: y,
-    # d log(x) = dx / x
-    "log": lambda x, y: div(dsl.const(1.0, x.dtype), x),
-    # d sqrt(x) = dx / (2 sqrt(x))
-    "sqrt": lambda x, y: div(dsl.const(0.5, x.dtype), y),
-    # d tanh(x) = (1 - tanh(x)^2) dx
-    "tanh": lambda x, y: 1.0 - y * y,
-    # d sigmoid(x) = sigmoid(x) (1 - sigmoid(x)) dx
-    "sigmoid": lambda x, y: y * (1.0 - y),
-    # d |x| = sign(x) dx, with sign(0) = 0
-    "abs": lambda x, y: dsl.if_then_else(x > 0, 1.0, dsl.if_then_else(x < 0, -1.0, 0.0)),
-    # d sin(x) = cos(x) dx
-    "sin": lambda x, y: dsl.cos(x),
-    # d cos(x) = -sin(x) dx
-    "cos": lambda x, y: -dsl.sin(x),
-    # d erf(x) = 2 / sqrt(pi) exp(-x^2) dx
-    "erf": lambda x, y: (2.0 / math.sqrt(math.pi)) * dsl.exp(-(x * x)),
-    # piecewise constant: zero derivative
-    "floor": None, "ceil": None, "trunc": None, "round": None,
-    # zero by definition: the user states the result does not depend on x
-    "stop_gradient": None,
-}
-
-
 def _differentiable(e: Expr) -> bool:
     return dtypes.is_float(e.dtype)
 
@@ -110,12 +93,12 @@ def local_partials(n: Expr, g: Expr, y: Expr) -> Partials:
         # d(-a) = -da ; logical not has none
         return [(n.a, neg(g))] if n.op == "neg" and _differentiable(n) else []
     if isinstance(n, Call):
-        rule = INTRINSIC_RULES[n.name]
-        return [] if rule is None else [(n.args[0], mul(g, rule(n.args[0], y)))]
+        partials = ops.intrinsic(n.name).partials(n.args, y)
+        return [(a, mul(g, p)) for a, p in zip(n.args, partials) if p is not None]
     if isinstance(n, Select):
-        # d select(c, t, f) = select(c, dt, 0) + select(c, 0, df)
-        zero = _zero(g)
-        return [(n.t, dsl.if_then_else(n.cond, g, zero)), (n.f, dsl.if_then_else(n.cond, zero, g))]
+        # d select(c, t, f) = select(c, dt, 0) + select(c, 0, df); backprop keeps the
+        # condition as a guard around everything below the branch (see the module doc)
+        raise InternalError("if_then_else reached the local rules; backprop guards its branches")
     if isinstance(n, Cast):
         # a float-to-float cast passes the adjoint back in the operand's precision
         return [(n.a, dsl.cast(n.a.dtype, g))] if _differentiable(n) and _differentiable(n.a) else []
@@ -131,22 +114,29 @@ def backprop(expr: Expr, seed: Expr, top_value: Expr = None) -> List[Tuple[Read,
 
     ``top_value`` (optional) stands for the value of ``expr`` itself in rules
     that reuse the forward result. Returns ``(read, adjoint)`` pairs in order
-    of first appearance; structurally equal reads are merged.
+    of first visit (depth first, left to right); structurally equal reads are merged. The walk keeps an
+    explicit stack (no recursion), so deep expressions are fine.
     """
     found: Dict[Read, Expr] = {}
-
-    def walk(n: Expr, g: Expr):
+    stack = [(expr, seed, ())]
+    while stack:
+        n, g, guards = stack.pop()
         if not _differentiable(n):
-            return
+            continue
         if isinstance(n, Read):
+            if guards:
+                g = dsl.if_then_else(dsl.all(list(guards)), g, _zero(g))
             prev = found.get(n)
             found[n] = g if prev is None else add(prev, g)
-            return
+            continue
+        if isinstance(n, Select):
+            # d select(c, t, f) = select(c, dt, 0) + select(c, 0, df)
+            stack.append((n.f, g, guards + (dsl.logical_not(n.cond),)))
+            stack.append((n.t, g, guards + (n.cond,)))
+            continue
         y = top_value if (top_value is not None and n is expr) else n
-        for child, child_adj in local_partials(n, g, y):
+        for child, child_adj in reversed(local_partials(n, g, y)):
             if isinstance(child_adj, Const) and child_adj.value == 0:
                 continue
-            walk(child, child_adj)
-
-    walk(expr, seed)
+            stack.append((child, child_adj, guards))
     return list(found.items())

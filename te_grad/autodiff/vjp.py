@@ -15,24 +15,43 @@ Reductions other than sum scale the seed ``dY[i]``:
   all elements equal to the result (JAX's convention), ``ties`` counting them;
 - prod: ``prod over k' != k of f(i, k')``, the product of the other factors,
   computed directly (no division by the product, so zeros are exact).
+
+Supports: every adjoint comes with a *box*, per dimension the range outside
+which it is structurally zero (a slice's gradient is zero outside the slice).
+A contribution iterates only over the part of ``dom(Y)`` inside the box of
+``dY``, so a partial is never evaluated where the adjoint is structurally zero:
+``0 * inf`` (the gradient of ``sqrt`` at 0, reached only through elements the
+output does not use) cannot turn a zero gradient into NaN. The box of a
+contribution is the interval hull of ``g`` over that part.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import dsl, dtypes
 from ..errors import UserError
-from ..ir import ComputeOp, Expr, Read, Reduce, ReduceAxis, Tensor, Var
+from ..intervals import interval
+from ..ir import ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var
+from ..lift import normalized_body
 from ..transform import substitute
-from .normalize import normalized_body
 from .rules import backprop
 
-Contribution = Tuple[Tensor, Tensor]  # (tensor receiving the adjoint, contribution tensor)
+#: per dimension ``(lo, hi)``: the adjoint is zero outside ``lo <= j < hi``
+Box = Tuple[Tuple[int, int], ...]
+#: (tensor receiving the adjoint, contribution tensor, the contribution's box)
+Contribution = Tuple[Tensor, Tensor, Box]
 
 
-def _fresh_axes_over(tensor: Tensor, axes: Sequence[Var]) -> List[ReduceAxis]:
-    """One reduce axis per dimension of ``tensor``, iterating over its whole shape."""
-    return [dsl.reduce_axis((0, n), name=ax.name) for ax, n in zip(axes, tensor.shape)]
+def full_box(t: Tensor) -> Box:
+    return tuple((0, n) for n in t.shape)
+
+
+def hull(boxes: Sequence[Box]) -> Box:
+    """The smallest box containing every box of ``boxes`` (empty boxes ignored)."""
+    real = [b for b in boxes if all(lo < hi for lo, hi in b)]
+    if not real:
+        return boxes[0] if boxes else ()
+    return tuple((min(b[d][0] for b in real), max(b[d][1] for b in real)) for d in range(len(real[0])))
 
 
 def _seed_for_reduction(y: Tensor, axes, red: Reduce, adj_read: Expr) -> Tuple[Expr, Expr]:
@@ -73,10 +92,14 @@ def _product_of_others(y: Tensor, axes, red: Reduce) -> Tensor:
                   ComputeOp(tuple(own + at), dsl.prod(body, other, where=where)))
 
 
-def vjp_of_compute(y: Tensor, adj: Tensor) -> List[Contribution]:
-    """The raw contributions of compute ``y`` with adjoint ``adj`` to the tensors it reads."""
+def vjp_of_compute(y: Tensor, adj: Tensor, box: Optional[Box] = None) -> List[Contribution]:
+    """The raw contributions of compute ``y`` with adjoint ``adj`` (zero outside ``box``) to
+    the tensors it reads."""
     # Lifted reductions are differentiated here too, so callers only see the
     # tensors y really reads; y's own stored values stand for its body's value.
+    box = full_box(y) if box is None else box
+    if any(lo >= hi for lo, hi in box):
+        return []  # the adjoint is structurally zero: nothing flows back
     body, lifted = normalized_body(y)
     axes = y.op.axes
     adj_read = Read(adj, tuple(axes))
@@ -89,29 +112,77 @@ def vjp_of_compute(y: Tensor, adj: Tensor) -> List[Contribution]:
     else:
         red_axes, where = [], None
         reads = backprop(body, adj_read, top_value=Read(y, tuple(axes)))
-    fresh = _fresh_axes_over(y, axes)
-    rename = dict(zip(axes, fresh))
+    domain, rename, inside, fresh = _domain(y, red_axes, box)
+    if where is not None:
+        where = substitute(where, rename)
+    if inside is not None:
+        where = inside if where is None else dsl.all(where, inside)
+    ranges = {id(f): (lo, hi - 1) for f, (lo, hi) in zip(fresh, box)}
     out: List[Contribution] = []
     for read, partial in reads:
         x = read.tensor
         if not dtypes.is_float(x.dtype):
             continue
-        # reduce axes first: isl keeps the earlier variables as loops and solves the
-        # later ones from the index equalities, so kernel offsets stay loop variables
-        # (constant ranges in the interior) and output positions are eliminated
-        out.append((x, _contribution(x, y, read, partial, red_axes + fresh, where, rename)))
+        indices = [substitute(g, rename) for g in read.indices]
+        x_box = _box_of(x, indices, ranges)
+        if any(lo >= hi for lo, hi in x_box):
+            continue
+        out.append((x, _contribution(x, y, indices, substitute(partial, rename), domain, where), x_box))
     if lifted:
         out = _resolve_lifted(out, lifted)
     return out
 
 
-def _contribution(x: Tensor, y: Tensor, read: Read, partial: Expr, domain: List[ReduceAxis],
-                  where: Expr, rename: Dict[Var, Expr]) -> Tensor:
-    """``dX[j] = sum over domain where (where and read.indices == j) of partial``."""
+def _domain(y: Tensor, red_axes: List[ReduceAxis], box: Box):
+    """The contribution's iteration domain: the reduce axes of ``y``'s body and one fresh axis
+    per output dimension, the renaming of ``y``'s variables onto them, and the condition
+    that keeps the output axes inside ``box`` (None when the box is the whole shape).
+
+    Reduce axes come first (isl keeps the earlier variables as loops and solves the later
+    ones from the index equalities, so kernel offsets stay loop variables), unless their
+    bounds use output indices (the gradient of a simplified gradient): then after them."""
+    axes = y.op.axes
+    fresh = [dsl.reduce_axis((0, n), name=ax.name) for ax, n in zip(axes, y.shape)]
+    rename: Dict[Var, Expr] = dict(zip(axes, fresh))
+    renamed = []
+    depends = False
+    for r in red_axes:
+        lo, hi = substitute(r.lo, rename), substitute(r.hi, rename)
+        if lo is r.lo and hi is r.hi:
+            renamed.append(r)
+            continue
+        depends = True
+        new = ReduceAxis(r.name, r.dtype, lo, hi)
+        rename[r] = new
+        renamed.append(new)
+    domain = fresh + renamed if depends else renamed + fresh
+    conds = []
+    for f, (lo, hi), n in zip(fresh, box, y.shape):
+        if lo > 0:
+            conds.append(f >= lo)
+        if hi < n:
+            conds.append(f < hi)
+    return domain, rename, (dsl.all(conds) if conds else None), fresh
+
+
+def _box_of(x: Tensor, indices: Sequence[Expr], ranges) -> Box:
+    """The interval hull of the read ``x[indices]`` over ``ranges``, clipped to ``x``'s shape."""
+    out = []
+    for g, n in zip(indices, x.shape):
+        iv = interval(g, ranges)  # reduce axes range over their bounds; a data-dependent index: None
+        if iv is None:
+            out.append((0, n))
+        else:
+            out.append((max(0, iv[0]), min(n, iv[1] + 1)))
+    return tuple(out)
+
+
+def _contribution(x: Tensor, y: Tensor, indices: Sequence[Expr], value: Expr, domain: List[ReduceAxis],
+                  where: Optional[Expr]) -> Tensor:
+    """``dX[j] = sum over domain where (where and indices == j) of value``."""
     js = [Var(f"j{d}" if x.ndim > 1 else "j") for d in range(x.ndim)]
-    matches = [substitute(g, rename) == j for g, j in zip(read.indices, js)]
-    cond = dsl.all(([substitute(where, rename)] if where is not None else []) + matches)
-    value = substitute(partial, rename)
+    matches = [g == j for g, j in zip(indices, js)]
+    cond = dsl.all(([where] if where is not None else []) + matches)
     if domain:
         body = dsl.sum(value, domain, where=cond)
     else:  # a 0-d forward with no reduction: nothing to sum over
@@ -124,10 +195,11 @@ def _resolve_lifted(contribs: List[Contribution], lifted: List[Tensor]) -> List[
     """Push contributions that target lifted tensors through them (consumers first)."""
     pending = list(contribs)
     for t in reversed(lifted):
-        mine = [c for x, c in pending if x is t]
-        pending = [(x, c) for x, c in pending if x is not t]
+        mine = [(c, b) for x, c, b in pending if x is t]
+        pending = [(x, c, b) for x, c, b in pending if x is not t]
         if mine:
-            pending.extend(vjp_of_compute(t, sum_contributions(t, mine)))
+            adj = sum_contributions(t, [c for c, _ in mine])
+            pending.extend(vjp_of_compute(t, adj, hull([b for _, b in mine])))
     return pending
 
 

@@ -1,15 +1,18 @@
-"""Interval analysis of integer index expressions over loop ranges.
+"""Interval analysis of integer index expressions over variable ranges.
 
-Used to decide that a read is in bounds at every point of its loops whatever
-the guards around it say, so both branches of an ``if_then_else`` may be
-evaluated (an LLVM ``select``, which vectorizes) instead of branching.
+``interval(e, ranges)`` bounds an integer expression when each variable lies in a
+known range. The differentiator uses it for the box outside which an adjoint is
+structurally zero; the native backend to decide that a read is in bounds at every
+point of its loops whatever the guards around it say, so both branches of an
+``if_then_else`` may be evaluated (a ``select``, which vectorizes) instead of
+branching.
 """
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-from te_grad.graph import reads_in
-from te_grad.ir import Binary, Cast, Const, Expr, Unary, Var
+from .graph import reads_in
+from .ir import Binary, Cast, Const, Expr, ReduceAxis, Unary, Var
 
 Interval = Optional[Tuple[int, int]]
 
@@ -19,7 +22,12 @@ def interval(e: Expr, ranges: Dict[int, Tuple[int, int]]) -> Interval:
     if isinstance(e, Const):
         return (int(e.value), int(e.value)) if not isinstance(e.value, float) else None
     if isinstance(e, Var):
-        return ranges.get(id(e))
+        got = ranges.get(id(e))
+        if got is None and isinstance(e, ReduceAxis) and e.lo is not None:
+            lo, hi = interval(e.lo, ranges), interval(e.hi, ranges)
+            if lo is not None and hi is not None and lo[0] <= hi[1] - 1:
+                return lo[0], hi[1] - 1
+        return got
     if isinstance(e, Cast):
         return interval(e.a, ranges) if e.dtype.startswith("int") and e.a.dtype.startswith("int") else None
     if isinstance(e, Unary) and e.op == "neg":

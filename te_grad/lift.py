@@ -8,12 +8,12 @@ reduce axes it uses, which must have constant bounds.
 """
 from typing import List, Tuple
 
-from .. import dsl
-from ..errors import UserError
-from ..graph import free_vars
-from ..ir import ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var
-from ..transform import substitute
-from ..visitor import Mutator
+from . import dsl
+from .errors import UserError
+from .graph import free_vars
+from .ir import ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var
+from .transform import substitute
+from .visitor import Mutator
 
 class _Lifter(Mutator):
     def __init__(self, tensor: Tensor):

@@ -1,0 +1,104 @@
+"""Translation validation: a scan is returned only after isl proves it visits exactly its domain.
+
+:meth:`~simplify.isl_bridge.Domain.scan` turns isl's AST into te_grad loop nests.
+Both steps can go wrong: isl's AST generator itself drops points for some
+domains with several modular constraints (``{(i, j) : (i + j) mod 3 = p0,
+(j + 1) mod 5 = p1}`` comes back as a single statement although two ``i``
+reach some ``(p0, p1)``), and the translation back to te_grad expressions is
+code of ours. So the result is checked in the other direction, from the te_grad
+expressions back to isl, which decides Presburger arithmetic exactly:
+
+- each nest, written as ``{[p] -> [loops, dims] : guards, loop bounds, filters,
+  dims = values(p, loops)}``, projected onto the dimensions, and all nests
+  together, equal the domain: the same points;
+- within a nest the map from loop variables to dimensions is injective, and
+  no two nests share a point: each point once.
+
+:func:`check_nests` returns None when both hold and says what fails otherwise;
+an expression isl cannot represent makes the check undecidable, which is a
+failure too.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import islpy as isl
+
+from te_grad.errors import InternalError
+
+from .affine import isl_cond, isl_expr
+
+
+def _nest_text(domain, nest, k: int):
+    """``(set text, map text)`` of nest ``k`` in isl syntax, or a reason it has none."""
+    names: Dict[int, str] = {id(p[1]): p[0] for p in domain.params}
+    loops = []
+    cons: List[str] = []
+    for g in nest.guards:
+        text = isl_cond(g, names)
+        if text is None:
+            return None, f"guard {g} is not quasi-affine"
+        cons.append(text)
+    for n, ax in enumerate(nest.axes):
+        lo, hi = isl_expr(ax.lo, names), isl_expr(ax.hi, names)
+        if lo is None or hi is None:
+            return None, f"the bounds of loop {ax.name} ({ax.lo}, {ax.hi}) are not quasi-affine"
+        name = f"l{k}_{n}"
+        names[id(ax)] = name
+        loops.append(name)
+        cons.append(f"{lo} <= {name} < {hi}")
+    for f in nest.filters:
+        text = isl_cond(f, names)
+        if text is None:
+            return None, f"filter {f} is not quasi-affine"
+        cons.append(text)
+    if len(nest.values) != len(domain.dims):
+        return None, f"a nest gives {len(nest.values)} values for {len(domain.dims)} dimensions"
+    dims = [d[0] for d in domain.dims]
+    for d, v in zip(dims, nest.values):
+        text = isl_expr(v, names)
+        if text is None:
+            return None, f"the value {v} of {d} is not quasi-affine"
+        cons.append(f"{d} = {text}")
+    pnames = ", ".join(p[0] for p in domain.params)
+    body = " and ".join(cons) if cons else "0 = 0"
+    lnames = ", ".join(loops)
+    dnames = ", ".join(dims)
+    return (f"[{pnames}] -> {{ S[{dnames}] : exists ({lnames or '_e'} : {body}) }}",
+            f"[{pnames}] -> {{ L[{lnames}] -> S[{dnames}] : {body} }}"), None
+
+
+def check_nests(domain, nests) -> Optional[str]:
+    """None if ``nests`` visit exactly the points of ``domain``, each once; else the reason."""
+    images = []
+    try:
+        for k, nest in enumerate(nests):
+            texts, why = _nest_text(domain, nest, k)
+            if texts is None:
+                return f"cannot be decided: {why}"
+            image = isl.Set(texts[0]).intersect_params(domain.context)
+            relation = isl.Map(texts[1]).intersect_params(domain.context)
+            if not relation.is_injective():
+                return f"nest {k} visits some point more than once"
+            for j, other in enumerate(images):
+                if not image.intersect(other).is_empty():
+                    return f"nests {j} and {k} both visit some point"
+            images.append(image)
+        covered = images[0] if images else isl.Set.empty(domain.set.get_space())
+        for image in images[1:]:
+            covered = covered.union(image)
+        if not covered.is_equal(domain.set):
+            missing = domain.set.subtract(covered)
+            if not missing.is_empty():
+                return f"the loops miss points of the domain, e.g. {_point(missing)}"
+            return f"the loops visit points outside the domain, e.g. {_point(covered.subtract(domain.set))}"
+    except isl.Error as err:
+        raise InternalError(f"isl failed while validating a scan: {err}") from None
+    return None
+
+
+def _point(s) -> str:
+    try:
+        return str(s.sample_point())
+    except isl.Error:
+        return str(s)

@@ -1,0 +1,93 @@
+"""Differential random-program testing of every te_grad stage.
+
+``python -m te_grad fuzz --programs N --seed S`` generates ``N`` random valid programs
+(:mod:`.program`), runs every check on each (:mod:`.check`: raw gradients against
+finite differences, simplified against raw, compiled float64 and float32 against the
+evaluator), prints the count of each outcome, and prints every failing program,
+shrunk (:mod:`.shrink`), as a script that reproduces it. ``tests/test_fuzz.py`` runs a
+fixed budget of programs through hypothesis, which shrinks failures the same way.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from typing import Dict, List, Optional, TextIO
+
+from .check import PASSING, Outcome, check
+from .program import Program, from_choices, from_seed, generate
+from .shrink import shrink
+
+__all__ = ["Program", "Outcome", "check", "generate", "from_seed", "from_choices", "shrink", "run",
+           "script", "programs"]
+
+
+def script(program: Program, outcome: Outcome, seed: int) -> str:
+    """A self-contained Python script that reruns ``program``'s checks."""
+    detail = "\n".join("# " + line for line in outcome.detail.strip().splitlines()[-12:])
+    return (f"# te_grad fuzz: {outcome.kind}\n{detail}\n"
+            "from te_grad.fuzz import Program, check\n\n"
+            f"source = '''\n{program.source}'''\n"
+            f"print(check(Program(source), seed={seed}))\n")
+
+
+def _one(index: int, seed: int, compile_: bool):
+    program = from_seed(seed * 1_000_003 + index)
+    return index, program, check(program, seed=index, compile_=compile_)
+
+
+def run(programs: int, seed: int = 0, out: Optional[TextIO] = None, compile_: bool = True,
+        shrink_failures: bool = True, jobs: int = 1, progress_every: int = 100) -> Dict[str, int]:
+    """Check ``programs`` random programs; print counts and failing scripts; return the counts."""
+    out = sys.stdout if out is None else out
+    counts: Counter = Counter()
+    failures: List[tuple] = []
+    fallbacks = 0
+    start = time.monotonic()
+
+    def record(index, program, outcome):
+        nonlocal fallbacks
+        counts[outcome.kind] += 1
+        fallbacks += outcome.fallbacks
+        if outcome.failed:
+            failures.append((index, program, outcome))
+        done = sum(counts.values())
+        if progress_every and done % progress_every == 0:
+            elapsed = time.monotonic() - start
+            print(f"[{done}/{programs}] {elapsed:.0f} s, " + ", ".join(f"{k}: {v}" for k, v in
+                                                                   sorted(counts.items())), file=out, flush=True)
+
+    if jobs > 1:
+        import multiprocessing as mp
+        with mp.get_context("fork").Pool(jobs) as pool:
+            for result in pool.imap_unordered(_star, [(i, seed, compile_) for i in range(programs)], chunksize=4):
+                record(*result)
+    else:
+        for i in range(programs):
+            record(*_one(i, seed, compile_))
+    elapsed = time.monotonic() - start
+    print(f"\n{programs} programs (seed {seed}) in {elapsed:.0f} s", file=out)
+    for kind in sorted(counts):
+        print(f"  {kind:28s} {counts[kind]}", file=out)
+    print(f"  simplifications that fell back (exact, not failures): {fallbacks}", file=out)
+    for index, program, outcome in sorted(failures, key=lambda f: f[0]):
+        if shrink_failures:
+            program = shrink(program, lambda p: check(p, seed=index, compile_=compile_).kind == outcome.kind)
+            outcome = check(program, seed=index, compile_=compile_)
+        print(f"\n# --- program {index} ---\n{script(program, outcome, index)}", file=out)
+    return dict(counts)
+
+
+def _star(args):
+    return _one(*args)
+
+
+def programs():
+    """A hypothesis strategy of random valid programs (hypothesis shrinks them choice by choice)."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def strategy(draw):
+        return generate(lambda n: draw(st.integers(0, n - 1)))
+
+    return strategy()

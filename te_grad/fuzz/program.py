@@ -1,0 +1,293 @@
+"""Random valid te_grad programs, written as Python source.
+
+:func:`generate` draws every decision from ``draw(n)`` (an integer in ``[0, n)``),
+so the same choices give the same program: a seeded generator gives reproducible
+programs, and a shrinker (:mod:`.shrink`, or hypothesis) makes a failing program
+smaller by making the choices smaller. Small choices mean simple programs: the
+first option of every decision is the simplest one, and a draw past the end of
+a choice sequence is 0.
+
+A program is 1 to 4 stages (``tg.compute``) over float placeholders of rank 0 to
+3, integer id tensors (data-dependent reads) and earlier stages. Bodies use
+every intrinsic (each applied where it is smooth, or under a guard that makes
+it so: ``if_then_else(x > 0, sqrt(x), ...)``), ``+ - * / **``, ``maximum`` and
+``minimum``, ``if_then_else`` on data and on indices, and sum / max / min / prod
+reductions, some with an empty domain or a ``where``. Index maps are sums and
+constant multiples of variables, transposes and diagonals, clamps (``minimum`` /
+``maximum``), ``//`` and ``%`` by small constants, and reads through ids; an
+index that could leave its tensor is wrapped (``% n``), clamped or guarded.
+
+Conventions excluded by construction: a ``max`` / ``min`` reduction that may be
+empty (its value is -inf / inf) is combined with a finite constant, so no
+program differentiates through an infinite value; tied elements of a max, where
+te_grad (like JAX) splits the gradient, only arise between reads of the same
+element, which every convention agrees on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from .. import ops
+
+Draw = Callable[[int], int]
+
+#: intrinsics and how an argument is brought into the region where each is smooth
+_SAFE_ARG = {
+    "log": "{a} * {a} + 0.5", "sqrt": "{a} * {a} + 0.25", "asin": "0.9 * tg.tanh({a})",
+    "acos": "0.9 * tg.tanh({a})", "log1p": "{a} * {a}", "exp": "tg.tanh({a})",
+    "expm1": "tg.tanh({a})",
+}
+_PIECEWISE = ("floor", "ceil", "trunc", "round")
+
+
+@dataclass
+class Program:
+    """The source of a random program and what its checks need.
+
+    Executing ``source`` (with ``DT`` bound to a float dtype) defines ``OUT`` (the last
+    stage), ``INPUTS`` (float placeholders), ``IDS`` (``{id placeholder: high}``: values
+    in ``[0, high)``) and ``STAGES``."""
+    source: str
+    choices: List[int] = field(default_factory=list)
+
+    def build(self, dtype: str = "float64") -> Dict[str, object]:
+        import te_grad as tg
+        namespace: Dict[str, object] = {"tg": tg, "DT": dtype}
+        exec(compile(self.source, "<te_grad fuzz program>", "exec"), namespace)  # noqa: S102
+        return namespace
+
+
+class _Gen:
+    def __init__(self, draw: Draw):
+        self.draw = draw
+        self.lines: List[str] = []
+        self.sources: List[Tuple[str, Tuple[int, ...]]] = []  # (name, shape) of float tensors
+        self.ids: List[Tuple[str, Tuple[int, ...], int]] = []  # (name, shape, high)
+        self.n_axes = 0
+
+    def pick(self, options):
+        return options[self.draw(len(options))]
+
+    def chance(self, k: int) -> bool:
+        """True with probability about 1/k (False is the simple choice)."""
+        return self.draw(k) == k - 1
+
+    def shape(self, max_rank: int = 3) -> Tuple[int, ...]:
+        rank = self.draw(max_rank + 1)
+        return tuple(1 + self.draw(5 if rank < 3 else 4) for _ in range(rank))
+
+    # -- index expressions -------------------------------------------------------------
+    def index(self, vars_: List[Tuple[str, int, int]], n: int) -> str:
+        """An index into a dimension of extent ``n``, in range at every point of ``vars_``
+        (``(name, lo, hi)``: the variable takes values in ``[lo, hi)``)."""
+        if not vars_ or self.chance(8):
+            return str(self.draw(n))
+        v, lo, hi = self.pick(vars_)
+        kind = self.draw(9)
+        if kind == 0:
+            e, elo, ehi = v, lo, hi - 1
+        elif kind == 1:
+            c = self.draw(5) - 2
+            e, elo, ehi = f"({v} + {c})", lo + c, hi - 1 + c
+        elif kind == 2:
+            c = self.draw(4)
+            e, elo, ehi = f"({c} - {v})", c - (hi - 1), c - lo
+        elif kind == 3:
+            m, c = 2 + self.draw(2), self.draw(3)
+            e, elo, ehi = f"({m} * {v} + {c})", m * lo + c, m * (hi - 1) + c
+        elif kind == 4:
+            d = 2 + self.draw(3)
+            e, elo, ehi = f"({v} // {d})", lo // d, (hi - 1) // d
+        elif kind == 5:  # a modulus: often the extent itself (a cyclic shift)
+            d = self.pick([n, 2, 3, 4, 5]) if n > 1 else 2 + self.draw(4)
+            c = self.draw(3)
+            e, elo, ehi = (f"({v} % {d})" if not c else f"(({v} + {c}) % {d})"), 0, d - 1
+        elif kind == 6 and len(vars_) > 1:
+            w, wlo, whi = self.pick(vars_)
+            a, b, c = 1 + self.draw(3), 1 + self.draw(2), self.draw(3)
+            d = self.pick([n, 2, 3, 4]) if n > 1 else 2 + self.draw(3)
+            if self.chance(2):
+                e, elo, ehi = f"(({a} * {v} + {b} * {w} + {c}) % {d})", 0, d - 1
+            else:
+                e = f"(({a} * {v} + {b} * {w} + {c}) // {d})"
+                elo, ehi = (a * lo + b * wlo + c) // d, (a * (hi - 1) + b * (whi - 1) + c) // d
+        elif kind == 7:  # a clamp
+            c = self.draw(5) - 2
+            return f"tg.minimum(tg.maximum({v} + {c}, 0), {n - 1})"
+        elif kind == 8 and self.ids:  # a data-dependent index: ids hold values in [0, high)
+            name, shape, high = self.pick(self.ids)
+            e = f"{name}[{self.index([x for x in vars_], shape[0])}]"
+            return e if high <= n else f"{e} % {n}"
+        else:
+            e, elo, ehi = v, lo, hi - 1
+        if 0 <= elo and ehi < n:
+            return e
+        return f"({e}) % {n}"  # wrapped into range (Python's floor modulo)
+
+    def read(self, vars_, guards: List[str]) -> str:
+        """A read of a float source (placeholder or earlier stage), maybe padded by a guard."""
+        name, shape = self.pick(self.sources)
+        if not shape:
+            return f"{name}[()]"
+        if vars_ and self.chance(5):  # a padded read: the index may leave the tensor, a guard says where
+            v, lo, hi = self.pick(vars_)
+            d = self.draw(len(shape))
+            c = self.draw(3) - 1
+            idx = [self.index(vars_, n) for n in shape]
+            idx[d] = f"{v} + {c}"
+            guard = f"tg.all({v} + {c} >= 0, {v} + {c} < {shape[d]})"
+            return f"tg.if_then_else({guard}, {name}[{', '.join(idx)}], {self.const()})"
+        return f"{name}[{', '.join(self.index(vars_, n) for n in shape)}]"
+
+    def const(self) -> str:
+        """A constant of the program's dtype (a bare Python float would make a float32
+        sub-expression of constants in a float64 program)."""
+        return f"C({self.pick(['0.5', '1.5', '-0.75', '2.0', '0.25'])})"
+
+    # -- scalar expressions --------------------------------------------------------------
+    def expr(self, vars_, depth: int) -> str:
+        if depth <= 0 or self.chance(3) and depth < 3:
+            return self.read(vars_, []) if not self.chance(6) else self.const()
+        kind = self.draw(8)
+        if kind == 0:
+            return self.read(vars_, [])
+        if kind == 1:
+            a, b = self.expr(vars_, depth - 1), self.expr(vars_, depth - 1)
+            op = self.pick(["+", "-", "*", "/", "**", "max", "min"])
+            if op == "/":
+                return f"({a} / ({b} * {b} + 0.5))"
+            if op == "**":
+                return f"tg.pow({a} * {a} + 0.5, {self.pick(['2.0', '0.5', '1.5', b])})"
+            if op in ("max", "min"):
+                return f"tg.{'maximum' if op == 'max' else 'minimum'}({a}, {b})"
+            return f"({a} {op} {b})"
+        if kind == 2:
+            return self.intrinsic(vars_, depth)
+        if kind == 3:
+            return self.select(vars_, depth)
+        if kind in (4, 5):
+            return self.reduction(vars_, depth)
+        if kind == 6:
+            return f"(-{self.expr(vars_, depth - 1)})"
+        return f"({self.const()} * {self.expr(vars_, depth - 1)})"
+
+    def intrinsic(self, vars_, depth) -> str:
+        name = self.pick(list(ops.INTRINSICS))
+        a = self.expr(vars_, depth - 1)
+        if name == "atan2":
+            b = self.expr(vars_, depth - 1)
+            return f"tg.atan2({a}, {b} * {b} + 0.3)"
+        if name in _PIECEWISE:  # piecewise constant: applied to a coarse value, away from its jumps
+            return f"tg.{name}(tg.tanh({a}) * 0.25 + 0.5)"
+        if name == "stop_gradient":  # as softmax uses it: a shift the value does not depend on
+            b = f"tg.tanh({self.expr(vars_, depth - 1)})"
+            return f"(tg.exp(tg.tanh({a}) - tg.stop_gradient({b})) * tg.exp(tg.stop_gradient({b})))"
+        if name in ("sqrt", "log") and self.chance(2):  # guarded: 0 * inf must not appear
+            if name == "sqrt":
+                return f"tg.if_then_else({a} > 0.0, tg.sqrt({a}), 3.0 * {a})"
+            return f"tg.if_then_else({a} > 0.0, {a} * tg.log({a}), 0.0)"
+        if name in _SAFE_ARG:
+            return f"tg.{name}({_SAFE_ARG[name].format(a=a)})"
+        return f"tg.{name}({a})"
+
+    def condition(self, vars_, depth) -> str:
+        if vars_ and self.chance(2):
+            v, lo, hi = self.pick(vars_)
+            form = self.draw(3)
+            if form == 0:
+                return f"{v} < {lo + self.draw(max(1, hi - lo))}"
+            if form == 1:
+                return f"({v} % 2) == {self.draw(2)}"
+            w, _, _ = self.pick(vars_)
+            return f"{v} <= {w}"
+        a, b = self.expr(vars_, depth - 1), self.expr(vars_, depth - 1)
+        return f"{a} > {b}"
+
+    def select(self, vars_, depth) -> str:
+        cond = self.condition(vars_, depth)
+        return f"tg.if_then_else({cond}, {self.expr(vars_, depth - 1)}, {self.expr(vars_, depth - 1)})"
+
+    def reduction(self, vars_, depth) -> str:
+        combiner = self.pick(["sum", "max", "min", "prod"])
+        axes = []
+        for _ in range(1 + self.chance(3)):
+            name = f"k{self.n_axes}"
+            self.n_axes += 1
+            lo = self.draw(2)
+            extent = self.draw(4)  # 0: an empty domain
+            self.lines.append(f"{name} = tg.reduce_axis(({lo}, {lo + extent}), name={name!r})")
+            axes.append((name, lo, lo + extent))
+        inner = vars_ + [a for a in axes if a[2] > a[1]]
+        body = self.expr(inner, depth - 1)
+        if combiner == "prod":
+            body = f"tg.tanh({body}) * 0.5 + 1.0"  # factors near 1: products stay moderate
+        where = ""
+        if self.chance(3):
+            where = f", where={self.condition(inner, 1) if inner else 'True'}"
+        axis_list = ", ".join(a[0] for a in axes)
+        red = f"tg.{combiner}({body}, axis=[{axis_list}]{where})"
+        may_be_empty = any(a[2] <= a[1] for a in axes) or where
+        if combiner in ("max", "min") and may_be_empty:  # -inf / inf over an empty domain
+            red = f"tg.{'maximum' if combiner == 'max' else 'minimum'}({red}, {self.const()})"
+        return red
+
+    # -- the program ---------------------------------------------------------------------------
+    def program(self) -> str:
+        self.lines.append("# a random te_grad program (te_grad.fuzz); DT is the float dtype")
+        self.lines.append("C = lambda value: tg.const(value, DT)")
+        n_inputs = 1 + self.draw(3)
+        for k in range(n_inputs):
+            shape = self.shape()
+            self.lines.append(f"X{k} = tg.placeholder({shape!r}, dtype=DT, name='X{k}')")
+            self.sources.append((f"X{k}", shape))
+        if self.chance(3):
+            n = 1 + self.draw(4)
+            high = 1 + self.draw(4)
+            self.lines.append(f"I0 = tg.placeholder(({n},), dtype='int64', name='I0')")
+            self.ids.append(("I0", (n,), high))
+        stages = []
+        for s in range(1 + self.draw(4)):
+            shape = self.shape()
+            names = [f"i{d}" for d in range(len(shape))]
+            vars_ = [(v, 0, n) for v, n in zip(names, shape)]
+            body = self.expr(vars_, 1 + self.draw(4))
+            params = ", ".join(names)
+            self.lines.append(f"S{s} = tg.compute({shape!r}, lambda {params}: tg.cast(DT, {body}), name='S{s}')")
+            self.sources.append((f"S{s}", shape))
+            stages.append(f"S{s}")
+        self.lines.append(f"OUT = {stages[-1]}")
+        self.lines.append(f"STAGES = [{', '.join(stages)}]")
+        self.lines.append(f"INPUTS = [{', '.join(f'X{k}' for k in range(n_inputs))}]")
+        self.lines.append("IDS = {" + ", ".join(f"{n}: {h}" for n, _, h in self.ids) + "}")
+        return "\n".join(self.lines) + "\n"
+
+
+def generate(draw: Draw) -> Program:
+    """A random valid program from the choices ``draw`` makes (see the module docstring)."""
+    record: List[int] = []
+
+    def recording(n: int) -> int:
+        v = draw(n) if n > 1 else 0
+        record.append(v)
+        return v
+
+    return Program(_Gen(recording).program(), record)
+
+
+def from_choices(choices: List[int]) -> Program:
+    """The program a choice sequence describes (each entry taken modulo its range; 0 past the end)."""
+    pos = [0]
+
+    def draw(n: int) -> int:
+        k = pos[0]
+        pos[0] += 1
+        return choices[k] % n if k < len(choices) else 0
+
+    return generate(draw)
+
+
+def from_seed(seed: int) -> Program:
+    import random
+    rng = random.Random(seed)
+    return generate(lambda n: rng.randrange(n))
