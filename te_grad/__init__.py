@@ -44,6 +44,12 @@ def domain(tensor):
     return domains(tensor)
 
 
+def latex(tensors) -> str:
+    """The formulas of ``tensors`` and their dependencies as LaTeX (sympy renders them)."""
+    from .symbolic import latex as _latex
+    return _latex(tensors)
+
+
 @deep_entry
 def iterations(tensors) -> int:
     """Exact innermost-loop iterations to compute ``tensors`` from placeholders, each op once."""
@@ -60,5 +66,5 @@ __all__ = [
     "asin", "acos", "atan", "atan2", "log1p", "expm1", "SimplificationWarning",
     "maximum", "minimum", "floor", "ceil", "trunc", "round", "stop_gradient",
     "evaluate", "show", "nn", "differentiate", "gradient", "DifferentiationResult",
-    "simplify", "iterations", "build", "domain", "row_gradient", "RowGradient", "verify",
+    "simplify", "iterations", "build", "domain", "row_gradient", "RowGradient", "verify", "latex",
 ]

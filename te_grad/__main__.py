@@ -6,6 +6,8 @@ checked against finite differences and timed.
 simplified gradients, exact iteration counts and (compiled) loop nests.
 ``python -m te_grad bench [--ops ...] [--threads N] [--quick]``: te_grad against PyTorch
 and JAX on the reference suite (see te_grad/benchmark.py).
+``python -m te_grad fuzz --programs N --seed S``: random programs, every stage checked
+against the others (see te_grad/fuzz).
 """
 from __future__ import annotations
 
@@ -419,7 +421,12 @@ def main(argv=None) -> int:
     if argv[:1] == ["bench"]:  # its own options: python -m te_grad bench --help
         from te_grad.benchmark import main as bench_main
         return bench_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m te_grad", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m te_grad",
+        description="te_grad: differentiate tensor expressions into exact, fast backward passes.",
+        epilog="python -m te_grad COMMAND --help describes each command.")
+    from te_grad import __version__
+    parser.add_argument("--version", action="version", version=f"te_grad {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="differentiate a strided conv2d, compile it, check it, time it")
     sub.add_parser("bench", help="time te_grad against PyTorch and JAX on the reference suite "
@@ -438,7 +445,24 @@ def main(argv=None) -> int:
                              "shape of an input by its name (X=(1, 2, 9, 9)); repeatable")
     p_show.add_argument("--compile", action="store_true",
                         help="also compile the forward and backward kernels and print their loops")
+    p_fuzz = sub.add_parser(
+        "fuzz", help="check random programs: raw gradients against finite differences, simplified "
+                     "against raw, compiled against the evaluator",
+        description="Generate random valid te_grad programs and check every stage against the others. "
+                    "Prints the count of each outcome and every failing program, shrunk, as a script "
+                    "that reproduces it. Exit status 1 if any program failed.")
+    p_fuzz.add_argument("--programs", type=int, default=200, help="how many programs (default 200)")
+    p_fuzz.add_argument("--seed", type=int, default=0, help="the seed of the program sequence (default 0)")
+    p_fuzz.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p_fuzz.add_argument("--no-compile", action="store_true", help="skip the compiled kernels")
+    p_fuzz.add_argument("--no-shrink", action="store_true", help="print failing programs as found")
     args = parser.parse_args(argv)
+    if args.command == "fuzz":
+        from te_grad.fuzz import PASSING, run
+        counts = run(args.programs, args.seed, compile_=not args.no_compile,
+                     shrink_failures=not args.no_shrink, jobs=args.jobs,
+                     progress_every=max(1, min(100, args.programs // 10)))
+        return 1 if any(k not in PASSING for k in counts) else 0
     if args.command == "demo":
         return demo()
     if args.command == "show":

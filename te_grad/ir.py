@@ -447,3 +447,10 @@ class Tensor:
     def _repr_html_(self):
         from .display import tensor_html
         return tensor_html(self)
+
+    def _repr_latex_(self):
+        """The tensor's own formula as a LaTeX equation (sympy renders it)."""
+        from .symbolic import latex
+        if self.is_placeholder:
+            return None
+        return "$$" + latex(self, dependencies=False) + "$$"

@@ -5,10 +5,16 @@ new tensor ``Y_sum[i] = sum(X[i, k] for k ...)``. A lifted reduction keeps only
 the variables it uses (a row sum is computed once per row), and a reduction
 nested inside another reduction's body becomes a tensor over the enclosing
 reduce axes it uses, which must have constant bounds.
+
+With ``max_depth``, sub-expressions are lifted the same way so that no piece is
+deeper than that: the adjoint of a read at the bottom of a chain of ``n``
+multiplications is a product of ``n - 1`` factors, so differentiating one deep
+body would build ``n^2`` nodes; through pieces of depth ``d`` it builds about
+``n d``, and the pieces' adjoints are tensors computed once.
 """
 from typing import List, Tuple
 
-from . import dsl
+from . import dsl, dtypes
 from .errors import UserError
 from .graph import free_vars
 from .ir import ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var
@@ -16,14 +22,30 @@ from .transform import substitute
 from .visitor import Mutator
 
 class _Lifter(Mutator):
-    def __init__(self, tensor: Tensor):
+    def __init__(self, tensor: Tensor, max_depth: int = None):
         super().__init__()
         self.tensor = tensor
         self.top = tensor.op.body
         self.lifted: List[Tensor] = []
+        self.max_depth = max_depth
 
     def visit_Reduce(self, node: Reduce):
-        return self._lift(super().visit_Reduce(node))
+        return self._lift(super().visit_Reduce(node), node.combiner)
+
+    def visit(self, node):
+        out = super().visit(node)
+        if (self.max_depth is not None and out is not self.top and isinstance(out, Expr)
+                and out.depth >= self.max_depth and self._liftable(out)):
+            out = self._lift(out, "part")
+            self._memo[id(node)] = (node, out)
+        return out
+
+    def _liftable(self, e: Expr) -> bool:
+        """A float expression of the output indices only (a piece over reduce axes would be
+        a tensor as large as the reduction's domain)."""
+        if isinstance(e, (Var, Const, Read)) or not dtypes.is_float(e.dtype):
+            return False
+        return not any(isinstance(v, ReduceAxis) for v in free_vars(e))
 
     def run(self) -> Expr:
         top = self.top
@@ -36,7 +58,7 @@ class _Lifter(Mutator):
             return Reduce(top.combiner, body, top.axes, where)
         return self.visit(top)
 
-    def _lift(self, red: Reduce) -> Expr:
+    def _lift(self, red: Expr, suffix: str) -> Expr:
         op: ComputeOp = self.tensor.op
         used = free_vars(red)
         dims, shape, index = [], [], []
@@ -53,7 +75,7 @@ class _Lifter(Mutator):
                 dims.append(v)
                 shape.append(v.extent)
                 index.append(v - v.lo.value if v.lo.value else v)
-        name = f"{self.tensor.name}_{red.combiner}"
+        name = f"{self.tensor.name}_{suffix}"
         new_axes = [Var(v.name) for v in dims]
         mapping = {}
         for v, nv in zip(dims, new_axes):
@@ -64,8 +86,16 @@ class _Lifter(Mutator):
         return Read(lifted, tuple(dsl.cast("int64", i) for i in index))
 
 
-def normalized_body(tensor: Tensor) -> Tuple[Expr, List[Tensor]]:
-    """The body of ``tensor`` with nested reductions lifted, and the lifted tensors (producers first)."""
-    lifter = _Lifter(tensor)
+#: bodies deeper than this are cut into pieces when a piece depth is asked for
+DEEP_BODY = 64
+
+
+def normalized_body(tensor: Tensor, max_depth: int = None) -> Tuple[Expr, List[Tensor]]:
+    """The body of ``tensor`` with nested reductions lifted (and, when the body is deeper than
+    :data:`DEEP_BODY`, sub-expressions of depth ``max_depth``: see the module docstring), and
+    the lifted tensors (producers first)."""
+    if max_depth is not None and tensor.op.body.depth <= DEEP_BODY:
+        max_depth = None
+    lifter = _Lifter(tensor, max_depth)
     body = lifter.run()
     return body, lifter.lifted

@@ -5,9 +5,7 @@ other node is walked (Visitor) or rebuilt from its visited children (Mutator).
 A Mutator returns the very same node when nothing below it changed, and
 visits each distinct node object once (results are memoized by identity).
 """
-from dataclasses import fields, replace
-
-from .ir import Expr, Reduce, ReduceAxis, Var
+from .ir import Expr, Reduce, ReduceAxis, Var, _field_names
 
 
 class Visitor:
@@ -73,19 +71,19 @@ class Mutator:
         return Reduce(node.combiner, body, tuple(new_axes), where)
 
     def generic_visit(self, node):
-        changes = {}
-        for f in fields(node):
-            value = getattr(node, f.name)
-            if isinstance(value, Expr) and not isinstance(value, Var):
-                new = self.visit(value)
-            elif isinstance(value, Var):
+        names = _field_names(type(node))
+        values = [getattr(node, n) for n in names]
+        changed = False
+        for k, value in enumerate(values):
+            if isinstance(value, Expr):
                 new = self.visit(value)
             elif isinstance(value, tuple) and value and isinstance(value[0], Expr):
-                new = tuple(self.visit(v) for v in value)
+                new = tuple([self.visit(v) for v in value])
                 if all(a is b for a, b in zip(new, value)):
                     new = value
             else:
                 continue
             if new is not value:
-                changes[f.name] = new
-        return replace(node, **changes) if changes else node
+                values[k] = new
+                changed = True
+        return type(node)(*values) if changed else node

@@ -19,11 +19,13 @@ and ``/`` reuse the stored result instead of recomputing it).
 The rules of the intrinsic functions (``exp``, ``atan2``, ...) are part of their
 records in :mod:`te_grad.ops`; the operators' rules are here.
 
-Branches: the adjoint of a read inside a branch of ``if_then_else(c, t, f)`` is
-``if_then_else(c, adjoint, 0)`` with *every* partial along the way inside it, so a
-partial that is infinite where the branch is not taken (``sqrt`` at 0 under
-``x > 0``, ``log`` under ``p > 0``) is never multiplied by the zero of the other
-branch: the gradient stays finite, as the function's is.
+Branches: a read inside a branch of ``if_then_else(c, t, f)`` happens only where
+its branch is taken, so its adjoint, *every* partial along the way included, is
+returned with the branch conditions as guards, and its contribution sums only over
+the points where they hold. A partial that is infinite where the branch is not
+taken (``sqrt`` at 0 under ``x > 0``, ``log`` under ``p > 0``) is never multiplied
+by the zero of the other branch, so the gradient stays finite, as the function's
+is; and an index valid only under the guard (a padded read) is never used outside it.
 """
 from __future__ import annotations
 
@@ -109,25 +111,27 @@ def local_partials(n: Expr, g: Expr, y: Expr) -> Partials:
     raise InternalError(f"no derivative rule for {type(n).__name__}")
 
 
-def backprop(expr: Expr, seed: Expr, top_value: Expr = None) -> List[Tuple[Read, Expr]]:
+def backprop(expr: Expr, seed: Expr, top_value: Expr = None) -> List[Tuple[Read, Tuple[Expr, ...], Expr]]:
     """Adjoints of the float reads in ``expr`` when ``expr`` has adjoint ``seed``.
 
     ``top_value`` (optional) stands for the value of ``expr`` itself in rules
-    that reuse the forward result. Returns ``(read, adjoint)`` pairs in order
-    of first visit (depth first, left to right); structurally equal reads are merged. The walk keeps an
-    explicit stack (no recursion), so deep expressions are fine.
+    that reuse the forward result. Returns ``(read, guards, adjoint)``: the
+    conditions of the ``if_then_else`` branches the read is under (the read, and so
+    its contribution, exists only where they hold) and its adjoint there, in order
+    of first visit (depth first, left to right); reads of the same element under
+    the same guards are merged. The walk keeps an explicit stack (no recursion), so
+    deep expressions are fine.
     """
-    found: Dict[Read, Expr] = {}
+    found: Dict[Tuple[Read, Tuple[Expr, ...]], Expr] = {}
     stack = [(expr, seed, ())]
     while stack:
         n, g, guards = stack.pop()
         if not _differentiable(n):
             continue
         if isinstance(n, Read):
-            if guards:
-                g = dsl.if_then_else(dsl.all(list(guards)), g, _zero(g))
-            prev = found.get(n)
-            found[n] = g if prev is None else add(prev, g)
+            key = (n, guards)
+            prev = found.get(key)
+            found[key] = g if prev is None else add(prev, g)
             continue
         if isinstance(n, Select):
             # d select(c, t, f) = select(c, dt, 0) + select(c, 0, df)
@@ -139,4 +143,4 @@ def backprop(expr: Expr, seed: Expr, top_value: Expr = None) -> List[Tuple[Read,
             if isinstance(child_adj, Const) and child_adj.value == 0:
                 continue
             stack.append((child, child_adj, guards))
-    return list(found.items())
+    return [(read, guards, adj) for (read, guards), adj in found.items()]

@@ -36,6 +36,9 @@ from ..lift import normalized_body
 from ..transform import substitute
 from .rules import backprop
 
+#: bodies deeper than this are differentiated through pieces of this depth (:mod:`te_grad.lift`)
+PIECE_DEPTH = 8
+
 #: per dimension ``(lo, hi)``: the adjoint is zero outside ``lo <= j < hi``
 Box = Tuple[Tuple[int, int], ...]
 #: (tensor receiving the adjoint, contribution tensor, the contribution's box)
@@ -100,7 +103,7 @@ def vjp_of_compute(y: Tensor, adj: Tensor, box: Optional[Box] = None) -> List[Co
     box = full_box(y) if box is None else box
     if any(lo >= hi for lo, hi in box):
         return []  # the adjoint is structurally zero: nothing flows back
-    body, lifted = normalized_body(y)
+    body, lifted = normalized_body(y, PIECE_DEPTH)
     axes = y.op.axes
     adj_read = Read(adj, tuple(axes))
     if isinstance(body, Reduce):
@@ -119,7 +122,7 @@ def vjp_of_compute(y: Tensor, adj: Tensor, box: Optional[Box] = None) -> List[Co
         where = inside if where is None else dsl.all(where, inside)
     ranges = {id(f): (lo, hi - 1) for f, (lo, hi) in zip(fresh, box)}
     out: List[Contribution] = []
-    for read, partial in reads:
+    for read, guards, partial in reads:
         x = read.tensor
         if not dtypes.is_float(x.dtype):
             continue
@@ -127,7 +130,9 @@ def vjp_of_compute(y: Tensor, adj: Tensor, box: Optional[Box] = None) -> List[Co
         x_box = _box_of(x, indices, ranges)
         if any(lo >= hi for lo, hi in x_box):
             continue
-        out.append((x, _contribution(x, y, indices, substitute(partial, rename), domain, where), x_box))
+        conds = ([where] if where is not None else []) + [substitute(g, rename) for g in guards]
+        out.append((x, _contribution(x, y, indices, substitute(partial, rename), domain,
+                                     dsl.all(conds) if conds else None), x_box))
     if lifted:
         out = _resolve_lifted(out, lifted)
     return out

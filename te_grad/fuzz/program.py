@@ -268,7 +268,9 @@ def generate(draw: Draw) -> Program:
     record: List[int] = []
 
     def recording(n: int) -> int:
-        v = draw(n) if n > 1 else 0
+        if n <= 1:  # no decision: nothing drawn, nothing recorded
+            return 0
+        v = draw(n)
         record.append(v)
         return v
 

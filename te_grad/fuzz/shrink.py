@@ -47,9 +47,11 @@ def shrink(program: Program, still_fails: Callable[[Program], bool], budget_s: f
                     improved = True
                 else:
                     start += size
-        for k in range(len(best)):  # lower single choices
+        k = 0
+        while k < len(best):  # lower single choices
             for smaller in (0, best[k] // 2, best[k] - 1):
                 if 0 <= smaller < best[k] and attempt(best[:k] + [smaller] + best[k + 1:]):
                     improved = True
                     break
+            k += 1
     return best_program

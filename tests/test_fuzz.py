@@ -1,0 +1,74 @@
+"""Random programs: every stage of te_grad against the others (see te_grad/fuzz).
+
+A fixed budget runs here, through hypothesis (which shrinks a failing program
+choice by choice); ``python -m te_grad fuzz --programs N`` runs any number.
+"""
+import io
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from te_grad import fuzz
+from te_grad.fuzz import Program, check, from_choices, from_seed, shrink
+
+
+@settings(max_examples=300, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(fuzz.programs())
+def test_random_programs_agree_in_every_stage(program):
+    outcome = check(program, seed=0)
+    assert not outcome.failed, f"{outcome.kind}: {outcome.detail}\n\n{program.source}"
+
+
+@pytest.mark.parametrize("block", range(6))
+def test_seeded_programs_agree_in_every_stage(block):
+    """Uniformly random choices give larger programs than hypothesis's first draws: 150 of them."""
+    for index in range(25 * block, 25 * block + 25):
+        program = from_seed(900_000 + index)
+        outcome = check(program, seed=index)
+        assert not outcome.failed, f"{outcome.kind}: {outcome.detail}\n\n{program.source}"
+
+
+def test_programs_are_reproducible_and_valid():
+    a, b = from_seed(123), from_seed(123)
+    assert a.source == b.source and a.choices == b.choices
+    assert from_choices(a.choices).source == a.source
+    assert from_choices([]).source  # the simplest program: every choice 0
+    ns = from_seed(5).build("float64")
+    assert ns["OUT"] is ns["STAGES"][-1] and all(x.dtype == "float64" for x in ns["INPUTS"])
+
+
+def test_the_checks_catch_a_wrong_gradient(monkeypatch):
+    """A derivative rule broken on purpose must be reported as a disagreement with finite
+    differences (the raw witness), not pass."""
+    from te_grad import ops
+    broken = ops.Intrinsic(**{**ops.INTRINSICS["sin"].__dict__, "derivative": lambda x, y: 2.0 * x})
+    monkeypatch.setitem(ops.INTRINSICS, "sin", broken)
+    source = ("C = lambda value: tg.const(value, DT)\nX0 = tg.placeholder((3,), dtype=DT, name='X0')\n"
+              "S0 = tg.compute((3,), lambda i0: tg.sin(X0[i0]), name='S0')\n"
+              "OUT = S0\nSTAGES = [S0]\nINPUTS = [X0]\nIDS = {}\n")
+    outcome = check(Program(source), seed=0)
+    assert outcome.kind == "mismatch-raw-fd", outcome
+
+
+def test_shrinking_makes_a_failing_program_smaller():
+    big = next(p for p in (from_seed(s) for s in range(200)) if p.source.count("tg.compute") >= 3
+               and "tg.sum" in p.source)
+
+    def fails(p):  # a stand-in failure: "the program has a sum"
+        return "tg.sum" in p.source
+    small = shrink(big, fails, budget_s=30)
+    assert fails(small) and len(small.source) < len(big.source)
+    assert small.source.count("tg.compute") <= big.source.count("tg.compute")
+
+
+def test_run_prints_counts_and_the_command_line_works():
+    out = io.StringIO()
+    counts = fuzz.run(4, seed=11, out=out, progress_every=0)
+    assert sum(counts.values()) == 4 and "4 programs (seed 11)" in out.getvalue()
+    proc = subprocess.run([sys.executable, "-m", "te_grad", "fuzz", "--programs", "3", "--seed", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 programs (seed 2)" in proc.stdout and "ok" in proc.stdout
