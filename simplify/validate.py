@@ -30,7 +30,7 @@ from .affine import isl_cond, isl_expr
 
 
 def _nest_text(domain, nest, k: int):
-    """``(set text, map text)`` of nest ``k`` in isl syntax, or a reason it has none."""
+    """The map ``loops -> dims`` of nest ``k`` in isl syntax, or a reason it has none."""
     names: Dict[int, str] = {id(p[1]): p[0] for p in domain.params}
     loops = []
     cons: List[str] = []
@@ -64,8 +64,7 @@ def _nest_text(domain, nest, k: int):
     body = " and ".join(cons) if cons else "0 = 0"
     lnames = ", ".join(loops)
     dnames = ", ".join(dims)
-    return (f"[{pnames}] -> {{ S[{dnames}] : exists ({lnames or '_e'} : {body}) }}",
-            f"[{pnames}] -> {{ L[{lnames}] -> S[{dnames}] : {body} }}"), None
+    return f"[{pnames}] -> {{ L[{lnames}] -> S[{dnames}] : {body} }}", None
 
 
 def check_nests(domain, nests) -> Optional[str]:
@@ -73,15 +72,15 @@ def check_nests(domain, nests) -> Optional[str]:
     images = []
     try:
         for k, nest in enumerate(nests):
-            texts, why = _nest_text(domain, nest, k)
-            if texts is None:
+            text, why = _nest_text(domain, nest, k)
+            if text is None:
                 return f"cannot be decided: {why}"
-            image = isl.Set(texts[0]).intersect_params(domain.context)
-            relation = isl.Map(texts[1]).intersect_params(domain.context)
+            relation = isl.Map(text).intersect_params(domain.context)
             if not relation.is_injective():
                 return f"nest {k} visits some point more than once"
+            image = relation.range()
             for j, other in enumerate(images):
-                if not image.intersect(other).is_empty():
+                if not image.is_disjoint(other):
                     return f"nests {j} and {k} both visit some point"
             images.append(image)
         covered = images[0] if images else isl.Set.empty(domain.set.get_space())

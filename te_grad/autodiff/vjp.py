@@ -71,26 +71,39 @@ def _seed_for_reduction(y: Tensor, axes, red: Reduce, adj_read: Expr) -> Tuple[E
         return adj_read / Read(ties, tuple(axes)), is_winner
     if red.combiner == "prod":
         others = _product_of_others(y, axes, red)
-        index = tuple(axes) + tuple(k - k.lo.value if k.lo.value else k for k in red.axes)
+        ranges = {id(a): (0, n - 1) for a, n in zip(axes, y.shape)}
+        starts = [interval(k.lo, ranges)[0] for k in red.axes]
+        index = tuple(axes) + tuple(k - lo if lo else k for k, lo in zip(red.axes, starts))
         return adj_read * Read(others, index), None
     raise UserError(f"cannot differentiate a {red.combiner} reduction")
 
 
 def _product_of_others(y: Tensor, axes, red: Reduce) -> Tensor:
-    """``others[i, k] = prod over k' != k of f(i, k')`` (the where of ``red`` kept)."""
+    """``others[i, k] = prod over k' != k of f(i, k')`` (the where of ``red`` kept).
+
+    ``k`` runs over the range its bounds cover anywhere in the output domain (bounds may
+    depend on the output indices: a running product)."""
+    ranges = {id(a): (0, n - 1) for a, n in zip(axes, y.shape)}
+    spans = []
     for k in red.axes:
-        if k.extent is None:
-            raise UserError(f"cannot differentiate the product reduction of {y.name}: "
-                            f"axis {k.name} has bounds that are not constant")
+        lo, hi = interval(k.lo, ranges), interval(k.hi, ranges)
+        if lo is None or hi is None:
+            raise UserError(f"cannot differentiate the product reduction of {y.name}: the bounds of "
+                            f"axis {k.name} ({k.lo}, {k.hi}) are not affine in its output indices")
+        spans.append((lo[0], max(lo[0], hi[1])))
+        ranges[id(k)] = (lo[0], max(lo[0], hi[1]) - 1)
     own = [Var(ax.name) for ax in axes]
     at = [Var(k.name) for k in red.axes]
-    other = [dsl.reduce_axis((k.lo.value, k.hi.value), name=k.name + "_") for k in red.axes]
-    mapping = dict(zip(axes, own))
-    mapping.update(zip(red.axes, other))
+    mapping: Dict[Var, Expr] = dict(zip(axes, own))
+    other = []
+    for k in red.axes:
+        new = ReduceAxis(k.name + "_", k.dtype, substitute(k.lo, mapping), substitute(k.hi, mapping))
+        mapping[k] = new
+        other.append(new)
     body = substitute(red.body, mapping)
-    differs = dsl.any([o != a + k.lo.value for o, a, k in zip(other, at, red.axes)])
+    differs = dsl.any([o != a + lo for o, a, (lo, _) in zip(other, at, spans)])
     where = differs if red.where is None else dsl.all(substitute(red.where, mapping), differs)
-    shape = y.shape + tuple(k.extent for k in red.axes)
+    shape = y.shape + tuple(hi - lo for lo, hi in spans)
     return Tensor(f"{y.name}_others", shape, y.dtype,
                   ComputeOp(tuple(own + at), dsl.prod(body, other, where=where)))
 
