@@ -24,6 +24,8 @@ PARALLEL_THRESHOLD = 500_000
 
 #: the parallel range given to stages run whole (each clamps it to its own loop)
 _WHOLE = 1 << 62
+#: the key of a scratch set's address table
+_TABLE = -1
 
 _pools: Dict[int, ThreadPoolExecutor] = {}
 
@@ -70,6 +72,8 @@ class Kernel:
         self._compiled = compiled  # keeps the JIT engine (and so the machine code) alive
         self.threads = threads
         self._index = {id(t): n for n, t in enumerate(self.buffers)}
+        self._input_slots = [self._index[id(t)] for t in self.inputs]
+        self._output_slots = [self._index[id(t)] for t in self.outputs]
         self._plans: Dict[int, List[Tuple[int, int, bool]]] = {}
         given = {id(t) for t in self.inputs} | {id(t) for t in self.outputs}
         self._intermediates = [n for n, t in enumerate(self.buffers) if id(t) not in given]
@@ -144,21 +148,52 @@ class Kernel:
             results.append(a)
         return results[0] if len(results) == 1 else tuple(results)
 
+    def run(self, arrays: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
+        """The lean call for framework bridges: ``arrays`` (one per input) and ``outs`` (one
+        per output) must already be C-contiguous numpy arrays of exactly the right shapes
+        and dtypes (the bridge checked them once, when it chose this kernel), and every
+        output distinct from the inputs. The results are written into ``outs``."""
+        self.run_pointers([a.ctypes.data for a in arrays], [a.ctypes.data for a in outs])
+
+    def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int]) -> None:
+        """:meth:`run` with the data addresses of the arrays (a framework tensor's
+        ``data_ptr()``): the same contract, no numpy object in between."""
+        scratch = self._take_scratch()
+        table = scratch[_TABLE]
+        try:
+            for n, p in zip(self._input_slots, inputs):
+                table[n] = p
+            for n, p in zip(self._output_slots, outputs):
+                table[n] = p
+            self._run_plan(table)
+        finally:
+            with self._lock:
+                self._scratch.append(scratch)
+
     def _take_scratch(self) -> Dict[int, np.ndarray]:
         """Buffers for the intermediates of one call: allocated once, kept by the kernel and
-        reused (a set per concurrent call), so that calls do not fault in fresh pages."""
+        reused (a set per concurrent call), so that calls do not fault in fresh pages. The
+        set also holds its table of buffer addresses (:data:`_TABLE`), intermediates filled in."""
         with self._lock:
             if self._scratch:
                 return self._scratch.pop()
-        return {n: np.empty(t.shape, dtype=np.bool_ if t.dtype == "bool" else t.dtype)
-                for n in self._intermediates for t in [self.buffers[n]]}
+        scratch = {n: np.empty(t.shape, dtype=np.bool_ if t.dtype == "bool" else t.dtype)
+                   for n in self._intermediates for t in [self.buffers[n]]}
+        table = (ctypes.c_void_p * len(self.buffers))()
+        for n, a in scratch.items():
+            table[n] = a.ctypes.data
+        scratch[_TABLE] = table
+        return scratch
 
     def _run_all(self, values, scratch):
-        for n, a in scratch.items():
-            if values[n] is None:
-                values[n] = a
-        table = (ctypes.c_void_p * len(values))(*[a.ctypes.data for a in values])
-        for first, last, shared in self._plan():
+        table = scratch[_TABLE]
+        for n, a in enumerate(values):
+            if a is not None:
+                table[n] = a.ctypes.data
+        self._run_plan(table)
+
+    def _run_plan(self, table):
+        for first, last, shared in self._plans.get(self.threads) or self._plan():
             if shared:
                 self._run_shared(table, first, last)
             else:
@@ -196,7 +231,7 @@ class Kernel:
     def _run_range(self, table, first: int, last: int, lo: int, hi: int):
         err = (ctypes.c_int64 * 4)()
         rc = self._run_stages(table, first, last, lo, hi, ctypes.addressof(err))
-        return rc, list(err)
+        return (0, None) if rc == 0 else (rc, list(err))
 
     def _check(self, result):
         """Raise the error a run of stages returned, if any (``err[3]`` is the failing stage)."""

@@ -38,6 +38,18 @@ def build(outputs, inputs, **options):
 
 
 @deep_entry
+def build_vjp(outputs, inputs, wrt=None, save=None, **options):
+    """Forward and backward kernels sharing saved residuals (see :mod:`te_grad.residuals`).
+
+    ``vjp = tg.build_vjp([Y], [X, W]); outs, res = vjp.run_forward(x, w)``, then
+    ``dx, dw = vjp.run_backward(res, [x, w], [dy])``. ``save=None`` picks what to save from
+    exact costs, ``save=[T, ...]`` forces it, ``save=[]`` recomputes everything;
+    ``vjp.residual_bytes`` is the memory the residuals take."""
+    from .residuals import build_vjp as _build_vjp
+    return _build_vjp(outputs, inputs, wrt=wrt, save=save, **options)
+
+
+@deep_entry
 def domain(tensor):
     """The iteration domains (isl sets) of ``tensor``'s reductions, for inspection."""
     from simplify.domain import domains
@@ -66,5 +78,5 @@ __all__ = [
     "asin", "acos", "atan", "atan2", "log1p", "expm1", "SimplificationWarning",
     "maximum", "minimum", "floor", "ceil", "trunc", "round", "stop_gradient",
     "evaluate", "show", "nn", "differentiate", "gradient", "DifferentiationResult",
-    "simplify", "iterations", "build", "domain", "row_gradient", "RowGradient", "verify", "latex",
+    "simplify", "iterations", "build", "domain", "row_gradient", "RowGradient", "verify", "latex", "build_vjp",
 ]

@@ -23,3 +23,42 @@ def substitute(expr: Expr, mapping: Dict[Var, Expr]) -> Expr:
     if not mapping:
         return expr
     return _Substitute(mapping).visit(expr)
+
+
+class _RetargetReads(Mutator):
+    def __init__(self, new: Dict[int, "Tensor"]):
+        super().__init__()
+        self.new = new
+
+    def visit_Read(self, node):
+        node = self.generic_visit(node)
+        target = self.new.get(id(node.tensor))
+        return node if target is None or target is node.tensor else type(node)(target, node.indices)
+
+
+def replace_tensors(roots, mapping: Dict[int, "Tensor"]) -> Dict[int, "Tensor"]:
+    """Rebuild the graph behind ``roots`` with each tensor ``t`` whose id is in ``mapping``
+    replaced by ``mapping[id(t)]`` (a placeholder standing for a saved value, say).
+
+    Returns ``{id(old): new}`` for every tensor of the graph; a tensor none of whose
+    inputs changed is kept as the same object."""
+    from dataclasses import replace
+    from .graph import topo_order
+    from .ir import ComputeOp, ScatterOp, Tensor
+    new: Dict[int, Tensor] = dict(mapping)
+    for t in topo_order(list(roots)):
+        if id(t) in new:
+            continue
+        op = t.op
+        if not any(id(x) in new and new[id(x)] is not x for x in op.inputs()):
+            new[id(t)] = t
+            continue
+        retarget = _RetargetReads(new)
+        if isinstance(op, ComputeOp):
+            op = replace(op, body=retarget.visit(op.body))
+        elif isinstance(op, ScatterOp):
+            op = replace(op, indices=tuple(retarget.visit(i) for i in op.indices), value=retarget.visit(op.value),
+                         where=None if op.where is None else retarget.visit(op.where),
+                         axes=tuple(retarget.visit(a) for a in op.axes))
+        new[id(t)] = Tensor(t.name, t.shape, t.dtype, op)
+    return new

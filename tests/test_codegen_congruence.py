@@ -46,13 +46,14 @@ def test_strided_conv_gradients(dtype, size, stride, padding, dilation):
 @pytest.mark.parametrize("size,kernel,stride", [(16, 2, 2), (15, 2, 2), (18, 3, 3), (16, 3, 2)])
 def test_pooling_gradients(dtype, size, kernel, stride):
     x = tg.placeholder((2, 3, size, size), dtype=dtype, name="X")
-    for y in (nn.max_pool2d(x, kernel, stride), nn.avg_pool2d(x, kernel, stride)):
+    for y in (nn.max_pool2d(x, kernel, stride), nn.max_pool2d(x, kernel, stride, ties="split"),
+              nn.avg_pool2d(x, kernel, stride)):
         _gradient_kernel(y, [x], dtype, **TOL[dtype])
 
 
 def test_max_pool_gradient_stores_both_classes_in_one_loop():
     x = tg.placeholder((2, 3, 16, 16), name="X")
-    kern = _gradient_kernel(nn.max_pool2d(x, 2), [x], "float32", **TOL["float32"])
+    kern = _gradient_kernel(nn.max_pool2d(x, 2, ties="split"), [x], "float32", **TOL["float32"])
     assert "[2 * " in kern.loops and "[2 * " in kern.loops.split("+ 1]")[0]
 
 

@@ -191,7 +191,10 @@ MAX_POOL = {
                                                  dilation=(1, 2))),
 }
 for _name, (_shape, _kw) in MAX_POOL.items():
+    # the first maximum of a window (PyTorch's rule) is read at a data-dependent position
     simple(f"max_pool2d_{_name}", functools.partial(nn.max_pool2d, **_kw), [_shape],
+           gen=distinct, directions=3, quasi_affine=False)
+    simple(f"max_pool2d_split_{_name}", functools.partial(nn.max_pool2d, ties="split", **_kw), [_shape],
            gen=distinct, directions=3)
 
 AVG_POOL = {
@@ -212,7 +215,10 @@ for _name, (_shape, _kw) in AVG_POOL.items():
     simple(f"avg_pool2d_{_name}", functools.partial(nn.avg_pool2d, **_kw), [_shape], directions=3)
 
 simple("global_avg_pool2d", nn.global_avg_pool2d, [(2, 3, 3, 4)], directions=3)
-simple("global_max_pool2d", nn.global_max_pool2d, [(2, 3, 3, 4)], gen=distinct, directions=3)
+simple("global_max_pool2d", nn.global_max_pool2d, [(2, 3, 3, 4)], gen=distinct, directions=3,
+       quasi_affine=False)
+simple("global_max_pool2d_split", functools.partial(nn.global_max_pool2d, ties="split"), [(2, 3, 3, 4)],
+       gen=distinct, directions=3)
 
 # ----- activations ---------------------------------------------------------
 
@@ -439,7 +445,7 @@ def _cnn(rng, loss):
     return nn.softmax_cross_entropy(logits, labels), params, feed
 
 
-case("network_cnn_mse", directions=3)(functools.partial(_cnn, loss="mse"))
+case("network_cnn_mse", quasi_affine=False, directions=3)(functools.partial(_cnn, loss="mse"))  # max pool: first max
 case("network_cnn_cross_entropy", quasi_affine=False, directions=3)(
     functools.partial(_cnn, loss="ce"))
 

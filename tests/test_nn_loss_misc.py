@@ -222,8 +222,7 @@ class _IndexChecker(Visitor):
 
     def visit_Read(self, node: Read):
         for ix in node.indices:
-            inner = ix.a if isinstance(ix, Cast) else ix
-            if isinstance(inner, Read):
+            if _has_read(ix):
                 self.data_dependent.append(node)
             elif not _quasi_affine(ix):
                 self.bad.append(node)
@@ -259,7 +258,7 @@ def test_structure(op, out):
         checker = _IndexChecker()
         checker.visit(body)
         assert not checker.bad, f"non quasi-affine index or guard in {t.name}: {checker.bad}"
-        if op not in ("embedding", "take", "softmax_cross_entropy"):
+        if op not in ("embedding", "take", "softmax_cross_entropy", "max_pool2d", "global_max_pool2d"):
             assert not checker.data_dependent, t.name
     assert out.name.startswith(op)
     assert tg.show(out)  # every op prints

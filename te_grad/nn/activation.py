@@ -18,8 +18,12 @@ def _elementwise(op: str, x: Tensor, fn) -> Tensor:
 
 
 def relu(x: Tensor) -> Tensor:
-    """``max(x, 0)`` elementwise; same shape as ``x``."""
-    return _elementwise("relu", x, lambda v: dsl.maximum(v, 0.0))
+    """``max(x, 0)`` elementwise; same shape as ``x``.
+
+    Written ``0 if x <= 0 else x``: its derivative at exactly 0 is 0, as in PyTorch, JAX's
+    ``jax.nn.relu`` and TVM (``tg.maximum(x, 0)`` would split a tie and give 0.5), and a
+    NaN stays NaN."""
+    return _elementwise("relu", x, lambda v: dsl.if_then_else(v <= 0.0, dsl.const(0.0, v.dtype), v))
 
 
 def leaky_relu(x: Tensor, alpha: float = 0.01) -> Tensor:

@@ -45,7 +45,7 @@ def _window_read(x: Tensor, idx, taps, stride, pad, dilation, out_hw, fill):
     return val if cond is None else dsl.if_then_else(cond, val, fill)
 
 
-def max_pool2d(x: Tensor, kernel, stride=None, padding=0, dilation=1) -> Tensor:
+def max_pool2d(x: Tensor, kernel, stride=None, padding=0, dilation=1, ties: str = "first") -> Tensor:
     """2-D max pooling of ``x`` (N, C, H, W) into (N, C, OH, OW) (PyTorch's ``max_pool2d``).
 
     ``out[n, c, h, w] = max_{ry, rx} xpad[n, c, h*stride_h + ry*dilation_h, w*stride_w +
@@ -53,13 +53,53 @@ def max_pool2d(x: Tensor, kernel, stride=None, padding=0, dilation=1) -> Tensor:
     ``kernel``, ``stride`` (default: the kernel) and ``dilation`` are an int or a
     pair; ``padding`` is an int, (ph, pw) or (top, left, bottom, right), at most
     half the kernel; ``OH = (H + pad_top + pad_bottom - dilation_h*(KH-1) - 1) // stride_h + 1``.
+
+    ``ties`` says where the gradient of a window whose maximum is reached more than once
+    goes (after a ReLU, all-zero windows are common): ``"first"`` (the default, as PyTorch
+    and JAX) to the first such element in row-major window order; ``"split"`` evenly among
+    them (te_grad's rule for ``tg.max``). With ``"first"`` the op is the window maximum
+    (``max_pool2d_max``), the position of its first occurrence (``max_pool2d_argmax``, an
+    integer ``min`` reduction) and a read of ``x`` there.
     """
     op = "max_pool2d"
     k, s, pad, d, oshape = _window(op, x, kernel, stride, padding, dilation)
     taps, axes = reduce_axes(k, ("ry", "rx"))
-    return compute(oshape, lambda idx: reduce(
+    if ties not in ("first", "split"):
+        raise UserError(f"{op}: ties must be 'first' or 'split', got {ties!r}")
+    if ties == "split":
+        return compute(oshape, lambda idx: reduce(
+            "max", _window_read(x, idx, taps, s, pad, d, oshape[2:], float("-inf")), axes),
+            name=op, names="nchw")
+    mx = compute(oshape, lambda idx: reduce(
         "max", _window_read(x, idx, taps, s, pad, d, oshape[2:], float("-inf")), axes),
-        name=op, names="nchw")
+        name=op + "_max", names="nchw")
+    return _read_at_first(op, x, mx, oshape, k, taps, axes, s, pad, d)
+
+
+def _read_at_first(op, x, mx, oshape, k, taps, axes, s, pad, d):
+    """``x`` at the first window position where it equals the window maximum ``mx``."""
+    kh, kw = k
+    count = kh * kw
+
+    def position(idx):
+        ry, rx = taps
+        flat = (0 if isinstance(ry, int) else ry * kw) + (0 if isinstance(rx, int) else rx)
+        at = _window_read(x, idx, taps, s, pad, d, oshape[2:], float("-inf"))
+        return reduce("min", dsl.if_then_else(at == mx[idx], dsl.cast("int64", dsl.as_expr(flat)),
+                                              dsl.const(count)), axes)
+    first = compute(oshape, position, name=op + "_argmax", names="nchw")
+    (sh, sw), (pt, pl), (dh, dw) = s, pad[:2], d
+    h, w = x.shape[2], x.shape[3]
+
+    def body(idx):
+        nn, cc, hh, ww = idx
+        am = first[idx]
+        ih = hh * sh - pt + (am // kw) * dh
+        iw = ww * sw - pl + (am % kw) * dw
+        inside = dsl.all(am < count, ih >= 0, ih < h, iw >= 0, iw < w)
+        # a window of NaN (no element equals its max) or of -inf only: the max itself, no gradient
+        return dsl.if_then_else(inside, x[nn, cc, ih, iw], dsl.stop_gradient(mx[idx]))
+    return compute(oshape, body, name=op, names="nchw")
 
 
 def avg_pool2d(x: Tensor, kernel, stride=None, padding=0, count_include_pad: bool = True) -> Tensor:
@@ -119,13 +159,22 @@ def global_avg_pool2d(x: Tensor) -> Tensor:
     return compute((n, c, 1, 1), lambda idx: total[idx] / (h * w), name=op, names="nchw")
 
 
-def global_max_pool2d(x: Tensor) -> Tensor:
-    """The maximum of ``x`` (N, C, H, W) over H and W, kept as (N, C, 1, 1) like TVM."""
+def global_max_pool2d(x: Tensor, ties: str = "first") -> Tensor:
+    """The maximum of ``x`` (N, C, H, W) over H and W, kept as (N, C, 1, 1) like TVM.
+
+    ``ties`` as for :func:`max_pool2d`: the gradient goes to the first maximum (``"first"``,
+    as PyTorch's ``adaptive_max_pool2d``) or is split among them (``"split"``)."""
     op = "global_max_pool2d"
     check_tensor(op, x, "input", ndim=4)
     n, c, h, w = x.shape
     if h * w == 0:
         raise UserError(f"{op}: input {x.name} has an empty spatial extent {list(x.shape)}")
+    if ties not in ("first", "split"):
+        raise UserError(f"{op}: ties must be 'first' or 'split', got {ties!r}")
     (ry, rx), axes = reduce_axes((h, w), ("ry", "rx"))
-    return compute((n, c, 1, 1), lambda idx: reduce("max", x[idx[0], idx[1], ry, rx], axes),
-                   name=op, names="nchw")
+    if ties == "split":
+        return compute((n, c, 1, 1), lambda idx: reduce("max", x[idx[0], idx[1], ry, rx], axes),
+                       name=op, names="nchw")
+    mx = compute((n, c, 1, 1), lambda idx: reduce("max", x[idx[0], idx[1], ry, rx], axes),
+                 name=op + "_max", names="nchw")
+    return _read_at_first(op, x, mx, (n, c, 1, 1), (h, w), (ry, rx), axes, (1, 1), (0, 0, 0, 0), (1, 1))
