@@ -290,6 +290,8 @@ def from_choices(choices: List[int]) -> Program:
 
 
 def from_seed(seed: int) -> Program:
+    """The program of uniformly random choices seeded by ``seed`` (what ``python -m te_grad
+    fuzz`` runs)."""
     import random
     rng = random.Random(seed)
     return generate(lambda n: rng.randrange(n))
