@@ -259,6 +259,42 @@ def _b_softmax_cross_entropy(a):
                                        **a.params)
 
 
+def _b_cross_entropy(a):
+    return _nn().cross_entropy(a.x("logits", (4, 5)), a.x("target", (4, 5)), **a.params)
+
+
+def _b_stack(a):
+    return _nn().stack([a.x("A", (3, 4)), a.x("B", (3, 4))], **a.params)
+
+
+def _b_where(a):
+    return _nn().where(a.x("cond", (3, 4), "bool"), a.x("A", (3, 4)), a.x("B", (3, 4)), **a.params)
+
+
+def _b_one_hot(a):
+    params = dict(depth=5, **a.params)
+    return _nn().one_hot(a.x("ids", (4,), "int64"), **params)
+
+
+def _b_gather_nd(a):
+    return _nn().gather_nd(a.x("X", (4, 5, 3)), a.x("indices", (6, 2), "int64"), **a.params)
+
+
+def _b_expand_dims(a):
+    params = dict(axis=1, **a.params)
+    return _nn().expand_dims(a.x("X", (3, 4)), **params)
+
+
+def _b_clip(a):
+    params = dict(lo=-0.5, hi=0.5, **a.params)
+    return _nn().clip(a.x("X", (3, 4)), **params)
+
+
+def _b_arange(a):
+    params = dict(n=6, **a.params)
+    return _nn().arange(**params)
+
+
 #: every te_grad.nn op by name: (family, builder with small default shapes)
 SHOW_OPS = {
     "dense": ("linear algebra", _b_dense),
@@ -299,6 +335,21 @@ SHOW_OPS = {
     "mse_loss": ("gathers and losses", _b_loss("mse_loss", ("pred", "target"))),
     "binary_cross_entropy": ("gathers and losses", _b_loss("binary_cross_entropy", ("prob", "target"))),
     "softmax_cross_entropy": ("gathers and losses", _b_softmax_cross_entropy),
+    "cross_entropy": ("gathers and losses", _b_cross_entropy),
+    "sum": ("reductions", _b_unary("sum", (3, 4))),
+    "mean": ("reductions", _b_unary("mean", (3, 4))),
+    "variance": ("reductions", _b_unary("variance", (3, 4))),
+    "max": ("reductions", _b_unary("max", (3, 4))),
+    "min": ("reductions", _b_unary("min", (3, 4))),
+    "clip": ("array", _b_clip),
+    "stack": ("array", _b_stack),
+    "expand_dims": ("array", _b_expand_dims),
+    "squeeze": ("array", _b_unary("squeeze", (3, 1, 4))),
+    "where": ("array", _b_where),
+    "one_hot": ("array", _b_one_hot),
+    "gather_nd": ("array", _b_gather_nd),
+    "cumsum": ("array", _b_unary("cumsum", (3, 4))),
+    "arange": ("array", _b_arange),
 }
 
 

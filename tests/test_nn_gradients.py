@@ -330,6 +330,55 @@ simple("multiply_0d_0d", nn.multiply, [(), ()])
 simple("power_scalar_exponent_vs_matrix", nn.power, [(2, 3), (1, 1)],
        gen=[functools.partial(uniform, low=0.5, high=2.0), uniform])
 
+# ----- reductions over axes and array operations -----------------------------
+simple("sum_axis1", functools.partial(nn.sum, axis=1), [(3, 4, 2)])
+simple("sum_all_keepdims", functools.partial(nn.sum, keepdims=True), [(3, 4)])
+simple("mean_axes_0_2", functools.partial(nn.mean, axis=(0, 2)), [(3, 4, 2)])
+simple("variance_last", functools.partial(nn.variance, axis=-1), [(3, 5)])
+simple("variance_unbiased_keepdims", functools.partial(nn.variance, axis=0, correction=1, keepdims=True), [(4, 3)])
+simple("max_axis0", functools.partial(nn.max, axis=0), [(4, 3)], gen=distinct)
+simple("min_all", nn.min, [(3, 4)], gen=distinct)
+simple("clip_both", functools.partial(nn.clip, lo=-0.4, hi=0.3), [(3, 5)], gen=distinct)
+simple("clip_lower", functools.partial(nn.clip, lo=0.1), [(4,)], gen=distinct)
+simple("stack_axis1", lambda a, b: nn.stack([a, b, a], axis=1), [(2, 3), (2, 3)])
+simple("expand_dims_middle", functools.partial(nn.expand_dims, axis=1), [(2, 3)])
+simple("squeeze_all", nn.squeeze, [(2, 1, 3, 1)])
+simple("cumsum_axis1", functools.partial(nn.cumsum, axis=1), [(2, 5)])
+simple("cross_entropy_soft_targets", lambda z, t: nn.cross_entropy(z, nn.softmax(t)), [(3, 4), (3, 4)])
+
+
+@case("where_broadcast")
+def _where(rng):
+    a, b = ph((3, 4), "a"), ph((1, 4), "b")
+    c = tg.placeholder((3, 4), dtype="bool", name="c")
+    return nn.where(c, a, b), [a, b], {a: uniform(rng, a.shape), b: uniform(rng, b.shape),
+                                       c: rng.integers(0, 2, (3, 4)).astype(bool)}
+
+
+@case("one_hot_weights")  # the ids only select: no data-dependent index
+def _one_hot(rng):
+    w, i = ph((3, 5), "w"), ids((3,), "ids")
+    oh = nn.one_hot(i, 5, dtype="float64")
+    return nn.sum(nn.multiply(oh, w), axis=1), [w], {w: uniform(rng, w.shape), i: np.array([4, 0, 2])}
+
+
+@case("gather_nd_rows", quasi_affine=False)
+def _gather_nd(rng):
+    x, i = ph((4, 3, 2), "x"), ids((5, 2), "idx")
+    return nn.gather_nd(x, i), [x], {x: uniform(rng, x.shape),
+                                     i: np.array([[0, 1], [3, 2], [0, 1], [2, 0], [1, 1]])}
+
+
+@case("arange_scaled")
+def _arange(rng):
+    x = ph((5,), "x")
+    r = nn.arange(5, dtype="float64")
+    return nn.multiply(x, r), [x], {x: uniform(rng, x.shape)}
+
+
+simple("batch_matmul_transpose_a", functools.partial(nn.batch_matmul, transpose_a=True), [(2, 4, 3), (2, 4, 5)])
+
+
 # ----- gathers (data-dependent reads: no iteration bound) -----------------
 
 

@@ -11,7 +11,9 @@ from .elementwise import (add, bias_add, broadcast_shape, divide, maximum, minim
                           power, subtract)
 from .embedding import embedding, take
 from .linear import batch_matmul, dense, matmul
-from .loss import binary_cross_entropy, mse_loss, softmax_cross_entropy
+from .array import arange, clip, cumsum, expand_dims, gather_nd, one_hot, squeeze, stack, where
+from .loss import binary_cross_entropy, cross_entropy, mse_loss, softmax_cross_entropy
+from .reduce import max, mean, min, sum, variance
 from .normalization import batch_norm, layer_norm
 from .pool import avg_pool2d, global_avg_pool2d, global_max_pool2d, max_pool2d
 from .shape import concat, flatten, pad, reshape, split, strided_slice, transpose
@@ -32,5 +34,9 @@ __all__ = [
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "bias_add",
     "broadcast_shape",
     # gathers and losses
-    "embedding", "take", "mse_loss", "binary_cross_entropy", "softmax_cross_entropy",
+    "embedding", "take", "mse_loss", "binary_cross_entropy", "softmax_cross_entropy", "cross_entropy",
+    # reductions over axes
+    "sum", "mean", "variance", "max", "min",
+    # array operations
+    "clip", "stack", "expand_dims", "squeeze", "where", "one_hot", "gather_nd", "cumsum", "arange",
 ]

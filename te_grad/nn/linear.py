@@ -59,17 +59,20 @@ def matmul(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool = 
     return dsl.compute((m, n), body, name="matmul")
 
 
-def batch_matmul(a: Tensor, b: Tensor, transpose_b: bool = False) -> Tensor:
-    """A batch of matrix products: ``out[t] = a[t] @ op(b[t])``.
+def batch_matmul(a: Tensor, b: Tensor, transpose_b: bool = False, transpose_a: bool = False) -> Tensor:
+    """A batch of matrix products: ``out[t] = op(a[t]) @ op(b[t])``.
 
-    ``a`` is (B, M, K); ``b`` is (B, K, N), or (B, N, K) when ``transpose_b``
-    (TVM's ``topi.nn.batch_matmul`` layout). A batch size of 1 on either side
-    broadcasts against the other. The result is (B, M, N):
-    ``out[t, i, j] = sum_k a[t, i, k] * op(b)[t, k, j]``.
+    ``a`` is (B, M, K), or (B, K, M) when ``transpose_a``; ``b`` is (B, K, N), or
+    (B, N, K) when ``transpose_b`` (TVM's ``topi.nn.batch_matmul`` layout). A batch
+    size of 1 on either side broadcasts against the other. The result is (B, M, N):
+    ``out[t, i, j] = sum_k op(a)[t, i, k] * op(b)[t, k, j]``.
     """
     check_tensor("batch_matmul", a, "a", ndim=3)
     check_tensor("batch_matmul", b, "b", ndim=3)
-    ba, m, k = a.shape
+    if transpose_a:
+        ba, k, m = a.shape
+    else:
+        ba, m, k = a.shape
     if transpose_b:
         bb, n, kb = b.shape
     else:
@@ -80,7 +83,7 @@ def batch_matmul(a: Tensor, b: Tensor, transpose_b: bool = False) -> Tensor:
     if k != kb:
         raise UserError(f"batch_matmul: inner dimensions differ: a {a.name} {list(a.shape)} has "
                         f"K={k} and b {b.name} {list(b.shape)} has K={kb} "
-                        f"(transpose_b={transpose_b})")
+                        f"(transpose_a={transpose_a}, transpose_b={transpose_b})")
     batch = ba if bb == 1 else bb
     rk = dsl.reduce_axis((0, k), name="k")
 
@@ -88,6 +91,7 @@ def batch_matmul(a: Tensor, b: Tensor, transpose_b: bool = False) -> Tensor:
         ta = 0 if ba == 1 else t
         tb = 0 if bb == 1 else t
         vb = b[tb, j, rk] if transpose_b else b[tb, rk, j]
-        return dsl.sum(a[ta, i, rk] * vb, axis=rk)
+        va = a[ta, rk, i] if transpose_a else a[ta, i, rk]
+        return dsl.sum(va * vb, axis=rk)
 
     return dsl.compute((batch, m, n), body, name="batch_matmul")

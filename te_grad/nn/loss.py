@@ -6,7 +6,7 @@ from ..errors import UserError
 from ..ir import Tensor
 from ._util import check_float, check_int_dtype, check_tensor, compute, prod, reduce, reduce_axes
 
-__all__ = ["mse_loss", "binary_cross_entropy", "softmax_cross_entropy"]
+__all__ = ["mse_loss", "binary_cross_entropy", "softmax_cross_entropy", "cross_entropy"]
 
 #: lower clamp of the logarithms in binary_cross_entropy, as in PyTorch's BCELoss
 LOG_CLAMP = -100.0
@@ -94,3 +94,31 @@ def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     s = dsl.compute((n,), lambda i: dsl.sum(dsl.exp(logits[i, k] - dsl.stop_gradient(mx[i])), axis=k),
                     name=op + "_sum")
     return _mean(op, (n,), lambda idx: dsl.stop_gradient(mx[idx]) + dsl.log(s[idx]) - logits[idx[0], labels[idx]])
+
+
+def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    """The mean cross entropy of ``softmax(logits)`` against dense targets, 0-d (PyTorch's
+    ``cross_entropy`` with class probabilities as the target).
+
+    ``logits`` and ``target`` are (N, C) floats, each row of ``target`` a distribution over the
+    classes (label smoothing, soft labels). The loss is
+    ``mean_n sum_c target[n, c] * (m[n] + log(s[n]) - logits[n, c])`` with ``m`` the row maximum
+    (``cross_entropy_max``, a shift the loss does not depend on) and
+    ``s[n] = sum_c exp(logits[n, c] - m[n])`` (``cross_entropy_sum``).
+    """
+    op = "cross_entropy"
+    _same_shape(op, logits, target, "logits", "target")
+    check_tensor(op, logits, "logits", ndim=2)
+    n, c = logits.shape
+    k = dsl.reduce_axis((0, c), name="k")
+    mx = dsl.compute((n,), lambda i: dsl.max(logits[i, k], axis=k), name=op + "_max")
+    k = dsl.reduce_axis((0, c), name="k")
+    s = dsl.compute((n,), lambda i: dsl.sum(dsl.exp(logits[i, k] - dsl.stop_gradient(mx[i])), axis=k),
+                    name=op + "_sum")
+    return _mean(op, (n,), lambda idx: _row_term(logits, target, mx, s, idx[0], c))
+
+
+def _row_term(logits, target, mx, s, i, c):
+    k = dsl.reduce_axis((0, c), name="c")
+    lse = dsl.stop_gradient(mx[i]) + dsl.log(s[i])
+    return dsl.sum(target[i, k] * (lse - logits[i, k]), axis=k)
