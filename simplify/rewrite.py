@@ -25,9 +25,10 @@ import warnings
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from te_grad.graph import topo_order
-from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, Read, Reduce, Select, Tensor)
+from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ScatterOp, Select,
+                        Tensor)
 from te_grad.ir import structurally_equal
-from te_grad.transform import substitute
+from te_grad.transform import replace_tensors, substitute
 from te_grad.visitor import Mutator, Visitor
 
 from te_grad.errors import SimplificationWarning
@@ -181,8 +182,11 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset(),
     inline: Dict[int, Tensor] = {}
     summand_readers = _summand_readers(order)
     for t in order:
-        if id(t) in keep or not isinstance(t.op, ComputeOp):
+        if id(t) in keep or isinstance(t.op, PlaceholderOp):
             new[id(t)] = t
+            continue
+        if isinstance(t.op, ScatterOp):  # already in its final form: only its reads follow the rewrites
+            new[id(t)] = replace_tensors([t], {k: v for k, v in new.items() if v is not None})[id(t)]
             continue
         redirected = _Redirect(new, {}).visit(t.op.body)
         if redirected is not t.op.body:

@@ -38,6 +38,13 @@ def build(outputs, inputs, **options):
 
 
 @deep_entry
+def default_threads() -> int:
+    """The threads a kernel uses unless told otherwise: ``TE_GRAD_NUM_THREADS``, else the CPUs
+    this process may run on."""
+    from codegen.kernel import default_threads as _default
+    return _default()
+
+
 def build_vjp(outputs, inputs, wrt=None, save=None, **options):
     """Forward and backward kernels sharing saved residuals (see :mod:`te_grad.residuals`).
 
@@ -78,5 +85,5 @@ __all__ = [
     "asin", "acos", "atan", "atan2", "log1p", "expm1", "SimplificationWarning",
     "maximum", "minimum", "floor", "ceil", "trunc", "round", "stop_gradient",
     "evaluate", "show", "nn", "differentiate", "gradient", "DifferentiationResult",
-    "simplify", "iterations", "build", "domain", "row_gradient", "RowGradient", "verify", "latex", "build_vjp",
+    "simplify", "iterations", "build", "domain", "row_gradient", "RowGradient", "verify", "latex", "build_vjp", "default_threads",
 ]

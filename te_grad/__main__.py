@@ -507,7 +507,23 @@ def main(argv=None) -> int:
     p_fuzz.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p_fuzz.add_argument("--no-compile", action="store_true", help="skip the compiled kernels")
     p_fuzz.add_argument("--no-shrink", action="store_true", help="print failing programs as found")
+    p_digits = sub.add_parser(
+        "train-digits", help="train a small CNN on scikit-learn's 8x8 digits, next to the same model in PyTorch",
+        description="Train Conv2d(1, 16, 3) -> ReLU -> MaxPool2d(2) -> Linear(256, 10) with Adam on 80% of "
+                    "scikit-learn's handwritten digits, one native call per step, and report the test "
+                    "accuracy; with PyTorch installed, train the same model from the same initial weights on "
+                    "the same batches and compare the losses and the time per epoch.")
+    p_digits.add_argument("--epochs", type=int, default=10)
+    p_digits.add_argument("--lr", type=float, default=1e-2)
+    p_digits.add_argument("--batch", type=int, default=64)
+    p_digits.add_argument("--threads", type=int, default=None, help="threads for te_grad and PyTorch")
+    p_digits.add_argument("--no-torch", action="store_true", help="do not train the PyTorch twin")
+    p_digits.add_argument("--plot", metavar="PNG", help="draw the two loss curves into PNG")
     args = parser.parse_args(argv)
+    if args.command == "train-digits":
+        from te_grad.train.digits import run
+        run(args.epochs, args.lr, args.batch, threads=args.threads, compare=not args.no_torch, plot=args.plot)
+        return 0
     if args.command == "fuzz":
         from te_grad.fuzz import PASSING, run
         counts = run(args.programs, args.seed, compile_=not args.no_compile,

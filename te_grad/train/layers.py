@@ -1,0 +1,260 @@
+"""Layers: thin wrappers over te_grad.nn that hold their parameters as placeholders.
+
+A layer is built once, with its parameter shapes; calling it on te_grad tensors (with a
+:class:`Context`) returns te_grad tensors, so the same layer serves the training step
+(``training=True``: batch statistics, dropout) and prediction (running statistics, no
+dropout) and any batch size. Parameters and states are named as in PyTorch's
+``state_dict`` (``"0.weight"``, ``"2.running_mean"``) once a :class:`Sequential` owns
+the layer, so weights move between the two by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from .. import dsl, nn
+from ..errors import UserError
+from ..ir import Tensor
+
+
+@dataclass
+class Param:
+    """A trainable tensor: its placeholder, and how to initialize it (``kind``: ``"weight"``
+    with ``fan_in``/``fan_out``, ``"bias"``, ``"ones"``, ``"zeros"``, ``"embedding"``)."""
+    name: str
+    shape: Tuple[int, ...]
+    kind: str
+    fan_in: int = 1
+    fan_out: int = 1
+    dtype: str = "float32"
+    placeholder: Tensor = None
+
+    def __post_init__(self):
+        self.placeholder = dsl.placeholder(self.shape, dtype=self.dtype, name=self.name)
+
+
+@dataclass
+class State:
+    """A non-trainable tensor the training step updates (batch norm's running statistics)."""
+    name: str
+    shape: Tuple[int, ...]
+    initial: float
+    dtype: str = "float32"
+    placeholder: Tensor = None
+
+    def __post_init__(self):
+        self.placeholder = dsl.placeholder(self.shape, dtype=self.dtype, name=self.name)
+
+
+@dataclass
+class Context:
+    """What a layer needs besides its input: the mode, the dropout seed (an int64 0-d
+    placeholder), and where state updates are collected (``{id(state placeholder): new value}``)."""
+    training: bool
+    seed: Optional[Tensor] = None
+    updates: Dict[int, Tensor] = field(default_factory=dict)
+    dropout_count: int = 0
+
+
+class Module:
+    """A layer: its parameters, its states, and ``forward(x, ctx)``."""
+
+    def parameters(self) -> List[Param]:
+        return [v for v in vars(self).values() if isinstance(v, Param)]
+
+    def states(self) -> List[State]:
+        return [v for v in vars(self).values() if isinstance(v, State)]
+
+    def rename(self, prefix: str):
+        """Give the parameters and states their ``state_dict`` names under ``prefix``."""
+        for attr, v in vars(self).items():
+            if isinstance(v, (Param, State)):
+                v.name = f"{prefix}{attr}"
+                v.placeholder = dsl.placeholder(v.shape, dtype=v.dtype, name=v.name)
+
+    def __call__(self, x: Tensor, ctx: Context) -> Tensor:
+        return self.forward(x, ctx)
+
+    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        raise NotImplementedError
+
+
+class Linear(Module):
+    """``y = x @ weight.T + bias`` on the last axis (PyTorch's ``nn.Linear``): ``weight`` is
+    (out_features, in_features)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        self.weight = Param("weight", (out_features, in_features), "weight", in_features, out_features)
+        self.bias = Param("bias", (out_features,), "bias", in_features, out_features) if bias else None
+
+    def forward(self, x, ctx):
+        return nn.dense(x, self.weight.placeholder, self.bias.placeholder if self.bias else None)
+
+
+class Conv2d(Module):
+    """A 2-D convolution in NCHW (PyTorch's ``nn.Conv2d``): ``weight`` is (out, in / groups, k, k)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True):
+        kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        fan_in, fan_out = in_channels // groups * kh * kw, out_channels // groups * kh * kw
+        self.weight = Param("weight", (out_channels, in_channels // groups, kh, kw), "weight", fan_in, fan_out)
+        self.bias = Param("bias", (out_channels,), "bias", fan_in, fan_out) if bias else None
+        self.options = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    def forward(self, x, ctx):
+        return nn.conv2d(x, self.weight.placeholder, bias=self.bias.placeholder if self.bias else None,
+                         **self.options)
+
+
+class BatchNorm2d(Module):
+    """Batch normalization over (N, H, W) per channel (PyTorch's ``nn.BatchNorm2d``).
+
+    Training: the batch mean and biased variance normalize, and the running statistics
+    become ``(1 - momentum) * running + momentum * batch`` (the variance unbiased), an
+    update the training step writes. Prediction: the running statistics normalize."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1):
+        self.weight = Param("weight", (num_features,), "ones")
+        self.bias = Param("bias", (num_features,), "zeros")
+        self.running_mean = State("running_mean", (num_features,), 0.0)
+        self.running_var = State("running_var", (num_features,), 1.0)
+        self.eps, self.momentum = eps, momentum
+
+    def forward(self, x, ctx):
+        if x.ndim != 4:
+            raise UserError(f"BatchNorm2d: input {x.name} must be (N, C, H, W), got {list(x.shape)}")
+        g, b = self.weight.placeholder, self.bias.placeholder
+        if ctx.training:
+            mean = nn.mean(x, (0, 2, 3))
+            var = nn.variance(x, (0, 2, 3))
+            n = x.shape[0] * x.shape[2] * x.shape[3]
+            m = self.momentum
+            rm, rv = self.running_mean.placeholder, self.running_var.placeholder
+            ctx.updates[id(rm)] = dsl.compute(rm.shape, lambda c: (1.0 - m) * rm[c] + m * mean[c],
+                                              name=f"{self.running_mean.name}_new")
+            unbias = n / max(n - 1, 1)
+            ctx.updates[id(rv)] = dsl.compute(rv.shape, lambda c: (1.0 - m) * rv[c] + (m * unbias) * var[c],
+                                              name=f"{self.running_var.name}_new")
+        else:
+            mean, var = self.running_mean.placeholder, self.running_var.placeholder
+        eps = self.eps
+        return dsl.compute(x.shape, lambda n_, c, h, w: (x[n_, c, h, w] - mean[c]) / dsl.sqrt(var[c] + eps)
+                           * g[c] + b[c], name="batch_norm")
+
+
+class LayerNorm(Module):
+    """Layer normalization over the last axis (PyTorch's ``nn.LayerNorm(normalized_shape)``)."""
+
+    def __init__(self, normalized_shape: int, eps: float = 1e-5):
+        self.weight = Param("weight", (normalized_shape,), "ones")
+        self.bias = Param("bias", (normalized_shape,), "zeros")
+        self.eps = eps
+
+    def forward(self, x, ctx):
+        return nn.layer_norm(x, self.weight.placeholder, self.bias.placeholder, eps=self.eps)
+
+
+class Embedding(Module):
+    """A table of ``num_embeddings`` rows read at integer ids (PyTorch's ``nn.Embedding``)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        self.weight = Param("weight", (num_embeddings, embedding_dim), "embedding", num_embeddings, embedding_dim)
+
+    def forward(self, ids, ctx):
+        return nn.embedding(self.weight.placeholder, ids)
+
+
+class _Function(Module):
+    def __init__(self, fn: Callable, name: str):
+        self.fn, self.name = fn, name
+
+    def forward(self, x, ctx):
+        return self.fn(x)
+
+    def __repr__(self):
+        return f"{self.name}()"
+
+
+def ReLU() -> Module:  # noqa: N802 - PyTorch's name
+    """``max(x, 0)`` (te_grad.nn.relu: derivative 0 at 0, as PyTorch's)."""
+    return _Function(nn.relu, "ReLU")
+
+
+def GELU() -> Module:  # noqa: N802
+    """The exact GELU (te_grad.nn.gelu)."""
+    return _Function(nn.gelu, "GELU")
+
+
+def Tanh() -> Module:  # noqa: N802
+    """The hyperbolic tangent."""
+    return _Function(nn.tanh, "Tanh")
+
+
+def Flatten() -> Module:  # noqa: N802
+    """Every axis after the first flattened into one (PyTorch's ``nn.Flatten``)."""
+    return _Function(nn.flatten, "Flatten")
+
+
+def MaxPool2d(kernel_size, stride=None, padding=0) -> Module:  # noqa: N802
+    """2-D max pooling; a tied window's gradient goes to its first maximum, as PyTorch's."""
+    return _Function(lambda x: nn.max_pool2d(x, kernel_size, stride, padding), "MaxPool2d")
+
+
+def AvgPool2d(kernel_size, stride=None, padding=0) -> Module:  # noqa: N802
+    """2-D average pooling (padding counted, as PyTorch's default)."""
+    return _Function(lambda x: nn.avg_pool2d(x, kernel_size, stride, padding), "AvgPool2d")
+
+
+class Dropout(Module):
+    """Zeroes each element with probability ``p`` in training (and scales the rest by
+    ``1 / (1 - p)``); the identity in prediction. The mask is a hash of the element's
+    position and the step's seed (an input of the training step, new each step), so a
+    step is reproducible from its seed."""
+
+    def __init__(self, p: float = 0.5):
+        if not 0.0 <= p < 1.0:
+            raise UserError(f"Dropout: p must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x, ctx):
+        if not ctx.training or self.p == 0.0:
+            return x
+        if ctx.seed is None:
+            raise UserError("Dropout needs the training step's seed (Context.seed)")
+        salt = 7919 * (ctx.dropout_count + 1)
+        ctx.dropout_count += 1
+        keep, scale, seed = 1.0 - self.p, 1.0 / (1.0 - self.p), ctx.seed
+
+        def body(*idx):
+            flat = dsl.const(0)
+            for i, n in zip(idx, x.shape):
+                flat = flat * n + i
+            h = (flat * 1103515245 + seed[()] * 12345 + salt) % 2147483648
+            h = (h * 1103515245 + 12345) % 2147483648
+            h = (h * 69069 + 1) % 2147483648
+            u = dsl.cast(x.dtype, h) * (1.0 / 2147483648.0)
+            return dsl.if_then_else(u < keep, x[idx] * scale, dsl.const(0.0, x.dtype))
+        return dsl.compute(x.shape, body, name="dropout")
+
+
+class Sequential(Module):
+    """Layers applied in order; their parameters and states are named ``"{index}.{name}"``."""
+
+    def __init__(self, *layers: Module):
+        self.layers = list(layers)
+        for k, layer in enumerate(self.layers):
+            if not isinstance(layer, Module):
+                raise UserError(f"Sequential: item {k} is not a layer: {layer!r}")
+            layer.rename(f"{k}.")
+
+    def parameters(self) -> List[Param]:
+        return [p for layer in self.layers for p in layer.parameters() if p is not None]
+
+    def states(self) -> List[State]:
+        return [s for layer in self.layers for s in layer.states()]
+
+    def forward(self, x, ctx):
+        for layer in self.layers:
+            x = layer(x, ctx)
+        return x

@@ -1,0 +1,444 @@
+"""The Trainer: a whole training step (forward, loss, backward, optimizer update) as one kernel.
+
+::
+
+    trainer = train.Trainer(model, inputs=[x], targets=[y], loss=tg.nn.softmax_cross_entropy,
+                            optimizer=train.Adam(lr=1e-3), init=train.xavier_uniform(seed=0))
+    loss = trainer.update(xb, yb)          # one native call
+    logits = trainer.predict(x_test)       # the forward kernel alone (batch norm in inference mode)
+
+The step kernel's inputs are the batch, the step's hyperparameters (learning rate, step
+count, dropout seed), the parameters and every state (optimizer moments, batch norm's
+running statistics); its outputs are the loss, the accuracy (for a classifier), the new
+parameters and the new states. The trainer owns two sets of buffers for parameters and
+states and the kernel reads one and writes the other, alternating: nothing is copied
+between steps and no buffer is read and written by one call. A batch of another size
+(the last one of an epoch) gets a kernel of its own, built on first use.
+
+Options: ``clip_norm`` scales the gradients when their global norm exceeds it
+(``torch.nn.utils.clip_grad_norm_``); ``accumulate=k`` sums the gradients of ``k``
+consecutive batches and updates every ``k``-th call with their mean (two kernels: one
+accumulates, one also updates).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import dsl, dtypes, nn
+from ..errors import UserError
+from ..ir import Tensor
+from .init import Initializer, xavier_uniform
+from .layers import Context, Module, Param, State
+from .optim import Hyper, Optimizer
+
+
+@dataclass
+class _Slot:
+    """A buffer the trainer owns: a parameter or a state, with its two alternating arrays."""
+    name: str
+    placeholder: Tensor
+    arrays: Tuple[np.ndarray, np.ndarray]
+
+
+class _Step:
+    """One compiled step kernel and the order of its arguments."""
+
+    def __init__(self, kernel, batch, n_out_extra, slot_inputs, slot_outputs, apply):
+        self.kernel = kernel
+        self.batch = batch                  # the batch placeholders, in call order
+        self.n_out_extra = n_out_extra      # loss (and accuracy) outputs before the slots
+        self.slot_inputs = slot_inputs      # slot indices read
+        self.slot_outputs = slot_outputs    # slot indices written
+        self.apply = apply                  # whether this kernel updates the parameters
+
+
+def _fans(shape) -> Tuple[int, int]:
+    if len(shape) == 1:
+        return shape[0], shape[0]
+    receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
+    return shape[1] * receptive, shape[0] * receptive
+
+
+def _as_params(params) -> List[Param]:
+    """User placeholders as parameters (kind from rank: vectors are biases, the rest weights)."""
+    out = []
+    for p in params:
+        if isinstance(p, Param):
+            out.append(p)
+            continue
+        if not isinstance(p, Tensor) or not p.is_placeholder or not dtypes.is_float(p.dtype):
+            raise UserError(f"Trainer: params must be float placeholders or train.Param, got {p!r}")
+        fan_in, fan_out = _fans(p.shape)
+        param = Param.__new__(Param)
+        param.name, param.shape, param.dtype = p.name, p.shape, p.dtype
+        param.kind = "bias" if p.ndim <= 1 else "weight"
+        param.fan_in, param.fan_out, param.placeholder = fan_in, fan_out, p
+        out.append(param)
+    return out
+
+
+class Trainer:
+    """Trains ``model`` on batches (see the module docstring).
+
+    ``model``: a :class:`~te_grad.train.Module` (called on the first input), or a function
+    of the input placeholders returning the output tensor, with ``params`` listing its
+    parameter placeholders. ``loss(output, *targets)`` returns a 0-d tensor.
+    """
+
+    def __init__(self, model, inputs: Sequence[Tensor], targets: Sequence[Tensor], loss: Callable,
+                 optimizer: Optimizer, init: Optional[Initializer] = None, params=None,
+                 clip_norm: Optional[float] = None, accumulate: int = 1, threads: Optional[int] = None,
+                 progress: bool = True):
+        self.model = model
+        self.inputs, self.targets = list(inputs), list(targets)
+        self.loss_fn, self.optimizer = loss, optimizer
+        self.clip_norm = clip_norm
+        if not isinstance(accumulate, int) or accumulate < 1:
+            raise UserError(f"Trainer: accumulate must be a positive int, got {accumulate!r}")
+        self.accumulate = accumulate
+        self.threads = threads
+        self.progress = progress
+        if isinstance(model, Module):
+            if len(self.inputs) != 1:
+                raise UserError("Trainer: a Module takes one input; pass a function for several")
+            self._param_list = model.parameters()
+            model_states = model.states()
+        else:
+            if params is None:
+                raise UserError("Trainer: a model given as a function needs params=[its parameter placeholders]")
+            self._param_list = _as_params(params)
+            model_states = []
+        if not self._param_list:
+            raise UserError("Trainer: the model has no parameters")
+        names = [p.name for p in self._param_list]
+        if len(set(names)) != len(names):
+            raise UserError(f"Trainer: parameter names repeat: {names}")
+        init = init if init is not None else xavier_uniform(seed=0)
+        values = init(self._param_list)
+        self._slots: List[_Slot] = []
+        self._index: Dict[str, int] = {}
+        for p in self._param_list:
+            self._add(p.name, p.placeholder, values[p.name])
+        self._model_states = list(model_states)
+        for s in model_states:
+            self._add(s.name, s.placeholder, np.full(s.shape, s.initial, dtype=s.dtype))
+        self._opt_states: Dict[str, List[int]] = {}
+        for p in self._param_list:
+            ids = []
+            for suffix, initial in optimizer.states():
+                name = f"{p.name}.{suffix}"
+                ids.append(self._add(name, dsl.placeholder(p.shape, dtype=p.dtype, name=name),
+                                     np.full(p.shape, initial, dtype=p.dtype)))
+            self._opt_states[p.name] = ids
+        self._acc: Dict[str, int] = {}
+        if accumulate > 1:
+            for p in self._param_list:
+                name = f"{p.name}.grad_sum"
+                self._acc[p.name] = self._add(name, dsl.placeholder(p.shape, dtype=p.dtype, name=name),
+                                              np.zeros(p.shape, dtype=p.dtype))
+        self._current = 0
+        self.t = 0                          # optimizer steps taken
+        self._calls = 0                     # batches seen (accumulation counts these)
+        self._seed = 0
+        self._steps: Dict[tuple, _Step] = {}
+        self._predict: Dict[tuple, object] = {}
+        self.last = {}                      # the last step's loss (and accuracy)
+        self._scalars = {"lr": np.zeros((), np.float32), "t": np.zeros((), np.float32),
+                         "seed": np.zeros((), np.int64)}
+
+    def _add(self, name, placeholder, value) -> int:
+        value = np.ascontiguousarray(value, dtype=placeholder.dtype)
+        if value.shape != placeholder.shape:
+            raise UserError(f"Trainer: initial value of {name} has shape {value.shape}, expected {placeholder.shape}")
+        self._index[name] = len(self._slots)
+        self._slots.append(_Slot(name, placeholder, (value, np.empty_like(value))))
+        return len(self._slots) - 1
+
+    # -- graphs --------------------------------------------------------------------------------
+    def _batch_placeholders(self, shapes):
+        if shapes == tuple(t.shape for t in self.inputs + self.targets):
+            return self.inputs, self.targets
+        xs = [dsl.placeholder(s, dtype=t.dtype, name=t.name) for t, s in zip(self.inputs, shapes)]
+        ys = [dsl.placeholder(s, dtype=t.dtype, name=t.name) for t, s in zip(self.targets, shapes[len(xs):])]
+        return xs, ys
+
+    def _forward(self, xs, ctx):
+        if isinstance(self.model, Module):
+            return self.model(xs[0], ctx)
+        return self.model(*xs)
+
+    def _accuracy(self, out, ys):
+        if len(ys) != 1 or out.ndim != 2 or not dtypes.is_int(ys[0].dtype) or ys[0].shape != out.shape[:1]:
+            return None
+        y = ys[0]
+        n, c = out.shape
+        k = dsl.reduce_axis(c, "k")
+        best = dsl.compute((n,), lambda i: dsl.max(out[i, k], axis=k), name="accuracy_max")
+        r = dsl.reduce_axis(n, "r")
+        return dsl.compute((), lambda: dsl.sum(dsl.if_then_else(out[r, y[r]] >= best[r], 1.0, 0.0), axis=r)
+                           * (1.0 / n), name="accuracy")
+
+    def _build_step(self, shapes, apply: bool) -> _Step:
+        from .. import build, gradient
+        xs, ys = self._batch_placeholders(shapes)
+        seed = dsl.placeholder((), dtype="int64", name="seed")
+        lr = dsl.placeholder((), dtype="float32", name="lr")
+        t = dsl.placeholder((), dtype="float32", name="t")
+        ctx = Context(training=True, seed=seed)
+        out = self._forward(xs, ctx)
+        loss = self.loss_fn(out, *ys)
+        if not isinstance(loss, Tensor) or loss.shape != ():
+            raise UserError(f"Trainer: the loss must be a 0-d tensor, got {loss!r}")
+        accuracy = self._accuracy(out, ys)
+        params = self._param_list
+        grads = gradient(loss, [p.placeholder for p in params])
+        new: Dict[int, Tensor] = {}
+        if self.accumulate > 1:
+            sums = [self._slots[self._acc[p.name]].placeholder for p in params]
+            totals = [dsl.compute(p.shape, lambda *i, g=g, a=a: a[i] + g[i], name=f"{p.name}_grad_total")
+                      for p, g, a in zip(params, grads, sums)]
+            if not apply:
+                for p, total in zip(params, totals):
+                    new[self._acc[p.name]] = total
+            else:
+                scale = 1.0 / self.accumulate
+                grads = [dsl.compute(p.shape, lambda *i, s=s: s[i] * scale, name=f"{p.name}_grad_mean")
+                         for p, s in zip(params, totals)]
+                for p in params:
+                    new[self._acc[p.name]] = dsl.compute(p.shape, lambda *i, p=p: dsl.const(0.0, p.dtype),
+                                                         name=f"{p.name}_grad_sum_reset")
+        if apply:
+            if self.clip_norm is not None:
+                grads = _clipped(grads, self.clip_norm)
+            hyper = Hyper(lr, t)
+            for p, g in zip(params, grads):
+                states = [self._slots[k].placeholder for k in self._opt_states[p.name]]
+                new_p, new_states = self.optimizer.update(p.placeholder, g, states, hyper)
+                new[self._index[p.name]] = new_p
+                for k, s in zip(self._opt_states[p.name], new_states):
+                    new[k] = s
+        for s in self._model_states:
+            if id(s.placeholder) in ctx.updates:
+                new[self._index[s.name]] = ctx.updates[id(s.placeholder)]
+        extra = [loss] + ([accuracy] if accuracy is not None else [])
+        slot_outputs = sorted(new)
+        outputs = extra + [new[k] for k in slot_outputs]
+        reads = {id(x) for x in _placeholders(outputs)}
+        slot_inputs = [k for k, s in enumerate(self._slots) if id(s.placeholder) in reads]
+        batch = xs + ys
+        hyper_in = [seed, lr, t]
+        kernel = build(outputs, batch + hyper_in + [self._slots[k].placeholder for k in slot_inputs],
+                       threads=self.threads)
+        # a slot not written by this kernel must still be carried to the other buffer set
+        step = _Step(kernel, batch, len(extra), slot_inputs, slot_outputs, apply)
+        step.carried = [k for k in range(len(self._slots)) if k not in set(slot_outputs)]
+        return step
+
+    def _step_for(self, arrays, apply: bool) -> _Step:
+        return self._step_for_shapes(tuple(a.shape for a in arrays), apply)
+
+    def _step_for_shapes(self, shapes, apply: bool) -> _Step:
+        key = (shapes, apply)
+        step = self._steps.get(key)
+        if step is None:
+            step = self._steps[key] = self._build_step(shapes, apply)
+        return step
+
+    def compile(self, batch_size: Optional[int] = None) -> float:
+        """Build the step kernel(s) for batches of ``batch_size`` (default: the placeholders'
+        batch) now rather than on the first :meth:`update`; returns the seconds it took."""
+        t0 = time.perf_counter()
+        shapes = tuple(t.shape if batch_size is None else (batch_size,) + t.shape[1:]
+                       for t in self.inputs + self.targets)
+        for apply in ((True,) if self.accumulate == 1 else (False, True)):
+            self._step_for_shapes(shapes, apply)
+        return time.perf_counter() - t0
+
+    # -- training --------------------------------------------------------------------------------
+    def _check_batch(self, arrays):
+        if len(arrays) != len(self.inputs) + len(self.targets):
+            raise UserError(f"Trainer: expected {len(self.inputs)} inputs and {len(self.targets)} targets, "
+                            f"got {len(arrays)} arrays")
+        out = []
+        for t, a in zip(self.inputs + self.targets, arrays):
+            a = np.ascontiguousarray(a)
+            if a.dtype != np.dtype(t.dtype):
+                raise UserError(f"Trainer: {t.name} must be {t.dtype}, got {a.dtype}; convert it with "
+                                f".astype(np.{t.dtype})")
+            if a.shape[1:] != t.shape[1:]:
+                raise UserError(f"Trainer: {t.name} must have shape [batch] + {list(t.shape[1:])}, got "
+                                f"{list(a.shape)}")
+            out.append(a)
+        if len({a.shape[0] for a in out}) != 1:
+            raise UserError(f"Trainer: the batch arrays have different sizes {[a.shape[0] for a in out]}")
+        return out
+
+    def update(self, *batch, lr: Optional[float] = None) -> float:
+        """One training step on a batch (inputs then targets, numpy arrays); returns the loss.
+
+        ``lr`` overrides the optimizer's learning rate for this step (a schedule)."""
+        arrays = self._check_batch(batch)
+        self._calls += 1
+        apply = self._calls % self.accumulate == 0
+        step = self._step_for(arrays, apply)
+        if apply:
+            self.t += 1
+        self._seed += 1
+        self._scalars["lr"][()] = self.optimizer.lr if lr is None else lr
+        self._scalars["t"][()] = max(self.t, 1)
+        self._scalars["seed"][()] = self._seed
+        cur, nxt = self._current, 1 - self._current
+        extra = [np.empty((), dtype=o.dtype) for o in step.kernel.outputs[:step.n_out_extra]]
+        ins = [a.ctypes.data for a in arrays] + [self._scalars[k].ctypes.data for k in ("seed", "lr", "t")] + \
+              [self._slots[k].arrays[cur].ctypes.data for k in step.slot_inputs]
+        outs = [e.ctypes.data for e in extra] + [self._slots[k].arrays[nxt].ctypes.data for k in step.slot_outputs]
+        step.kernel.run_pointers(ins, outs)
+        for k in step.carried:
+            np.copyto(self._slots[k].arrays[nxt], self._slots[k].arrays[cur])
+        self._current = nxt
+        self.last = {"loss": float(extra[0])}
+        if step.n_out_extra > 1:
+            self.last["accuracy"] = float(extra[1])
+        return self.last["loss"]
+
+    def fit(self, x: np.ndarray, y: np.ndarray, epochs: int = 1, batch_size: int = 64, shuffle: bool = True,
+            seed: int = 0, drop_last: bool = False, lr_schedule: Callable[[int], float] = None) -> List[float]:
+        """Epochs of :meth:`update` over ``(x, y)`` in batches; returns the mean loss of each epoch.
+
+        A progress line is printed when the work takes more than a couple of seconds
+        (``progress=False`` at construction turns it off). ``lr_schedule(step)`` gives the
+        learning rate of each step."""
+        rng = np.random.default_rng(seed)
+        n = len(x)
+        means = []
+        start = time.monotonic()
+        for epoch in range(epochs):
+            order = rng.permutation(n) if shuffle else np.arange(n)
+            losses, count = [], 0
+            for at in range(0, n, batch_size):
+                idx = order[at:at + batch_size]
+                if drop_last and len(idx) < batch_size:
+                    continue
+                lr = lr_schedule(self.t) if lr_schedule is not None else None
+                losses.append(self.update(x[idx], y[idx], lr=lr) * len(idx))
+                count += len(idx)
+                if self.progress and time.monotonic() - start > 2.0:
+                    sys.stderr.write(f"\repoch {epoch + 1}/{epochs}: {count}/{n} samples, loss "
+                                     f"{self.last['loss']:.4f}")
+                    sys.stderr.flush()
+            means.append(sum(losses) / max(count, 1))
+        if self.progress and time.monotonic() - start > 2.0:
+            sys.stderr.write("\n")
+        return means
+
+    @property
+    def threads_used(self) -> int:
+        """The threads the step kernels run on."""
+        from .. import default_threads
+        return self.threads if self.threads is not None else default_threads()
+
+    # -- prediction -----------------------------------------------------------------------------
+    def predict(self, *inputs: np.ndarray) -> np.ndarray:
+        """The model's output on ``inputs`` (numpy arrays): the forward kernel alone, batch norm
+        with its running statistics, dropout off."""
+        from .. import build
+        arrays = [np.ascontiguousarray(a) for a in inputs]
+        key = tuple(a.shape for a in arrays)
+        entry = self._predict.get(key)
+        if entry is None:
+            xs = [dsl.placeholder(a.shape, dtype=t.dtype, name=t.name) for a, t in zip(arrays, self.inputs)]
+            out = self._forward(xs, Context(training=False))
+            reads = {id(x) for x in _placeholders([out])}
+            slots = [k for k, s in enumerate(self._slots) if id(s.placeholder) in reads]
+            entry = self._predict[key] = (build([out], xs + [self._slots[k].placeholder for k in slots],
+                                                threads=self.threads), slots)
+        kernel, slots = entry
+        for t, a in zip(self.inputs, arrays):
+            if a.dtype != np.dtype(t.dtype):
+                raise UserError(f"predict: {t.name} must be {t.dtype}, got {a.dtype}")
+        return kernel(*arrays, *[self._slots[k].arrays[self._current] for k in slots])
+
+    # -- state ----------------------------------------------------------------------------------
+    @property
+    def params(self) -> Dict[str, np.ndarray]:
+        """The parameters, by name (copies)."""
+        return {p.name: self._slots[self._index[p.name]].arrays[self._current].copy() for p in self._param_list}
+
+    @property
+    def states(self) -> Dict[str, np.ndarray]:
+        """Every state (batch norm statistics, optimizer moments), by name (copies)."""
+        names = {p.name for p in self._param_list}
+        return {s.name: s.arrays[self._current].copy() for s in self._slots if s.name not in names}
+
+    def set(self, values: Dict[str, np.ndarray]):
+        """Overwrite parameters or states by name (e.g. weights from a PyTorch ``state_dict``)."""
+        for name, value in values.items():
+            if name not in self._index:
+                raise UserError(f"Trainer: no parameter or state named {name!r}")
+            slot = self._slots[self._index[name]]
+            value = np.asarray(value)
+            if value.shape != slot.placeholder.shape:
+                raise UserError(f"Trainer: {name} has shape {list(slot.placeholder.shape)}, got {list(value.shape)}")
+            np.copyto(slot.arrays[self._current], value.astype(slot.placeholder.dtype))
+
+    def save(self, path: str):
+        """Parameters, states and the step count to an ``.npz`` file."""
+        np.savez(path, **{s.name: s.arrays[self._current] for s in self._slots},
+                 **{"__t__": np.array(self.t), "__calls__": np.array(self._calls), "__seed__": np.array(self._seed)})
+
+    def load(self, path: str):
+        """What :meth:`save` wrote (the same model and optimizer)."""
+        with np.load(path) as data:
+            missing = [s.name for s in self._slots if s.name not in data.files]
+            if missing:
+                raise UserError(f"Trainer.load: {path} has no {', '.join(missing[:5])}")
+            self.set({s.name: data[s.name] for s in self._slots})
+            self.t, self._calls, self._seed = int(data["__t__"]), int(data["__calls__"]), int(data["__seed__"])
+
+    # -- profiling ------------------------------------------------------------------------------
+    def profile(self, *batch, repeat: int = 5, show: bool = True) -> List[dict]:
+        """Per-stage times of one training step on ``batch`` (the median of ``repeat`` runs, one
+        thread), without changing the parameters; sorted slowest first, printed if ``show``."""
+        arrays = self._check_batch(batch)
+        step = self._step_for(arrays, True)
+        cur, nxt = self._current, 1 - self._current
+        extra = [np.empty((), dtype=o.dtype) for o in step.kernel.outputs[:step.n_out_extra]]
+        scalars = [self._scalars["seed"], np.asarray(self.optimizer.lr, np.float32), np.asarray(max(self.t, 1),
+                                                                                                   np.float32)]
+        ins = list(arrays) + scalars + [self._slots[k].arrays[cur] for k in step.slot_inputs]
+        outs = extra + [self._slots[k].arrays[nxt] for k in step.slot_outputs]
+        rows = step.kernel.profile(ins, outs, repeat=repeat)
+        if show:
+            total = sum(r["ms"] for r in rows)
+            print(f"training step: {total:.3f} ms in {len(rows)} stages")
+            for r in sorted(rows, key=lambda r: -r["ms"])[:25]:
+                print(f"  {r['ms']:9.4f} ms  {100 * r['ms'] / max(total, 1e-12):5.1f}%  {r['stage']}")
+        return rows
+
+
+def _clipped(grads: List[Tensor], clip: float) -> List[Tensor]:
+    """The gradients scaled by ``min(1, clip / (norm + 1e-6))``, ``norm`` their global L2 norm."""
+    parts = []
+    for g in grads:
+        axes = [dsl.reduce_axis(n, f"k{d}") for d, n in enumerate(g.shape)]
+        if axes:
+            parts.append(dsl.compute((), lambda g=g, axes=axes: dsl.sum(g[tuple(axes)] * g[tuple(axes)], axis=axes),
+                                     name=f"{g.name}_sq"))
+        else:
+            parts.append(dsl.compute((), lambda g=g: g[()] * g[()], name=f"{g.name}_sq"))
+    total = parts[0]
+    for p in parts[1:]:
+        total = nn.add(total, p)
+    scale = dsl.compute((), lambda: dsl.minimum(1.0, clip / (dsl.sqrt(total[()]) + 1e-6)), name="clip_scale")
+    return [dsl.compute(g.shape, lambda *i, g=g: g[i] * scale[()], name=f"{g.name}_clipped") for g in grads]
+
+
+def _placeholders(tensors):
+    from ..graph import topo_order
+    return [t for t in topo_order(list(tensors)) if t.is_placeholder]
