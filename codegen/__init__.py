@@ -63,5 +63,7 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     compiled = compile_module(text, [RUN_STAGES])
     compiled_stages = [CompiledStage(s, s.work if s.work is not None else tensor_iterations(s.tensor))
                        for s in stages]
-    return Kernel(simplified, inputs, buffers, compiled_stages, regions(stages), compiled,
-                  threads if threads is not None else default_threads())
+    kernel = Kernel(simplified, inputs, buffers, compiled_stages, regions(stages), compiled,
+                    threads if threads is not None else default_threads())
+    kernel.fast_math = fast_math  # what Kernel.export re-emits the stages with
+    return kernel

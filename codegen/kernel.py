@@ -170,6 +170,18 @@ class Kernel:
             with self._lock:
                 self._scratch.append(scratch)
 
+    def export(self, path: str, target: str = "host", *, shared: bool = False, cpu: str = None,
+               features: str = None, threads: int = 1, name: str = None, scalars: Sequence[Tensor] = ()):
+        """Write the kernel as ``path.o`` and ``path.h`` (and ``path.so`` when ``shared``) for
+        ``target`` (``"host"``, ``"aarch64-linux-gnu"``, ``"armv7-linux-gnueabihf"``,
+        ``"riscv64-linux-gnu"`` or an LLVM triple), callable from C with no Python: see
+        :mod:`codegen.export` and docs/EXPORT.md. The entry point is named after the file (or
+        ``name``); the 0-d inputs in ``scalars`` are passed by value. Returns the file paths."""
+        import os
+        from .export import c_name, entry_for, export
+        entry = entry_for(self, c_name(name or os.path.basename(path)), scalars)
+        return export([entry], path, target, cpu=cpu, features=features, shared=shared, threads=threads)
+
     def profile(self, arrays: Sequence[np.ndarray], outs: Sequence[np.ndarray], repeat: int = 5) -> List[dict]:
         """Each stage timed on its own (one thread; the median of ``repeat`` runs of the whole
         kernel), with the arguments of :meth:`run`: ``[{stage, tensor, ms, work}]`` in order."""

@@ -518,7 +518,8 @@ class StageEmitter(RegisterBlockEmitter):
 RUN_STAGES = "run_stages"
 
 
-def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math: bool = True):
+def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math: bool = True,
+                prefix: str = "", internal: bool = False):
     """One LLVM module with a function per stage, as text.
 
     It also defines :data:`RUN_STAGES`, ``i32 run_stages(i8** buffers, i64 first,
@@ -527,22 +528,28 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
     index; on an error it returns the stage's code and writes the stage's number to
     ``err[3]``. Stages too small to share among threads run in one call, and so does
     each thread's share of a parallel region (:mod:`.regions`).
+
+    ``prefix`` starts every function name (so that several kernels can share one object
+    file) and ``internal`` gives the stage functions internal linkage (:mod:`.export`).
     """
     module = ir.Module(name="te_grad")
     functions = []
     for n, s in enumerate(stages):
-        name = f"stage{n}_{s.tensor.name}"
+        name = f"{prefix}stage{n}_{s.tensor.name}"
         fn = StageEmitter(module, s, name, buffer_index, fast_math).emit()
         fn.attributes.add("noinline")  # called from run_stages too: one copy of the code
+        if internal:
+            fn.linkage = "internal"
         functions.append(fn)
-    _emit_run_stages(module, stages, functions, buffer_index)
+    _emit_run_stages(module, stages, functions, buffer_index, prefix + RUN_STAGES)
     return str(module)
 
 
-def _emit_run_stages(module: ir.Module, stages: Sequence[Stage], functions, buffer_index: Dict[int, int]):
+def _emit_run_stages(module: ir.Module, stages: Sequence[Stage], functions, buffer_index: Dict[int, int],
+                     name: str = RUN_STAGES):
     i8p = ir.PointerType(I8)
     fn = ir.Function(module, ir.FunctionType(I32, [ir.PointerType(i8p), I64, I64, I64, I64,
-                                                   ir.PointerType(I64)]), RUN_STAGES)
+                                                   ir.PointerType(I64)]), name)
     bufs, first, last, lo, hi, err = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     for k, (stage, callee) in enumerate(zip(stages, functions)):

@@ -38,6 +38,38 @@ def build(outputs, inputs, **options):
 
 
 @deep_entry
+def export(path: str, entries, target: str = "host", *, cpu: str = None, features: str = None,
+           shared: bool = False, threads: int = 1, constants=None):
+    """Several compiled kernels as entry points of one object file ``path.o`` with a C header
+    ``path.h`` (``Kernel.export`` writes one). ``entries`` maps each entry point's name to
+    ``(kernel, args)``, ``args`` listing its C arguments in order: a tensor of the kernel (a
+    pointer to its buffer), ``("buffer", name, tensor)`` (the same, named ``name`` in C),
+    ``("scalar", tensor)`` (a 0-d input by value), or ``("group", name,
+    [(tensor, byte offset), ...], is_output, total bytes)`` (one blob holding several buffers).
+    ``constants`` (name -> array) become global ``const`` arrays. See docs/EXPORT.md."""
+    from codegen.export import Arg, Entry, c_name
+    from codegen.export import export as _export
+    built = []
+    for name, (kernel, args) in entries.items():
+        outputs = {id(t) for t in kernel.outputs}
+        spec = []
+        for a in args:
+            if isinstance(a, Tensor):
+                spec.append(Arg(c_name(a.name), "buffer", a, id(a) in outputs))
+            elif a[0] == "buffer":
+                spec.append(Arg(c_name(a[1]), "buffer", a[2], id(a[2]) in outputs))
+            elif a[0] == "scalar":
+                spec.append(Arg(c_name(a[1].name), "scalar", a[1]))
+            elif a[0] == "group":
+                _, gname, members, is_output, size = a
+                spec.append(Arg(c_name(gname), "group", output=is_output, members=list(members), size=size))
+            else:
+                raise UserError(f"tg.export: cannot use {a!r} as an argument of {name}")
+        built.append(Entry(c_name(name), kernel, spec))
+    return _export(built, path, target, cpu=cpu, features=features, shared=shared, threads=threads,
+                   constants=constants)
+
+
 def default_threads() -> int:
     """The threads a kernel uses unless told otherwise: ``TE_GRAD_NUM_THREADS``, else the CPUs
     this process may run on."""
@@ -85,5 +117,5 @@ __all__ = [
     "asin", "acos", "atan", "atan2", "log1p", "expm1", "SimplificationWarning",
     "maximum", "minimum", "floor", "ceil", "trunc", "round", "stop_gradient",
     "evaluate", "show", "nn", "differentiate", "gradient", "DifferentiationResult",
-    "simplify", "iterations", "build", "domain", "row_gradient", "RowGradient", "verify", "latex", "build_vjp", "default_threads",
+    "simplify", "iterations", "build", "domain", "row_gradient", "RowGradient", "verify", "latex", "build_vjp", "default_threads", "export",
 ]

@@ -347,18 +347,8 @@ class Trainer:
     def predict(self, *inputs: np.ndarray) -> np.ndarray:
         """The model's output on ``inputs`` (numpy arrays): the forward kernel alone, batch norm
         with its running statistics, dropout off."""
-        from .. import build
         arrays = [np.ascontiguousarray(a) for a in inputs]
-        key = tuple(a.shape for a in arrays)
-        entry = self._predict.get(key)
-        if entry is None:
-            xs = [dsl.placeholder(a.shape, dtype=t.dtype, name=t.name) for a, t in zip(arrays, self.inputs)]
-            out = self._forward(xs, Context(training=False))
-            reads = {id(x) for x in _placeholders([out])}
-            slots = [k for k, s in enumerate(self._slots) if id(s.placeholder) in reads]
-            entry = self._predict[key] = (build([out], xs + [self._slots[k].placeholder for k in slots],
-                                                threads=self.threads), slots)
-        kernel, slots = entry
+        kernel, slots = self._predict_kernel(tuple(a.shape for a in arrays))
         for t, a in zip(self.inputs, arrays):
             if a.dtype != np.dtype(t.dtype):
                 raise UserError(f"predict: {t.name} must be {t.dtype}, got {a.dtype}")
@@ -400,6 +390,76 @@ class Trainer:
                 raise UserError(f"Trainer.load: {path} has no {', '.join(missing[:5])}")
             self.set({s.name: data[s.name] for s in self._slots})
             self.t, self._calls, self._seed = int(data["__t__"]), int(data["__calls__"]), int(data["__seed__"])
+
+    # -- deployment -----------------------------------------------------------------------------
+    def export(self, path: str, target: str = "host", *, cpu: str = None, features: str = None,
+               threads: int = 1, shared: bool = False) -> Dict[str, object]:
+        """The training step and the prediction as C entry points in ``path.o`` / ``path.h``
+        (see docs/EXPORT.md), for the batch size of the input placeholders::
+
+            int NAME_step(const float *x, const int64_t *y, int64_t seed, float lr, float t,
+                          const void *state_in, void *state_out, float *loss, float *accuracy);
+            int NAME_predict(const float *x, const void *state, float *out);
+
+        ``state`` is one blob holding every parameter and state (optimizer moments, batch
+        norm statistics) at the byte offsets the header gives; a step reads ``state_in`` and
+        writes the next state to ``state_out`` (two blobs used in turn, as the trainer does);
+        ``t`` is the step count from 1. The current state is in the object as
+        ``NAME_initial_state``. Returns the file paths and the state layout."""
+        import os
+        from .. import export as export_kernels
+        if self.accumulate != 1:
+            raise UserError("Trainer.export: gradient accumulation is not exported; build the trainer "
+                            "with accumulate=1")
+        name = os.path.basename(path)
+        shapes = tuple(t.shape for t in self.inputs + self.targets)
+        step = self._step_for_shapes(shapes, True)
+        if step.carried:
+            raise UserError(f"Trainer.export: the step does not update "
+                            f"{[self._slots[k].name for k in step.carried]}")
+        offsets, total = [], 0
+        for s in self._slots:
+            if s.placeholder.dtype != "float32":
+                raise UserError(f"Trainer.export: state {s.name} is {s.placeholder.dtype}; the exported "
+                                "state is float32")
+            total = -(-total // 16) * 16
+            offsets.append(total)
+            total += s.placeholder.size * 4
+        kern = step.kernel
+        inputs = kern.inputs
+        batch, (seed, lr, t) = inputs[:len(step.batch)], inputs[len(step.batch):len(step.batch) + 3]
+        state_in = [(self._slots[k].placeholder, offsets[k]) for k in step.slot_inputs]
+        outs = kern.outputs
+        state_out = [(outs[step.n_out_extra + j], offsets[k]) for j, k in enumerate(step.slot_outputs)]
+        extra = [("buffer", what, o) for what, o in zip(("loss", "accuracy"), outs[:step.n_out_extra])]
+        step_args = list(batch) + [("scalar", seed), ("scalar", lr), ("scalar", t),
+                                   ("group", "state_in", state_in, False, total),
+                                   ("group", "state_out", state_out, True, total)] + extra
+        predict_kern, slots = self._predict_kernel(tuple(a.shape for a in self.inputs))
+        pin = predict_kern.inputs
+        predict_args = list(pin[:len(self.inputs)]) + [
+            ("group", "state", [(pin[len(self.inputs) + j], offsets[k]) for j, k in enumerate(slots)], False, total),
+            ("buffer", "out", predict_kern.outputs[0])]
+        blob = np.zeros(total // 4, np.float32)
+        for k, s in enumerate(self._slots):
+            blob[offsets[k] // 4: offsets[k] // 4 + s.placeholder.size] = s.arrays[self._current].ravel()
+        files = export_kernels(path, {f"{name}_step": (kern, step_args), f"{name}_predict": (predict_kern, predict_args)},
+                               target, cpu=cpu, features=features, shared=shared, threads=threads,
+                               constants={f"{name}_initial_state": blob})
+        layout = {s.name: (offsets[k], s.placeholder.shape) for k, s in enumerate(self._slots)}
+        return {**files, "state_bytes": total, "layout": layout, "has_accuracy": step.n_out_extra > 1}
+
+    def _predict_kernel(self, shapes):
+        from .. import build
+        entry = self._predict.get(shapes)
+        if entry is None:
+            xs = [dsl.placeholder(s, dtype=t.dtype, name=t.name) for s, t in zip(shapes, self.inputs)]
+            out = self._forward(xs, Context(training=False))
+            reads = {id(x) for x in _placeholders([out])}
+            slots = [k for k, s in enumerate(self._slots) if id(s.placeholder) in reads]
+            entry = self._predict[shapes] = (build([out], xs + [self._slots[k].placeholder for k in slots],
+                                                   threads=self.threads), slots)
+        return entry
 
     # -- profiling ------------------------------------------------------------------------------
     def profile(self, *batch, repeat: int = 5, show: bool = True) -> List[dict]:

@@ -1,0 +1,349 @@
+"""Kernels as object files with a C header, for the host or another CPU (``Kernel.export``).
+
+An exported kernel needs nothing at run time beyond the C library and libm (and
+pthreads for a threaded build). Its calling convention, written into the header:
+
+- one entry point per kernel, named after the file (``out/conv_grad`` -> ``conv_grad``),
+  ``int conv_grad(const float *X, const float *W, const float *dY, float *Y, float *dX,
+  float *dW)``: pointers to the inputs in the kernel's input order, then to the outputs in
+  its output order; every buffer contiguous, row-major, of the shape and dtype the header
+  states (a ``#define`` per dimension, one per element count), outputs distinct from
+  inputs and from each other;
+- 0-d inputs listed as scalars are passed by value instead (``float lr``);
+- a group packs several buffers in one blob at stated byte offsets (a model's state);
+- the return value is ``0``, or an error code: ``1`` a data-dependent index out of range
+  (the bad index is never read), ``2`` an integer division by zero, ``3`` no memory for
+  the intermediates (``malloc``); ``NAME_ex`` takes a last ``int64_t info[4]`` receiving
+  (buffer, dimension, value, stage) of the error;
+- intermediates live in one ``malloc`` per call, freed before returning; with
+  ``threads > 1`` the parallel regions of the kernel run on that many pthreads.
+
+Targets: ``"host"`` (this machine: its CPU and features), ``"aarch64-linux-gnu"``,
+``"armv7-linux-gnueabihf"`` (32-bit ARM, NEON), ``"riscv64-linux-gnu"``, or any LLVM
+triple; ``cpu=`` and ``features=`` override the portable defaults.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from te_grad.errors import UserError
+from te_grad.ir import Tensor
+
+from .llvm import binding as llvm
+from .llvm import ir
+from .llvm_emit import RUN_STAGES, emit_module
+from .llvm_types import I8, I32, I64, MEMORY
+
+#: portable defaults of the named targets: (LLVM triple, CPU, features, C compiler)
+TARGETS = {
+    "aarch64-linux-gnu": ("aarch64-unknown-linux-gnu", "generic", "+neon", "aarch64-linux-gnu-gcc"),
+    "armv7-linux-gnueabihf": ("armv7-unknown-linux-gnueabihf", "generic", "+neon,+vfp3,+thumb2",
+                              "arm-linux-gnueabihf-gcc"),
+    "riscv64-linux-gnu": ("riscv64-unknown-linux-gnu", "generic-rv64", "+m,+a,+f,+d,+c", "riscv64-linux-gnu-gcc"),
+}
+ERRORS = {0: "OK", 1: "ERROR_INDEX", 2: "ERROR_DIVISION", 3: "ERROR_MEMORY"}
+C_TYPES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t", "bool": "uint8_t"}
+_WHOLE = 1 << 62
+
+
+@dataclass
+class Arg:
+    """One argument of an entry point: a buffer (``tensor``), a scalar (a 0-d input passed by
+    value), or a group (``members``: tensors at byte offsets of one blob)."""
+    name: str
+    kind: str                               # "buffer", "scalar" or "group"
+    tensor: Optional[Tensor] = None
+    output: bool = False
+    members: List[Tuple[Tensor, int]] = field(default_factory=list)
+    size: int = 0                           # a group's bytes
+
+
+@dataclass
+class Entry:
+    """An entry point: ``kernel`` called with ``args``."""
+    name: str
+    kernel: object
+    args: List[Arg]
+    doc: str = ""
+
+
+def c_name(name: str) -> str:
+    out = re.sub(r"[^0-9a-zA-Z_]", "_", name)
+    return out if out and not out[0].isdigit() else "_" + out
+
+
+def entry_for(kernel, name: str, scalars: Sequence[Tensor] = ()) -> Entry:
+    """The plain entry point of ``kernel``: inputs (scalars by value), then outputs."""
+    used, args = set(), []
+    for t, out in [(t, False) for t in kernel.inputs] + [(t, True) for t in kernel.outputs]:
+        base = c_name(t.name)
+        arg_name, k = base, 1
+        while arg_name in used:
+            arg_name, k = f"{base}_{k}", k + 1
+        used.add(arg_name)
+        scalar = not out and any(t is s for s in scalars)
+        if scalar and t.shape != ():
+            raise UserError(f"export: scalar argument {t.name} must be 0-d, it has shape {list(t.shape)}")
+        args.append(Arg(arg_name, "scalar" if scalar else "buffer", t, out))
+    return Entry(name, kernel, args)
+
+
+def group(name: str, tensors: Sequence[Tensor], output: bool, align: int = 16) -> Arg:
+    """A group argument packing ``tensors`` one after the other, each aligned to ``align`` bytes."""
+    members, offset = [], 0
+    for t in tensors:
+        offset = -(-offset // align) * align
+        members.append((t, offset))
+        offset += t.size * np.dtype(t.dtype).itemsize
+    return Arg(name, "group", output=output, members=members, size=offset)
+
+
+# -- targets ---------------------------------------------------------------------------------
+
+@dataclass
+class TargetSpec:
+    triple: str
+    cpu: str
+    features: str
+    compiler: Optional[str]
+
+
+def target_spec(target: str, cpu: Optional[str], features: Optional[str]) -> TargetSpec:
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    if target == "host":
+        spec = TargetSpec(llvm.get_process_triple(), llvm.get_host_cpu_name(),
+                          llvm.get_host_cpu_features().flatten(), "cc")
+    elif target in TARGETS:
+        triple, c, f, comp = TARGETS[target]
+        spec = TargetSpec(triple, c, f, comp)
+    else:
+        spec = TargetSpec(target, "generic", "", None)
+    if cpu is not None:
+        spec.cpu = cpu
+    if features is not None:
+        spec.features = features
+    try:
+        llvm.Target.from_triple(spec.triple)
+    except RuntimeError as err:
+        raise UserError(f"export: LLVM does not know the target {target!r} ({spec.triple}): {err}") from None
+    return spec
+
+
+def _machine(spec: TargetSpec):
+    return llvm.Target.from_triple(spec.triple).create_target_machine(
+        cpu=spec.cpu, features=spec.features, opt=3, reloc="pic", codemodel="default")
+
+
+# -- the object --------------------------------------------------------------------------------
+
+def export(entries: Sequence[Entry], path: str, target: str = "host", cpu: Optional[str] = None,
+           features: Optional[str] = None, shared: bool = False, threads: int = 1,
+           constants: Dict[str, np.ndarray] = None) -> Dict[str, str]:
+    """Write ``path.o`` and ``path.h`` (and ``path.so`` when ``shared``) for ``entries``;
+    ``constants`` become global ``const`` arrays of the object. Returns the file paths."""
+    if not isinstance(threads, int) or threads < 1:
+        raise UserError(f"export: threads must be a positive int, got {threads!r}")
+    spec = target_spec(target, cpu, features)
+    machine = _machine(spec)
+    pointer_bits = 32 if re.search(r"-p:32", str(machine.target_data)) else 64
+    modules = []
+    for e in entries:
+        kernel = e.kernel
+        stages = [cs.stage for cs in kernel.stages]
+        text = emit_module(stages, kernel._index, getattr(kernel, "fast_math", True),
+                           prefix=f"{e.name}__", internal=True)
+        modules.append(llvm.parse_assembly(text))
+    wrapper = _wrappers(entries, pointer_bits, threads, constants or {})
+    main = llvm.parse_assembly(str(wrapper))
+    for m in modules:
+        main.link_in(m)
+    main.triple = spec.triple
+    main.data_layout = str(machine.target_data)
+    main.verify()
+    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+    tuning.loop_vectorization = True
+    tuning.slp_vectorization = True
+    tuning.loop_unrolling = False
+    builder = llvm.create_pass_builder(machine, tuning)
+    builder.getModulePassManager().run(main, builder)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    out = {"object": path + ".o", "header": path + ".h"}
+    with open(out["object"], "wb") as f:
+        f.write(machine.emit_object(main))
+    with open(out["header"], "w") as f:
+        f.write(header(entries, os.path.basename(path), spec, threads, constants or {}))
+    if shared:
+        out["shared"] = _link_shared(out["object"], path + ".so", spec, threads)
+    return out
+
+
+def _link_shared(obj: str, so: str, spec: TargetSpec, threads: int) -> str:
+    compiler = spec.compiler if spec.compiler and shutil.which(spec.compiler) else None
+    if compiler is None:
+        raise UserError(f"export(shared=True): no C compiler for {spec.triple} on this machine to link the "
+                        "shared library (link the object yourself: cc -shared -o lib.so file.o -lm)")
+    cmd = [compiler, "-shared", "-o", so, obj, "-lm"] + (["-lpthread"] if threads > 1 else [])
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise UserError(f"export: linking {so} failed: {done.stderr.strip()}")
+    return so
+
+
+def _wrappers(entries: Sequence[Entry], pointer_bits: int, threads: int, constants) -> ir.Module:
+    module = ir.Module(name="te_grad_export")
+    size_t = ir.IntType(pointer_bits)
+    i8p = ir.PointerType(I8)
+    malloc = ir.Function(module, ir.FunctionType(i8p, [size_t]), "malloc")
+    free = ir.Function(module, ir.FunctionType(ir.VoidType(), [i8p]), "free")
+    for name, value in constants.items():
+        value = np.ascontiguousarray(value)
+        elem = {"float32": ir.FloatType(), "float64": ir.DoubleType(), "int64": I64, "int32": I32}[value.dtype.name]
+        ty = ir.ArrayType(elem, value.size)
+        g = ir.GlobalVariable(module, ty, name)
+        g.global_constant = True
+        g.initializer = ir.Constant(ty, [ir.Constant(elem, v.item()) for v in value.ravel()])
+    for e in entries:
+        _entry(module, e, malloc, free, size_t, threads)
+    return module
+
+
+def _param_type(a: Arg):
+    if a.kind == "scalar":
+        return MEMORY[a.tensor.dtype]
+    if a.kind == "group":
+        return ir.PointerType(I8)
+    return ir.PointerType(MEMORY[a.tensor.dtype])
+
+
+def _entry(module, e: Entry, malloc, free, size_t, threads: int):
+    kernel = e.kernel
+    i8p = ir.PointerType(I8)
+    run = ir.Function(module, ir.FunctionType(I32, [ir.PointerType(i8p), I64, I64, I64, I64, ir.PointerType(I64)]),
+                      f"{e.name}__{RUN_STAGES}")
+    params = [_param_type(a) for a in e.args]
+    for variant, with_info in ((e.name, False), (e.name + "_ex", True)):
+        fn = ir.Function(module, ir.FunctionType(I32, params + ([ir.PointerType(I64)] if with_info else [])),
+                         variant)
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        n = len(kernel.buffers)
+        table = b.alloca(ir.ArrayType(i8p, n), name="buffers")
+
+        def slot(k):
+            return b.gep(table, [ir.Constant(I32, 0), ir.Constant(I32, k)], inbounds=True)
+
+        for a, value in zip(e.args, fn.args):
+            if a.kind == "buffer":
+                b.store(b.bitcast(value, i8p), slot(kernel._index[id(a.tensor)]))
+            elif a.kind == "scalar":
+                cell = b.alloca(MEMORY[a.tensor.dtype])
+                b.store(value, cell)
+                b.store(b.bitcast(cell, i8p), slot(kernel._index[id(a.tensor)]))
+            else:
+                for t, offset in a.members:
+                    b.store(b.gep(value, [ir.Constant(I64, offset)], inbounds=True), slot(kernel._index[id(t)]))
+        given = {id(t) for a in e.args for t in ([a.tensor] if a.tensor is not None else [m for m, _ in a.members])}
+        scratch = [(k, t) for k, t in enumerate(kernel.buffers) if id(t) not in given]
+        offsets, total = [], 0
+        for k, t in scratch:
+            total = -(-total // 64) * 64
+            offsets.append(total)
+            total += max(1, t.size * np.dtype(t.dtype if t.dtype != "bool" else "int8").itemsize)
+        block = None
+        if scratch:
+            block = b.call(malloc, [ir.Constant(size_t, total)])
+            with b.if_then(b.icmp_unsigned("==", block, ir.Constant(i8p, None)), likely=False):
+                b.ret(ir.Constant(I32, 3))
+            for (k, _), off in zip(scratch, offsets):
+                b.store(b.gep(block, [ir.Constant(I64, off)], inbounds=True), slot(k))
+        err = b.alloca(ir.ArrayType(I64, 4), name="err")
+        err_p = b.gep(err, [ir.Constant(I32, 0), ir.Constant(I32, 0)], inbounds=True)
+        table_p = b.gep(table, [ir.Constant(I32, 0), ir.Constant(I32, 0)], inbounds=True)
+        rc = _run_all(module, b, e, run, table_p, err_p, threads, size_t.width)
+        if block is not None:
+            b.call(free, [block])
+        if with_info:
+            info = fn.args[-1]
+            for k in range(4):
+                b.store(b.load(b.gep(err, [ir.Constant(I32, 0), ir.Constant(I32, k)])),
+                        b.gep(info, [ir.Constant(I64, k)]))
+        b.ret(rc)
+
+
+def _run_all(module, b, e: Entry, run, table_p, err_p, threads: int, pointer_bits: int):
+    """Every stage in order: one call, or per parallel region a fork of ``threads`` pthreads."""
+    kernel = e.kernel
+    if threads == 1:
+        return b.call(run, [table_p, ir.Constant(I64, 0), ir.Constant(I64, len(kernel.stages)),
+                            ir.Constant(I64, 0), ir.Constant(I64, _WHOLE), err_p])
+    from .export_threads import run_threaded
+    return run_threaded(module, b, e, run, table_p, err_p, threads, pointer_bits)
+
+
+# -- the header ----------------------------------------------------------------------------------
+
+def header(entries: Sequence[Entry], base: str, spec: TargetSpec, threads: int, constants) -> str:
+    from te_grad import __version__
+    guard = c_name(base).upper() + "_H"
+    lines = [f"/* {base}.h: generated by te_grad {__version__} for {spec.triple} (cpu {spec.cpu}).",
+             " *",
+             " * Calling convention: each function takes pointers to its inputs, in order, then to its",
+             " * outputs; every buffer is contiguous and row-major, of the dtype and shape below; outputs",
+             " * must not overlap inputs or each other. Scalars are passed by value; a group is one blob",
+             " * holding several buffers at the byte offsets given below. Each function returns",
+             f" * {base.upper()}_OK (0) or an error code; the _ex variant also fills info[4] with the",
+             " * buffer, dimension, value and stage of the error. A bad data-dependent index is never read.",
+             f" * Threads: {'single-threaded' if threads == 1 else f'{threads} pthreads per parallel region'}"
+             "; intermediates: one malloc per call.",
+             " * Link with -lm" + (" -lpthread." if threads > 1 else "."),
+             " */",
+             f"#ifndef {guard}", f"#define {guard}", "", "#include <stdint.h>", "",
+             "#ifdef __cplusplus", 'extern "C" {', "#endif", ""]
+    prefix = c_name(base).upper()
+    for code, what in ERRORS.items():
+        lines.append(f"#define {prefix}_{what} {code}")
+    lines.append("")
+    for name, value in constants.items():
+        lines.append(f"/* {name}: {value.size} values */")
+        lines.append(f"#define {c_name(name).upper()}_SIZE {value.size}")
+        lines.append(f"extern const {C_TYPES[np.asarray(value).dtype.name]} {name}[{value.size}];")
+        lines.append("")
+    for e in entries:
+        up = c_name(e.name).upper()
+        if e.doc:
+            lines += [f"/* {line} */" for line in e.doc.splitlines()]
+        params = []
+        for a in e.args:
+            tag = f"{up}_{c_name(a.name).upper()}"
+            if a.kind == "group":
+                lines.append(f"/* {a.name}: a group of {len(a.members)} buffers, {a.size} bytes */")
+                lines.append(f"#define {tag}_BYTES {a.size}")
+                for t, offset in a.members:
+                    mtag = f"{tag}_{c_name(t.name).upper()}"
+                    lines.append(f"#define {mtag}_OFFSET {offset}  /* {t.dtype}{list(t.shape)} */")
+                    lines.append(f"#define {mtag}_SIZE {t.size}")
+                params.append(f"{'' if a.output else 'const '}void *{a.name}")
+                continue
+            t = a.tensor
+            role = "output" if a.output else ("scalar input" if a.kind == "scalar" else "input")
+            lines.append(f"/* {role} {a.name}: {t.dtype}{list(t.shape)} */")
+            lines.append(f"#define {tag}_NDIM {t.ndim}")
+            for d, n in enumerate(t.shape):
+                lines.append(f"#define {tag}_DIM{d} {n}")
+            lines.append(f"#define {tag}_SIZE {t.size}")
+            ctype = C_TYPES[t.dtype]
+            if a.kind == "scalar":
+                params.append(f"{ctype} {a.name}")
+            else:
+                params.append(f"{'' if a.output else 'const '}{ctype} *{a.name}")
+        args = ", ".join(params) or "void"
+        lines += [f"int {e.name}({args});", f"int {e.name}_ex({args}, int64_t info[4]);", ""]
+    lines += ["#ifdef __cplusplus", "}", "#endif", "", f"#endif /* {guard} */", ""]
+    return "\n".join(lines)
