@@ -148,7 +148,7 @@ class RegisterBlockEmitter:
                     self.env[id(blk.var)] = self.b.extract_element(lanes, ir.Constant(I32, 0))
                 for j, acc in enumerate(accs):
                     self.bind_jam(blk, j)
-                    value = self.as_vector(self.expr(st.value))
+                    value = self.as_vector(self.stored_value(st))
                     if blk.cond is not None:
                         value = self.b.select(self.as_vector(self.expr(blk.cond)), value, identity)
                     if mask is not None:

@@ -57,6 +57,7 @@ class StageEmitter(RegisterBlockEmitter):
         self.ranges: Dict[int, tuple] = {}  # inclusive value ranges of the enclosing loop variables
         self.vec = None  # inside a register block: (id of its variable, lane values, width)
         self.transposed = None  # inside a transpose block: (its read, the vector of this row)
+        self.exact = 0  # > 0: float arithmetic without contraction (see stored_value)
 
     # -- statements -------------------------------------------------------------------
     def emit(self) -> ir.Function:
@@ -223,10 +224,10 @@ class StageEmitter(RegisterBlockEmitter):
             def add(r):
                 self.env[id(s.axis)] = r
                 if s.cond is None:
-                    self.b.store(self.combine(st.combine, dt, self.b.load(acc), self.expr(st.value)), acc)
+                    self.b.store(self.combine(st.combine, dt, self.b.load(acc), self.stored_value(st)), acc)
                 else:
                     with self.b.if_then(self.expr(s.cond)):
-                        self.b.store(self.combine(st.combine, dt, self.b.load(acc), self.expr(st.value)), acc)
+                        self.b.store(self.combine(st.combine, dt, self.b.load(acc), self.stored_value(st)), acc)
                 del self.env[id(s.axis)]
 
             self.counted(self.expr(s.lo), self.expr(s.hi), s.axis.name, add)
@@ -235,13 +236,27 @@ class StageEmitter(RegisterBlockEmitter):
 
         self.counted(ir.Constant(I64, 0), ir.Constant(I64, s.n), s.var.name, step)
 
+    def stored_value(self, s: Store):
+        """The value of a store. The body of a float max / min reduction is computed without
+        contracting products and sums into fused multiply-adds, like every float equality
+        test: the gradient of a max finds its winners by comparing the body, recomputed in
+        another stage, with the stored maximum, and the two must agree to the bit (where a
+        multiply-add fuses depends on how LLVM placed the two operations)."""
+        if s.combine in ("max", "min") and dtypes.is_float(s.tensor.dtype):
+            self.exact += 1
+            try:
+                return self.expr(s.value)
+            finally:
+                self.exact -= 1
+        return self.expr(s.value)
+
     def store(self, s: Store):
         t = s.tensor
         idx = [self.expr(i) for i in s.indices]
         if s.checked:
             self.check_indices(t, idx)
         ptr = self.address(t, idx)
-        value = self.expr(s.value)
+        value = self.stored_value(s)
         if s.combine is not None:
             old = self.load_scalar(t, ptr)
             value = self.combine(s.combine, t.dtype, old, value)
@@ -330,7 +345,12 @@ class StageEmitter(RegisterBlockEmitter):
         return self.b.fneg(a) if dtypes.is_float(e.dtype) else self.b.neg(a)
 
     def e_Compare(self, e: Compare):
-        a, b = self.match(self.expr(e.a), self.expr(e.b))
+        exact = e.op in ("eq", "ne") and dtypes.is_float(e.a.dtype)
+        self.exact += exact
+        try:
+            a, b = self.match(self.expr(e.a), self.expr(e.b))
+        finally:
+            self.exact -= exact
         if dtypes.is_float(e.a.dtype):
             if e.op == "ne":
                 return self.b.fcmp_unordered("!=", a, b)
@@ -345,7 +365,7 @@ class StageEmitter(RegisterBlockEmitter):
         a, b = self.match(self.expr(e.a), self.expr(e.b))
         dt = e.dtype
         if dtypes.is_float(dt):
-            flags = ("contract",) if self.fast else ()
+            flags = ("contract",) if self.fast and not self.exact else ()
             if e.op == "add":
                 return self.b.fadd(a, b, flags=flags)
             if e.op == "sub":

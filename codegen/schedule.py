@@ -232,7 +232,9 @@ def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes) -> 
         lo, hi = bounds[id(v)]
         if not (isinstance(lo, Const) and lo.value == 0 and isinstance(hi, Const)):
             return False
-        if any(v is x for w in outer for b in bounds[id(w)] for x in free_vars(b)):
+        # no loop (outer, or inside the block) may have bounds that use v: the jammed copies
+        # run those loops once, for all values of v together
+        if any(v is x for k, lo_hi in bounds.items() if k != id(v) for b in lo_hi for x in free_vars(b)):
             return False
         return any(all(not any(x is v for x in free_vars(i)) for i in r.indices) for r in reads)
 

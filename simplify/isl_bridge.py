@@ -149,7 +149,7 @@ class Domain:
         elif kind == isl.ast_node_type.mark:
             self._walk(node.mark_get_node(), env, nest, out)
         elif kind == isl.ast_node_type.if_:
-            cond = _expr(node.if_get_cond(), env)
+            cond = _cond(_expr(node.if_get_cond(), env))
             self._walk(node.if_get_then_node(), env, _with_cond(nest, cond), out)
             if node.if_has_else_node():
                 self._walk(node.if_get_else_node(), env, _with_cond(nest, ~cond), out)
@@ -220,11 +220,16 @@ def _fold(fn, args):
     return out
 
 
+def _cond(e: Expr) -> Expr:
+    """``e`` as a condition: isl's AST may put an integer (a constant 1) where a truth value goes."""
+    return e if e.dtype == "bool" else e != 0
+
+
 _OPS = {
-    isl.ast_expr_op_type.and_: lambda a: _fold(lambda x, y: x & y, a),
-    isl.ast_expr_op_type.and_then: lambda a: _fold(lambda x, y: x & y, a),
-    isl.ast_expr_op_type.or_: lambda a: _fold(lambda x, y: x | y, a),
-    isl.ast_expr_op_type.or_else: lambda a: _fold(lambda x, y: x | y, a),
+    isl.ast_expr_op_type.and_: lambda a: _fold(lambda x, y: _cond(x) & _cond(y), a),
+    isl.ast_expr_op_type.and_then: lambda a: _fold(lambda x, y: _cond(x) & _cond(y), a),
+    isl.ast_expr_op_type.or_: lambda a: _fold(lambda x, y: _cond(x) | _cond(y), a),
+    isl.ast_expr_op_type.or_else: lambda a: _fold(lambda x, y: _cond(x) | _cond(y), a),
     isl.ast_expr_op_type.max: lambda a: _fold(dsl.maximum, a),
     isl.ast_expr_op_type.min: lambda a: _fold(dsl.minimum, a),
     isl.ast_expr_op_type.minus: lambda a: -a[0],
@@ -236,8 +241,8 @@ _OPS = {
     isl.ast_expr_op_type.pdiv_q: lambda a: a[0] // a[1],   # numerator known >= 0
     isl.ast_expr_op_type.pdiv_r: lambda a: a[0] % a[1],
     isl.ast_expr_op_type.zdiv_r: lambda a: a[0] % a[1],    # only ever compared with 0
-    isl.ast_expr_op_type.cond: lambda a: dsl.if_then_else(a[0], a[1], a[2]),
-    isl.ast_expr_op_type.select: lambda a: dsl.if_then_else(a[0], a[1], a[2]),
+    isl.ast_expr_op_type.cond: lambda a: dsl.if_then_else(_cond(a[0]), a[1], a[2]),
+    isl.ast_expr_op_type.select: lambda a: dsl.if_then_else(_cond(a[0]), a[1], a[2]),
     isl.ast_expr_op_type.eq: lambda a: a[0] == a[1],
     isl.ast_expr_op_type.le: lambda a: a[0] <= a[1],
     isl.ast_expr_op_type.lt: lambda a: a[0] < a[1],

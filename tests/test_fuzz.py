@@ -72,3 +72,50 @@ def test_run_prints_counts_and_the_command_line_works():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 programs (seed 2)" in proc.stdout and "ok" in proc.stdout
+
+
+#: programs the fuzzer found failing, kept as regression cases (each was fixed at its root)
+FOUND = {
+    # a register block jammed an output axis that an inner loop's bounds use
+    "jam_with_dependent_bounds": """
+C = lambda value: tg.const(value, DT)
+X0 = tg.placeholder((4, 3), dtype=DT, name='X0')
+S0 = tg.compute((4, 4, 1), lambda i0, i1, i2: tg.cast(DT, X0[(i1 // 2), (i1 // 3)]), name='S0')
+OUT = S0
+STAGES = [S0]
+INPUTS = [X0]
+IDS = {}
+""",
+    # isl's AST put the integer 1 where a condition goes
+    "integer_in_an_ast_condition": """
+C = lambda value: tg.const(value, DT)
+X0 = tg.placeholder((1, 2), dtype=DT, name='X0')
+S0 = tg.compute((3, 4, 3), lambda i0, i1, i2: tg.cast(DT, (X0[(i0) % 1, ((2 * i0 + 0)) % 2] + X0[(i0) % 1, ((i0 + -2)) % 2])), name='S0')
+k2 = tg.reduce_axis((0, 3), name='k2')
+S2 = tg.compute((3, 1, 1), lambda i0, i1, i2: tg.cast(DT, tg.sum((C(2.0) * S0[(i1 + 0), (((3 * i0 + 1 * k2 + 2) // 2)) % 4, ((2 * k2 + 1 * i0 + 1) // 4)]), axis=[k2])), name='S2')
+OUT = S2
+STAGES = [S0, S2]
+INPUTS = [X0]
+IDS = {}
+""",
+    # a max's winner recomputed with a fused multiply-add where the stored maximum had none
+    "max_winner_recomputed_bitwise": """
+C = lambda value: tg.const(value, DT)
+X0 = tg.placeholder((), dtype=DT, name='X0')
+X1 = tg.placeholder((1, 3, 1), dtype=DT, name='X1')
+S0 = tg.compute((2, 1), lambda i0, i1: tg.cast(DT, tg.tanh((-tg.if_then_else(C(2.0) > 0.0, C(2.0) * tg.log(C(2.0)), 0.0)))), name='S0')
+k0 = tg.reduce_axis((0, 1), name='k0')
+S1 = tg.compute((2,), lambda i0: tg.cast(DT, tg.max(((tg.if_then_else(i0 < 0, X1[(i0) % 1, i0, ((i0 + -2)) % 1], X1[(i0) % 1, i0, ((0 - i0)) % 1]) + (C(1.5) * S0[0, (i0) % 1])) + X0[()]), axis=[k0])), name='S1')
+OUT = S1
+STAGES = [S0, S1]
+INPUTS = [X0, X1]
+IDS = {}
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOUND))
+def test_programs_the_fuzzer_found(name):
+    for seed in range(3):
+        outcome = check(Program(FOUND[name]), seed=seed)
+        assert not outcome.failed, f"{outcome.kind}: {outcome.detail}"
