@@ -15,7 +15,8 @@ from te_grad.errors import UserError
 from te_grad.graph import topo_order
 from te_grad.ir import Tensor
 
-from .jit import compile_module
+from . import disk_cache
+from .jit import cached_module, compile_module
 from .kernel import CompiledStage, Kernel, default_threads
 from .llvm_emit import RUN_STAGES, emit_module, tensors_of
 from .regions import regions
@@ -46,6 +47,9 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     if needed:
         raise UserError(f"tg.build: the outputs need placeholder(s) {', '.join(t.name for t in needed)} "
                         "that are not among the inputs")
+    cached = _cached_build(outs, inputs, fast_math, threads)
+    if cached is not None:
+        return cached
     simplified = simplify(outs)
     stages = stages_for(simplified)
     buffers = list(inputs)
@@ -66,4 +70,43 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     kernel = Kernel(simplified, inputs, buffers, compiled_stages, regions(stages), compiled,
                     threads if threads is not None else default_threads())
     kernel.fast_math = fast_math  # what Kernel.export re-emits the stages with
+    _remember_build(outs, inputs, fast_math, kernel, text)
+    return kernel
+
+
+def _build_key(outs, inputs, fast_math) -> str:
+    from te_grad.fingerprint import fingerprint
+    return disk_cache.key(fingerprint(outs, inputs, extra=f"fast_math={fast_math}"))
+
+
+def _remember_build(outs, inputs, fast_math, kernel, text):
+    """Store the build in the disk cache (graphs too deep to pickle are skipped)."""
+    from te_grad.deep import graph_depth
+    if not disk_cache.enabled() or graph_depth(kernel.outputs) > 150:  # pickle recurses
+        return
+    entry = dict(outputs=kernel.outputs, inputs=kernel.inputs, buffers=kernel.buffers,
+                 stages=[(cs.stage, cs.work) for cs in kernel.stages], regions=kernel.regions,
+                 module=kernel._compiled.key, text=text)
+    disk_cache.store_pickle("build", _build_key(outs, inputs, fast_math), entry)
+
+
+def _cached_build(outs, inputs, fast_math, threads):
+    """The kernel of an identical earlier build (this process or another), or None."""
+    if not disk_cache.enabled():
+        return None
+    entry = disk_cache.load_pickle("build", _build_key(outs, inputs, fast_math))
+    if entry is None:
+        return None
+    compiled = cached_module(entry["module"], [RUN_STAGES], entry["text"])
+    if compiled is None:
+        return None
+    old_inputs = entry["inputs"]
+    swap = {id(o): n for o, n in zip(old_inputs, inputs)}
+    buffers = [swap.get(id(t), t) for t in entry["buffers"]]
+    stages = [CompiledStage(stage, work) for stage, work in entry["stages"]]
+    kernel = Kernel(entry["outputs"], inputs, buffers, stages, entry["regions"], compiled,
+                    threads if threads is not None else default_threads())
+    for o, n in zip(old_inputs, inputs):  # the stages read the cached placeholders
+        kernel._index[id(o)] = kernel._index[id(n)]
+    kernel.fast_math = fast_math
     return kernel

@@ -1,24 +1,37 @@
-"""The host target, LLVM's optimization pipeline, MCJIT, and the compiled-module cache.
+"""The host target, LLVM's optimization pipeline, MCJIT, and the compiled-module caches.
 
 Modules are optimized at O3 with llvmlite's new pass builder (loop and SLP
 vectorization on) for the host CPU's name and features, so kernels use the
-widest vector units the machine has. Compiled modules are cached in-process
-by a key made of the module's text and the target (triple, CPU, features):
-building the same kernel twice compiles once.
+widest vector units the machine has. Compiled modules are cached by a key made
+of the module's text and the target (triple, CPU, features): in this process
+(at most :func:`cache_limit` engines, least recently used evicted; a kernel keeps
+its own engine alive), and on disk (:mod:`.disk_cache`), where another process
+finds the machine code and skips LLVM altogether.
 """
 from __future__ import annotations
 
+import os
 import threading
-from dataclasses import dataclass
-from typing import Dict, List
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 from te_grad.errors import InternalError
 
+from . import compile_worker, disk_cache
 from .llvm import binding as llvm
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # compile_module holds it while loading from the disk cache
 _target = None
-_cache: Dict[str, "Compiled"] = {}
+_cache: "OrderedDict[str, Compiled]" = OrderedDict()
+
+
+def cache_limit() -> int:
+    """Engines kept in this process for reuse (``TE_GRAD_JIT_CACHE``, default 64)."""
+    try:
+        return max(0, int(os.environ.get("TE_GRAD_JIT_CACHE", "64")))
+    except ValueError:
+        return 64
 
 
 @dataclass
@@ -58,10 +71,28 @@ def host_target() -> Target:
 
 @dataclass
 class Compiled:
-    """A JIT-compiled module: function addresses by name, plus its optimized IR."""
+    """A JIT-compiled module: function addresses by name; its optimized IR on request."""
     engine: object
     addresses: Dict[str, int]
-    optimized_ir: str
+    text: str = field(repr=False, default="")
+    _optimized: Optional[str] = field(repr=False, default=None)
+    key: str = ""  # the module's key in the disk cache
+    context: object = field(repr=False, default=None)  # the module's own LLVM context
+
+    def __del__(self):
+        # the engine (which owns the module) goes before the context its types live in; a
+        # context of its own per module is what lets LLVM free the module's constants and
+        # types (the global context would keep them for the life of the process)
+        engine = self.__dict__.pop("engine", None)
+        if engine is not None:
+            engine.close()
+
+    @property
+    def optimized_ir(self) -> str:
+        """The module after LLVM's optimizations (recomputed when it came from the disk cache)."""
+        if self._optimized is None:
+            self._optimized = str(_optimized_module(self.text, host_target()))
+        return self._optimized
 
     @property
     def asm(self) -> str:
@@ -69,39 +100,100 @@ class Compiled:
         return host_target().machine.emit_assembly(llvm.parse_assembly(self.optimized_ir))
 
 
+def _optimized_module(text: str, target: Target, context=None):
+    try:
+        return compile_worker.optimize(llvm, text, target.triple, target.machine, context)
+    except RuntimeError as err:  # te_grad emitted IR that LLVM rejects: a te_grad bug
+        raise InternalError(f"LLVM rejected the generated module: {err}") from None
+
+
+def module_key(text: str) -> str:
+    """The disk-cache key of a module compiled for the host."""
+    target = host_target()
+    return disk_cache.key(target.triple, target.cpu, target.features, text)
+
+
 def compile_module(text: str, functions: List[str]) -> Compiled:
     """Optimize and JIT-compile LLVM IR ``text`` (cached); return the addresses of ``functions``."""
     target = host_target()
-    key = "\n".join([target.triple, target.cpu, target.features, text])
+    key = module_key(text)
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
+            _cache.move_to_end(key)
             return hit
-        try:
-            mod = llvm.parse_assembly(text)
-            mod.triple = target.triple
-            mod.data_layout = str(target.machine.target_data)
-            mod.verify()
-        except RuntimeError as err:  # te_grad emitted IR that LLVM rejects: a te_grad bug
-            raise InternalError(f"LLVM rejected the generated module: {err}") from None
-        tuning = llvm.create_pipeline_tuning_options(speed_level=3)
-        tuning.loop_vectorization = True
-        tuning.slp_vectorization = True
-        tuning.loop_interleaving = True
-        # full unrolling of short constant loops multiplies code size (megabytes of IR
-        # for a conv gradient) and compile time for no measurable speed
-        tuning.loop_unrolling = False
-        builder = llvm.create_pass_builder(target.machine, tuning)
-        builder.getModulePassManager().run(mod, builder)
-        optimized = str(mod)
-        # an engine owns the target machine it is given: each gets its own, so that freeing
-        # one engine (cache eviction) never frees a machine still in use
-        engine = llvm.create_mcjit_compiler(mod, _new_machine(target))
-        engine.finalize_object()
-        addresses = {name: engine.get_function_address(name) for name in functions}
-        compiled = Compiled(engine, addresses, optimized)
-        _cache[key] = compiled
+        compiled = load_compiled(key, functions, text)
+        if compiled is None and compile_worker.enabled():
+            try:
+                produced = compile_worker.compile_remote(text, target.triple, target.cpu, target.features)
+            except RuntimeError as err:
+                raise InternalError(f"LLVM rejected the generated module: {err}") from None
+            if produced is not None:
+                obj, optimized = produced
+                disk_cache.store_object(key, obj)
+                compiled = _load_object(obj, functions, text, key)
+                if compiled is not None:
+                    compiled._optimized = optimized
+        if compiled is None:
+            context = llvm.create_context()
+            mod = _optimized_module(text, target, context)
+            optimized = str(mod)
+            # an engine owns the target machine it is given: each gets its own, so that freeing
+            # one engine (cache eviction) never frees a machine still in use
+            engine = llvm.create_mcjit_compiler(mod, _new_machine(target))
+            produced = {}
+            engine.set_object_cache(notify_func=lambda m, data: produced.setdefault("object", bytes(data)))
+            engine.finalize_object()
+            if "object" in produced:
+                disk_cache.store_object(key, produced["object"])
+            addresses = {name: engine.get_function_address(name) for name in functions}
+            compiled = Compiled(engine, addresses, text, optimized, key, context)
+        _remember(key, compiled)
         return compiled
+
+
+def load_compiled(key: str, functions: List[str], text: str = "") -> Optional[Compiled]:
+    """The module of ``key`` from the disk cache, loaded without LLVM's optimizer or code
+    generator, or None."""
+    obj = disk_cache.load_object(key)
+    if obj is None:
+        return None
+    return _load_object(obj, functions, text, key)
+
+
+def _load_object(obj: bytes, functions: List[str], text: str, key: str) -> Optional[Compiled]:
+    """An engine running the object file ``obj`` (machine code for the host), or None."""
+    target = host_target()
+    context = llvm.create_context()
+    empty = llvm.parse_assembly("", context=context)
+    empty.triple = target.triple
+    engine = llvm.create_mcjit_compiler(empty, _new_machine(target))
+    engine.set_object_cache(getbuffer_func=lambda m: obj)
+    engine.finalize_object()
+    addresses = {name: engine.get_function_address(name) for name in functions}
+    if not all(addresses.values()):
+        return None  # an object without the functions: ignore it
+    return Compiled(engine, addresses, text, None, key, context)
+
+
+def cached_module(key: str, functions: List[str], text: str) -> Optional[Compiled]:
+    """The compiled module of ``key`` from this process's cache or the disk cache, or None."""
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit
+        compiled = load_compiled(key, functions, text)
+        if compiled is not None:
+            _remember(key, compiled)
+        return compiled
+
+
+def _remember(key: str, compiled: Compiled):
+    _cache[key] = compiled
+    limit = cache_limit()
+    while len(_cache) > limit:
+        _cache.popitem(last=False)
 
 
 def cache_size() -> int:

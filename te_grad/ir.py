@@ -408,6 +408,9 @@ class Tensor:
     def __setattr__(self, key, value):
         raise AttributeError("te_grad tensors are immutable")
 
+    def __reduce__(self):  # pickling (the persistent kernel cache): rebuilt through __init__
+        return Tensor, (self.name, self.shape, self.dtype, self.op)
+
     @property
     def ndim(self) -> int:
         return len(self.shape)

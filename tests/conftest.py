@@ -2,15 +2,19 @@
 
 - The IR verifier runs between the stages of every pipeline the tests drive
   (``TE_GRAD_VERIFY=1``, see ``te_grad/verify.py``).
+- The persistent kernel cache writes into a fresh temporary directory.
 - ``TE_GRAD_REQUIRE_ALL=1`` (set by CI) turns every skipped test into a failure:
   the tests of optional parts (PyTorch, JAX, cross-compilation) may skip on a
   developer's machine that lacks them, never in CI.
 """
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("TE_GRAD_VERIFY", "1")
+# the persistent kernel cache of the tests lives in a directory of their own, new each run
+os.environ["TE_GRAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="te_grad_test_cache_")
 
 
 @pytest.hookimpl(hookwrapper=True)

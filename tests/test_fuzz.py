@@ -116,6 +116,6 @@ IDS = {}
 
 @pytest.mark.parametrize("name", sorted(FOUND))
 def test_programs_the_fuzzer_found(name):
-    for seed in range(3):
+    for seed in (0, 1, 9786):  # 9786: the inputs that showed the fused multiply-add
         outcome = check(Program(FOUND[name]), seed=seed)
         assert not outcome.failed, f"{outcome.kind}: {outcome.detail}"

@@ -1,0 +1,143 @@
+"""LLVM's optimizer and code generator in a worker process, so that this one stays small.
+
+Optimizing and compiling a module with llvmlite keeps some 50 to 100 KB of native memory
+for the life of the process, whatever is freed afterwards (measured with llvmlite 0.50 /
+LLVM 22: the pass pipeline and the code generator each leak; loading a finished object
+file does not). A process that builds thousands of distinct kernels (a framework bridge
+fed varying shapes) would grow without bound. So modules are compiled here, in a worker
+process started on first use, which returns the object file and the optimized IR; the
+worker is replaced after :data:`MAX_JOBS` modules, and the process that asked only loads
+objects. ``TE_GRAD_COMPILE_WORKER=0`` compiles in-process instead; so does a worker that
+cannot be started.
+
+Protocol on the worker's stdin/stdout: an 8-byte little-endian length, then a pickle:
+``(text, triple, cpu, features)`` in, ``(object bytes, optimized IR)`` or
+``("error", message)`` out.
+
+The worker runs this file as a script, importing nothing of te_grad (a light process); so
+:func:`optimize`, the one optimization pipeline of the host kernels, lives here, and it
+takes llvmlite's binding as an argument rather than importing it (``codegen/llvm.py``
+stays the one module that imports llvmlite; the script imports it only when it runs alone).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+from typing import Optional, Tuple
+
+#: modules a worker compiles before it is replaced (its memory only grows)
+MAX_JOBS = 400
+
+_lock = threading.Lock()
+_worker: Optional[subprocess.Popen] = None
+_jobs = 0
+
+
+def enabled() -> bool:
+    return os.environ.get("TE_GRAD_COMPILE_WORKER", "1") not in ("0", "", "false", "no")
+
+
+def _send(stream, obj):
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack("<Q", len(data)))
+    stream.write(data)
+    stream.flush()
+
+
+def _receive(stream):
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError("the compile worker closed its output")
+    (n,) = struct.unpack("<Q", head)
+    data = stream.read(n)
+    if len(data) < n:
+        raise EOFError("the compile worker's answer was cut short")
+    return pickle.loads(data)
+
+
+def _start() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+
+
+def _stop(worker):
+    try:
+        worker.stdin.close()
+        worker.wait(timeout=5)
+    except Exception:  # noqa: BLE001 - a worker that will not stop is killed
+        worker.kill()
+
+
+def compile_remote(text: str, triple: str, cpu: str, features: str) -> Optional[Tuple[bytes, str]]:
+    """``(object, optimized IR)`` from the worker, or None when there is no working worker."""
+    global _worker, _jobs
+    with _lock:
+        for attempt in range(2):
+            try:
+                if _worker is None or _worker.poll() is not None or _jobs >= MAX_JOBS:
+                    if _worker is not None:
+                        _stop(_worker)
+                    _worker, _jobs = _start(), 0
+                _send(_worker.stdin, (text, triple, cpu, features))
+                answer = _receive(_worker.stdout)
+                _jobs += 1
+            except (OSError, EOFError, pickle.UnpicklingError):
+                if _worker is not None:
+                    _worker.kill()
+                _worker = None
+                continue
+            if answer[0] == "error":
+                raise RuntimeError(answer[1])
+            return answer
+    return None
+
+
+def optimize(llvm, text: str, triple: str, machine, context=None):
+    """The module ``text`` parsed and optimized at O3 for ``machine`` (llvmlite's ``binding`` is
+    ``llvm``): loop and SLP vectorization on, full unrolling off (it multiplies code size, to
+    megabytes of IR for a convolution's gradient, and compile time, for no measurable speed).
+    Raises RuntimeError if LLVM rejects the module. ``context``: an LLVM context of its own
+    for the module (None: the global one)."""
+    mod = llvm.parse_assembly(text) if context is None else llvm.parse_assembly(text, context=context)
+    mod.triple = triple
+    mod.data_layout = str(machine.target_data)
+    mod.verify()
+    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+    tuning.loop_vectorization = True
+    tuning.slp_vectorization = True
+    tuning.loop_interleaving = True
+    tuning.loop_unrolling = False
+    builder = llvm.create_pass_builder(machine, tuning)
+    builder.getModulePassManager().run(mod, builder)
+    return mod
+
+
+def _serve():
+    import llvmlite.binding as llvm  # this process is the worker: nothing else of codegen runs here
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    machines = {}
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        try:
+            text, triple, cpu, features = _receive(stdin)
+        except EOFError:
+            return
+        try:
+            key = (triple, cpu, features)
+            if key not in machines:
+                machines[key] = llvm.Target.from_triple(triple).create_target_machine(
+                    cpu=cpu, features=features, opt=3, jit=True)
+            mod = optimize(llvm, text, triple, machines[key])
+            answer = (machines[key].emit_object(mod), str(mod))
+        except Exception as err:  # noqa: BLE001 - reported to the process that asked
+            answer = ("error", f"{type(err).__name__}: {err}")
+        _send(stdout, answer)
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,117 @@
+"""The kernel caches: on disk (another process builds from it), bounded in this process, and
+memory that stays flat over thousands of distinct builds."""
+import gc
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import te_grad as tg
+from codegen import disk_cache, jit
+
+BUILD_SUITE_OP = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    import te_grad as tg, codegen  # imported first: the timing is of the build alone
+    from te_grad.suite import SUITE
+    w = SUITE[sys.argv[1]]("float32")
+    head = tg.placeholder(w.output.shape, name="H")
+    grads = tg.gradient(w.output, w.inputs, head=head)
+    t0 = time.perf_counter()
+    k = tg.build([w.output] + grads, w.inputs + list(w.data) + [head])
+    seconds = time.perf_counter() - t0
+    feed = w.feed(np.random.default_rng(0))
+    out = k(*[feed[x] for x in w.inputs + list(w.data)], np.ones(w.output.shape, np.float32))
+    print(seconds, float(np.sum(out[0])), float(np.sum(out[1])))
+""")
+
+
+def _run(code, env, *args):
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return [float(v) for v in done.stdout.split()]
+
+
+def test_a_second_process_builds_from_the_disk_cache(tmp_path):
+    env = dict(os.environ, TE_GRAD_CACHE_DIR=str(tmp_path / "cache"))
+    first = _run(BUILD_SUITE_OP, env, "conv2d_s1p1")
+    second = _run(BUILD_SUITE_OP, env, "conv2d_s1p1")
+    assert first[1:] == second[1:]  # the same kernel: the same values
+    assert second[0] < 0.05, f"a cached build took {second[0]:.3f} s"
+    assert any(name.startswith("build-") for name in os.listdir(tmp_path / "cache"))
+    assert any(name.startswith("obj-") for name in os.listdir(tmp_path / "cache"))
+
+
+def test_corrupt_and_truncated_entries_are_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("TE_GRAD_CACHE_DIR", str(tmp_path))
+    X = tg.placeholder((5,), name="X")
+    Y = tg.compute((5,), lambda i: tg.exp(X[i]) * 3.0, name="Y")
+    x = np.linspace(-1, 1, 5).astype(np.float32)
+    want = tg.build([Y], [X])(x)
+    entries = sorted(os.listdir(tmp_path))
+    assert entries
+    for k, name in enumerate(entries):  # damage every entry, a different way each
+        path = tmp_path / name
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2] if k % 2 else data[:-5] + b"xxxxx")
+    jit.clear_cache()
+    np.testing.assert_array_equal(tg.build([Y], [X])(x), want)
+    assert disk_cache.load("obj", "0" * 64) is None
+
+
+def test_a_read_only_cache_directory_is_no_error(tmp_path, monkeypatch):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    monkeypatch.setenv("TE_GRAD_CACHE_DIR", str(folder))
+    try:
+        X = tg.placeholder((4,), name="X")
+        Y = tg.compute((4,), lambda i: X[i] + 7.0, name="Y")
+        np.testing.assert_array_equal(tg.build([Y], [X])(np.zeros(4, np.float32)), np.full(4, 7.0))
+        assert disk_cache.store("obj", "1" * 64, b"data") is (os.geteuid() == 0)  # root writes anyway
+    finally:
+        folder.chmod(stat.S_IRWXU)
+
+
+def test_concurrent_processes_share_the_cache(tmp_path):
+    env = dict(os.environ, TE_GRAD_CACHE_DIR=str(tmp_path / "shared"))
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_SUITE_OP, "softmax"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(3)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+        results.append([float(v) for v in out.split()][1:])
+    assert results[0] == results[1] == results[2]
+    assert not [n for n in os.listdir(tmp_path / "shared") if n.startswith(".")]  # no temporary files left
+
+
+def test_disabled_cache_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("TE_GRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TE_GRAD_CACHE", "0")
+    X = tg.placeholder((3,), name="X")
+    tg.build([tg.compute((3,), lambda i: X[i] * 5.0, name="Y")], [X])
+    assert os.listdir(tmp_path) == []
+
+
+def test_memory_stays_flat_over_2000_distinct_builds(monkeypatch):
+    monkeypatch.setenv("TE_GRAD_CACHE", "0")
+
+    def rss_mb():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+    X = tg.placeholder((8,), name="X")
+    x = np.ones(8, np.float32)
+    samples = []
+    for n in range(2000):
+        Y = tg.compute((8,), lambda i: X[i] * float(n) + 1.0, name="Y")
+        assert tg.build([Y], [X])(x)[0] == n + 1
+        if n in (499, 1999):
+            gc.collect()
+            samples.append(rss_mb())
+    assert jit.cache_size() <= jit.cache_limit()
+    assert samples[1] - samples[0] < 25, f"RSS grew from {samples[0]:.0f} MB to {samples[1]:.0f} MB"
