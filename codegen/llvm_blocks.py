@@ -45,8 +45,10 @@ class RegisterBlockEmitter:
         full = [(s0, k0) for s0, k0 in starts if s0 == k0]
         tail = [(s0, k0) for s0, k0 in starts if s0 != k0]
 
-        step = coefficient(st.indices[-1], blk.var)  # 2 to 4: a strided row (a congruence class)
-        row = StridedRow(self.b, SCALAR[st.tensor.dtype], width, step, align)
+        if _row_step(st, blk.var) is not None:  # 2 to 4: a strided row (a congruence class)
+            row = StridedRow(self.b, SCALAR[st.tensor.dtype], width, _row_step(st, blk.var), align)
+        else:  # lanes far apart in memory: read and written element by element, once per block
+            row = ScatteredRow(self.b, SCALAR[st.tensor.dtype], width, _memory_step(st, blk.var))
 
         def one_block(v0, keep_from):
             lanes = self.b.add(self.splat(v0, width), iota)
@@ -181,8 +183,7 @@ class RegisterBlockEmitter:
                 return None
             if not self.fast and st.combine in ("sum", "prod"):
                 return None  # lanes reassociate the reduction
-        elif coefficient(idx[-1], blk.var) not in (1, 2, 3, 4) or \
-                any(coefficient(i, blk.var) != 0 for i in idx[:-1]):
+        elif _row_step(st, blk.var) is None and not _memory_step(st, blk.var):
             return None
         parts = [st.value] + ([blk.cond] if blk.cond is not None else [])
         if any(not vectorizable(p, dt) for p in parts):
@@ -257,6 +258,54 @@ class RegisterBlockEmitter:
             out = self.b.insert_element(out, self.b.load(self.b.gep(base, [lane], inbounds=True)),
                                         ir.Constant(I32, k))
         return out
+
+
+def _row_step(st: Store, var) -> "int | None":
+    """The step between lanes when they all lie in one row of the store (1 to 4), else None."""
+    step = coefficient(st.indices[-1], var)
+    if step in (1, 2, 3, 4) and all(coefficient(i, var) == 0 for i in st.indices[:-1]):
+        return step
+    return None
+
+
+def _memory_step(st: Store, var) -> int:
+    """Elements between the store's addresses for consecutive lanes (0 when not a constant)."""
+    total = 0
+    for ix, stride in zip(st.indices, strides(st.tensor.shape)):
+        c = coefficient(ix, var)
+        if c is None:
+            return 0
+        total += c * stride
+    return total
+
+
+class ScatteredRow:
+    """``width`` elements ``step`` apart anywhere in memory, read and written one by one.
+
+    For a block whose lanes run along an axis that is not contiguous in the store: the
+    accumulators stay in vector registers across the reduce loops and only their initial
+    values and results move element by element. Each lane touches only its own element.
+    """
+
+    def __init__(self, builder, elem, width: int, step: int):
+        self.b, self.width, self.step = builder, width, step
+        self.vt = ir.VectorType(elem, width)
+
+    def pointer(self, first):
+        return first
+
+    def _lane(self, ptr, k):
+        return self.b.gep(ptr, [ir.Constant(I64, k * self.step)], inbounds=True)
+
+    def load(self, ptr):
+        value = ir.Constant(self.vt, ir.Undefined)
+        for k in range(self.width):
+            value = self.b.insert_element(value, self.b.load(self._lane(ptr, k)), ir.Constant(I32, k))
+        return value
+
+    def store(self, value, ptr):
+        for k in range(self.width):
+            self.b.store(self.b.extract_element(value, ir.Constant(I32, k)), self._lane(ptr, k))
 
 
 class StridedRow:

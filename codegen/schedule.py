@@ -85,16 +85,24 @@ def _reduce_inside(red: Reduce) -> bool:
 # loop order
 # ---------------------------------------------------------------------------
 
-def _access_score(indices: Sequence[Expr], v: Var) -> int:
-    """+2 unit stride in ``v``, +1 invariant, -1 otherwise."""
+#: relative cost of one access per vector of lanes along the innermost loop: a unit-stride
+#: load or store, a value invariant in the loop (loaded once and broadcast), and any
+#: other stride (a gather or a scatter, one element per lane)
+UNIT_COST, INVARIANT_COST, STRIDED_COST = 1.0, 0.25, 8.0
+#: a loop shorter than a vector cannot vectorize: the extra cost of putting lanes on it
+SHORT_LOOP_COST = 16.0
+
+
+def _lane_cost(indices: Sequence[Expr], v: Var) -> float:
+    """The cost of an access at ``indices`` when vector lanes run along ``v``."""
     if not indices:
-        return 1
+        return INVARIANT_COST
     uses = [any(x is v for x in free_vars(i)) for i in indices]
     if not any(uses):
-        return 1
+        return INVARIANT_COST
     if not any(uses[:-1]) and coefficient(indices[-1], v) in (1, -1):
-        return 2
-    return -1
+        return UNIT_COST
+    return STRIDED_COST
 
 
 def _max_stride(v: Var, reads: Sequence[Read]) -> int:
@@ -114,9 +122,15 @@ def _max_stride(v: Var, reads: Sequence[Read]) -> int:
 
 def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence[ReduceAxis],
                accesses: Sequence[Sequence[Expr]], store: Sequence[Expr],
-               reads: Sequence[Read] = ()) -> Tuple[List[Var], Optional[Var]]:
-    """An order for the loops over ``out_axes`` (extents ``shape``) and ``red_axes``, and the parallel axis."""
-    extents: Dict[int, int] = {id(a): n for a, n in zip(out_axes, shape)}
+               reads: Sequence[Read] = (), piece: Optional[Sequence[int]] = None
+               ) -> Tuple[List[Var], Optional[Var]]:
+    """An order for the loops over ``out_axes`` (extents ``shape``) and ``red_axes``, and the parallel axis.
+
+    ``piece`` gives the extents of the output axes in the piece of the domain being
+    ordered (an edge of a padded convolution is one column wide): the innermost loop
+    is chosen for them, the parallel axis for the whole domain, so that every piece
+    splits the same axis among threads."""
+    extents: Dict[int, int] = {id(a): n for a, n in zip(out_axes, piece if piece is not None else shape)}
     middle_point = {a: dsl.const(n // 2) for a, n in zip(out_axes, shape)}
     for r in red_axes:
         if r.extent is not None:
@@ -137,11 +151,18 @@ def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
     if len(every) <= 1:
         return every, parallel
 
+    # Lanes go along the loop whose accesses cost least per vector: reads in the body are
+    # paid on every iteration; the store as well in an elementwise nest, but only once per
+    # output element when reduce loops run inside (the register block accumulates), and a
+    # scattered store costs a little more than a gather.
+    store_weight = 1.25 if not red_axes else 0.125
+
     def score(v):
-        s = 2 * _access_score(store, v) + sum(_access_score(acc, v) for acc in accesses)
+        cost = store_weight * _lane_cost(store, v) + sum(_lane_cost(acc, v) for acc in accesses)
         n = extents.get(id(v), 0)
-        short = id(v) in extents and n < 8  # a loop shorter than a vector cannot vectorize
-        return (s - (8 if short else 0), n)
+        if id(v) in extents and n < 8:
+            cost += SHORT_LOOP_COST
+        return (-cost, n)
 
     needed = {d for v in every for d in deps[id(v)]}
     candidates = [v for v in every if id(v) not in needed]
@@ -359,8 +380,9 @@ def _term_nests(t: Tensor, view, red_axes, value: Expr, cond: Optional[Expr], co
         rename = {r: a for r, a in zip(red_axes, axes_here) if a is not r}
         value_here = substitute(value, rename) if rename else value
         cond_here = substitute(cond, rename) if (rename and cond is not None) else cond
+        piece = [ranges[id(a)][1] - ranges[id(a)][0] for a in view.axes]
         order, par = loop_order(view.axes, view.shape, axes_here, _accesses(value_here, cond_here),
-                                view.store, reads_in(value_here))
+                                view.store, reads_in(value_here), piece)
         if par is not parallel:
             raise InternalError(f"the reduction nests of {t.name} chose another parallel axis")
         bounds = _const_bounds(ranges)

@@ -16,7 +16,8 @@ from typing import List, Tuple
 
 from . import dsl, dtypes
 from .errors import UserError
-from .graph import free_vars
+from .graph import free_vars, reductions_in
+from .intervals import interval, speculatable
 from .ir import ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var
 from .transform import substitute
 from .visitor import Mutator
@@ -67,23 +68,56 @@ class _Lifter(Mutator):
                 dims.append(ax)
                 shape.append(self.tensor.shape[d])
                 index.append(ax)
+        starts = {}
         for v in used:
             if isinstance(v, ReduceAxis):
-                if not (isinstance(v.lo, Const) and isinstance(v.hi, Const)):
-                    raise UserError(f"cannot differentiate {self.tensor.name}: the reduction {red} is nested "
-                                    f"in a reduction over {v.name}, whose bounds are not constant")
+                lo, hi = self._span(v, red)
                 dims.append(v)
-                shape.append(v.extent)
-                index.append(v - v.lo.value if v.lo.value else v)
+                shape.append(hi - lo)
+                index.append(v - lo if lo else v)
+                starts[id(v)] = lo
         name = f"{self.tensor.name}_{suffix}"
         new_axes = [Var(v.name) for v in dims]
         mapping = {}
         for v, nv in zip(dims, new_axes):
-            mapping[v] = nv + v.lo.value if isinstance(v, ReduceAxis) and v.lo.value else nv
+            mapping[v] = nv + starts[id(v)] if starts.get(id(v)) else nv
         body = substitute(red, mapping)
         lifted = Tensor(name, tuple(shape), body.dtype, ComputeOp(tuple(new_axes), body))
         self.lifted.append(lifted)
         return Read(lifted, tuple(dsl.cast("int64", i) for i in index))
+
+
+    def _span(self, v: ReduceAxis, red: Expr) -> Tuple[int, int]:
+        """``[lo, hi)`` covering every value of enclosing reduce axis ``v``: its bounds when
+        constant, else their hull over the domain, provided ``red`` can be evaluated on all
+        of it (the lifted tensor is computed there, also where ``v``'s bounds exclude)."""
+        if isinstance(v.lo, Const) and isinstance(v.hi, Const):
+            return v.lo.value, v.hi.value
+        ranges = self._hulls([v] + list(free_vars(red)) + [a for r, _, _ in reductions_in(red) for a in r.axes])
+        span = ranges.get(id(v))
+        if span is None or not speculatable(red, ranges):
+            raise UserError(f"cannot differentiate {self.tensor.name}: the reduction {red} is nested "
+                            f"in a reduction over {v.name}, whose bounds vary and whose hull it cannot "
+                            f"be evaluated on")
+        return span[0], span[1] + 1
+
+    def _hulls(self, variables) -> dict:
+        """Inclusive ranges of the given variables (output axes: the tensor's shape; reduce
+        axes: the hull of their bounds), for those whose range is known."""
+        ranges = {id(a): (0, n - 1) for a, n in zip(self.tensor.op.axes, self.tensor.shape)}
+        pending = [v for v in variables if isinstance(v, ReduceAxis)]
+        for _ in range(len(pending) + 1):  # bounds use axes that are resolved in earlier rounds
+            rest = []
+            for v in pending:
+                if id(v) in ranges:
+                    continue
+                lo, hi = interval(v.lo, ranges), interval(v.hi, ranges)
+                if lo is None or hi is None:
+                    rest.append(v)
+                elif hi[1] > lo[0]:
+                    ranges[id(v)] = (lo[0], hi[1] - 1)
+            pending = rest
+        return ranges
 
 
 #: bodies deeper than this are cut into pieces when a piece depth is asked for

@@ -63,7 +63,15 @@ def _seed_for_reduction(y: Tensor, axes, red: Reduce, adj_read: Expr) -> Tuple[E
     if red.combiner == "sum":
         return adj_read, None
     if red.combiner in ("max", "min"):
-        # adjoint split evenly among the elements equal to the result
+        # adjoint split evenly among the elements equal to the result. The test is exact
+        # equality, so both sides must come from one computation of the body: y itself when
+        # its body is a plain read, else the result recomputed here from the body as the
+        # gradient computes it (a nested reduction lifted, a product evaluated in another
+        # stage may differ from the forward's in the last bit)
+        if not (red is y.op.body and isinstance(red.body, Read)):
+            again = Tensor(f"{y.name}_{red.combiner}", y.shape, y.dtype,
+                           ComputeOp(axes, Reduce(red.combiner, red.body, red.axes, red.where)))
+            y_read = Read(again, tuple(axes))
         is_winner = red.body == y_read
         where = is_winner if red.where is None else dsl.all(red.where, is_winner)
         ties = Tensor(f"{y.name}_ties", y.shape, y.dtype, ComputeOp(

@@ -1,0 +1,141 @@
+"""The same ops written several ways, as users write them: a sibling of :mod:`te_grad.suite`.
+
+``FORMULATIONS[op][name](dtype, small=False)`` builds a fresh
+:class:`~te_grad.suite.Workload`. Every formulation of one op computes the same
+function of the same data (layouts aside: ``conv_nhwc`` takes NHWC images and HWIO
+weights), so equivalent formulations should compile to kernels of about the same
+speed; ``benchmarks/formulations.py`` measures how far they are. ``small=True`` gives
+sizes that the reference evaluator checks in a moment.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+from . import dsl, nn
+from .suite import Workload
+
+
+def _conv_sizes(small):
+    return (2, 4, 6, 6, 3) if small else (4, 32, 32, 32, 32)  # batch, channels, height, width, filters
+
+
+def conv_guards(dt, small=False):
+    """``nn.conv2d(padding=1)``: the zero padding as guards inside the convolution."""
+    n, c, h, w, f = _conv_sizes(small)
+    x = dsl.placeholder((n, c, h, w), dtype=dt, name="X")
+    k = dsl.placeholder((f, c, 3, 3), dtype=dt, name="W")
+    return Workload("conv_guards", nn.conv2d(x, k, padding=1), [x, k])
+
+
+def conv_pad_stage(dt, small=False):
+    """A separate zero-padding stage ``P`` that the convolution reads without guards."""
+    n, c, h, w, f = _conv_sizes(small)
+    x = dsl.placeholder((n, c, h, w), dtype=dt, name="X")
+    k = dsl.placeholder((f, c, 3, 3), dtype=dt, name="W")
+    p = dsl.compute((n, c, h + 2, w + 2), lambda b, ch, y, v: dsl.if_then_else(
+        dsl.all(y >= 1, y < h + 1, v >= 1, v < w + 1), x[b, ch, y - 1, v - 1], 0.0), name="P")
+    rc, ry, rx = dsl.reduce_axis(c, "c"), dsl.reduce_axis(3, "ry"), dsl.reduce_axis(3, "rx")
+    y = dsl.compute((n, f, h, w), lambda b, o, i, j: dsl.sum(p[b, rc, i + ry, j + rx] * k[o, rc, ry, rx],
+                                                           axis=[rc, ry, rx]), name="Y")
+    return Workload("conv_pad_stage", y, [x, k])
+
+
+def conv_nhwc(dt, small=False):
+    """Channels last: NHWC images, HWIO weights, guards for the padding."""
+    n, c, h, w, f = _conv_sizes(small)
+    x = dsl.placeholder((n, h, w, c), dtype=dt, name="X")
+    k = dsl.placeholder((3, 3, c, f), dtype=dt, name="W")
+    rc, ry, rx = dsl.reduce_axis(c, "c"), dsl.reduce_axis(3, "ry"), dsl.reduce_axis(3, "rx")
+
+    def body(b, i, j, o):
+        yy, vv = i + ry - 1, j + rx - 1
+        inside = dsl.all(yy >= 0, yy < h, vv >= 0, vv < w)
+        return dsl.sum(dsl.if_then_else(inside, x[b, yy, vv, rc], 0.0) * k[ry, rx, rc, o], axis=[rc, ry, rx])
+    return Workload("conv_nhwc", dsl.compute((n, h, w, f), body, name="Y"), [x, k])
+
+
+def _dense_sizes(small):
+    return (5, 7, 6) if small else (256, 512, 256)  # rows, inputs, outputs
+
+
+def dense_oi(dt, small=False):
+    """``nn.dense``: weights stored ``W[out, in]`` (PyTorch's ``Linear``)."""
+    m, i, o = _dense_sizes(small)
+    x, w = dsl.placeholder((m, i), dtype=dt, name="X"), dsl.placeholder((o, i), dtype=dt, name="W")
+    return Workload("dense_oi", nn.dense(x, w), [x, w])
+
+
+def dense_io(dt, small=False):
+    """``nn.matmul``: weights stored ``W[in, out]`` (JAX's and Keras's layout)."""
+    m, i, o = _dense_sizes(small)
+    x, w = dsl.placeholder((m, i), dtype=dt, name="X"), dsl.placeholder((i, o), dtype=dt, name="W")
+    return Workload("dense_io", nn.matmul(x, w), [x, w])
+
+
+def _rows(small, cols):
+    return (3, 9) if small else (256, cols)
+
+
+def softmax_one(dt, small=False):
+    """``nn.softmax``."""
+    x = dsl.placeholder(_rows(small, 1000), dtype=dt, name="X")
+    return Workload("softmax_one", nn.softmax(x), [x])
+
+
+def softmax_stages(dt, small=False):
+    """Softmax as five stages: row max, shift, exp, row sum, divide."""
+    r, c = _rows(small, 1000)
+    x = dsl.placeholder((r, c), dtype=dt, name="X")
+    k = dsl.reduce_axis(c, "k")
+    m = dsl.compute((r,), lambda i: dsl.max(x[i, k], axis=k), name="m")
+    d = dsl.compute((r, c), lambda i, j: x[i, j] - dsl.stop_gradient(m[i]), name="d")
+    e = dsl.compute((r, c), lambda i, j: dsl.exp(d[i, j]), name="e")
+    k2 = dsl.reduce_axis(c, "k2")
+    s = dsl.compute((r,), lambda i: dsl.sum(e[i, k2], axis=k2), name="s")
+    return Workload("softmax_stages", dsl.compute((r, c), lambda i, j: e[i, j] / s[i], name="y"), [x])
+
+
+def layer_norm_one(dt, small=False):
+    """``nn.layer_norm`` without scale and shift."""
+    x = dsl.placeholder(_rows(small, 1024), dtype=dt, name="X")
+    return Workload("layer_norm_one", nn.layer_norm(x), [x])
+
+
+def layer_norm_stages(dt, small=False):
+    """Layer norm as four stages: mean, centre, variance, normalize."""
+    r, c = _rows(small, 1024)
+    x = dsl.placeholder((r, c), dtype=dt, name="X")
+    k = dsl.reduce_axis(c, "k")
+    mu = dsl.compute((r,), lambda i: dsl.sum(x[i, k], axis=k) / float(c), name="mu")
+    cen = dsl.compute((r, c), lambda i, j: x[i, j] - mu[i], name="c")
+    k2 = dsl.reduce_axis(c, "k2")
+    var = dsl.compute((r,), lambda i: dsl.sum(cen[i, k2] * cen[i, k2], axis=k2) / float(c), name="var")
+    y = dsl.compute((r, c), lambda i, j: cen[i, j] / dsl.sqrt(var[i] + 1e-5), name="y")
+    return Workload("layer_norm_stages", y, [x])
+
+
+def _bmm_sizes(small):
+    return (2, 5, 3, 9) if small else (8, 128, 64, 128)  # batch, rows, inner, columns
+
+
+def bmm_plain(dt, small=False):
+    """``A @ B`` batched, both operands row-major."""
+    b, m, k, n = _bmm_sizes(small)
+    x, y = dsl.placeholder((b, m, k), dtype=dt, name="A"), dsl.placeholder((b, k, n), dtype=dt, name="B")
+    return Workload("bmm_plain", nn.batch_matmul(x, y), [x, y])
+
+
+def bmm_transposed(dt, small=False):
+    """``A^T @ B^T`` batched: both operands stored transposed."""
+    b, m, k, n = _bmm_sizes(small)
+    x, y = dsl.placeholder((b, k, m), dtype=dt, name="A"), dsl.placeholder((b, n, k), dtype=dt, name="B")
+    return Workload("bmm_transposed", nn.batch_matmul(x, y, transpose_a=True, transpose_b=True), [x, y])
+
+
+FORMULATIONS: Dict[str, Dict[str, Callable[..., Workload]]] = {
+    "conv3x3": {"conv_guards": conv_guards, "conv_pad_stage": conv_pad_stage, "conv_nhwc": conv_nhwc},
+    "dense": {"dense_oi": dense_oi, "dense_io": dense_io},
+    "softmax": {"softmax_one": softmax_one, "softmax_stages": softmax_stages},
+    "layer_norm": {"layer_norm_one": layer_norm_one, "layer_norm_stages": layer_norm_stages},
+    "batch_matmul": {"bmm_plain": bmm_plain, "bmm_transposed": bmm_transposed},
+}
