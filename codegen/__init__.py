@@ -18,7 +18,7 @@ from te_grad.ir import Tensor
 from . import disk_cache
 from .jit import cached_module, compile_module
 from .kernel import CompiledStage, Kernel, default_threads
-from .llvm_emit import RUN_STAGES, emit_module, tensors_of
+from .llvm_emit import RUN_REGION, RUN_STAGES, emit_module, tensors_of
 from .regions import regions
 from .schedule import stages_for
 
@@ -64,7 +64,7 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
             index[id(t)] = len(buffers)
             buffers.append(t)
     text = emit_module(stages, index, fast_math)
-    compiled = compile_module(text, [RUN_STAGES])
+    compiled = compile_module(text, [RUN_STAGES, RUN_REGION])
     compiled_stages = [CompiledStage(s, s.work if s.work is not None else tensor_iterations(s.tensor))
                        for s in stages]
     kernel = Kernel(simplified, inputs, buffers, compiled_stages, regions(stages), compiled,
@@ -97,7 +97,7 @@ def _cached_build(outs, inputs, fast_math, threads):
     entry = disk_cache.load_pickle("build", _build_key(outs, inputs, fast_math))
     if entry is None:
         return None
-    compiled = cached_module(entry["module"], [RUN_STAGES], entry["text"])
+    compiled = cached_module(entry["module"], [RUN_STAGES, RUN_REGION], entry["text"])
     if compiled is None:
         return None
     old_inputs = entry["inputs"]

@@ -14,7 +14,8 @@ from te_grad.errors import InternalError, UserError
 from te_grad.evaluator import check_feed
 from te_grad.ir import Tensor
 
-from .llvm_emit import RUN_STAGES
+from .llvm_emit import RUN_REGION, RUN_STAGES
+from .regions import row_blocks
 from .loopir import Stage, program_text
 
 #: below this many innermost iterations a run of stages stays on one thread: handing work to
@@ -69,12 +70,13 @@ class Kernel:
         self.buffers = list(buffers)
         self.stages = list(stages)
         self.regions = list(regions)  # runs of stages a thread can go through without waiting
+        self.blocks = row_blocks([cs.stage for cs in self.stages], self.regions)  # rows per block, or 0
         self._compiled = compiled  # keeps the JIT engine (and so the machine code) alive
         self.threads = threads
         self._index = {id(t): n for n, t in enumerate(self.buffers)}
         self._input_slots = [self._index[id(t)] for t in self.inputs]
         self._output_slots = [self._index[id(t)] for t in self.outputs]
-        self._plans: Dict[int, List[Tuple[int, int, bool]]] = {}
+        self._plans: Dict[int, List[Tuple[int, int, bool, int]]] = {}
         given = {id(t) for t in self.inputs} | {id(t) for t in self.outputs}
         self._intermediates = [n for n, t in enumerate(self.buffers) if id(t) not in given]
         self._scratch: List[Dict[int, np.ndarray]] = []
@@ -82,22 +84,27 @@ class Kernel:
         run_stages = compiled.addresses[RUN_STAGES]
         self._run_stages = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                             ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)(run_stages)
+        self._run_region = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                            ctypes.c_void_p)(compiled.addresses[RUN_REGION])
 
-    def _plan(self) -> List[Tuple[int, int, bool]]:
-        """Runs of stages ``(first, last, shared)``: a shared run is one parallel region split
-        among the threads; consecutive runs too small to share go to native code in one call."""
+    def _plan(self) -> List[Tuple[int, int, bool, int]]:
+        """Runs of stages ``(first, last, shared, block)``: a shared run is one parallel region
+        split among the threads; a run with ``block`` > 0 goes through its rows that many at a
+        time (:func:`~codegen.regions.row_blocks`); consecutive runs too small to share and
+        not blocked go to native code in one call."""
         cached = self._plans.get(self.threads)
         if cached is not None:
             return cached
-        runs: List[Tuple[int, int, bool]] = []
-        for first, last in self.regions:
+        runs: List[Tuple[int, int, bool, int]] = []
+        for (first, last), block in zip(self.regions, self.blocks):
             extent = self.stages[first].stage.parallel_extent
             work = sum(cs.work for cs in self.stages[first:last])
             shared = self.threads > 1 and work >= PARALLEL_THRESHOLD and extent > 1
-            if runs and not shared and not runs[-1][2]:
-                runs[-1] = (runs[-1][0], last, False)
+            if runs and not shared and not block and not runs[-1][2] and not runs[-1][3]:
+                runs[-1] = (runs[-1][0], last, False, 0)
             else:
-                runs.append((first, last, shared))
+                runs.append((first, last, shared, block))
         self._plans[self.threads] = runs
         return runs
 
@@ -230,9 +237,12 @@ class Kernel:
         self._run_plan(table)
 
     def _run_plan(self, table):
-        for first, last, shared in self._plans.get(self.threads) or self._plan():
+        for first, last, shared, block in self._plans.get(self.threads) or self._plan():
             if shared:
-                self._run_shared(table, first, last)
+                self._run_shared(table, first, last, block)
+            elif block:
+                self._check(self._run_range(table, first, last, 0, self.stages[first].stage.parallel_extent,
+                                            block))
             else:
                 self._check(self._run_range(table, first, last, 0, _WHOLE))
 
@@ -251,7 +261,7 @@ class Kernel:
                 raise UserError(f"out array for {t.name} must be C-contiguous and writeable")
         return out
 
-    def _run_shared(self, table, first: int, last: int):
+    def _run_shared(self, table, first: int, last: int, block: int = 0):
         """Stages ``[first, last)`` (one region) with their parallel range split among threads."""
         extent = self.stages[first].stage.parallel_extent
         granule = math.lcm(*[cs.stage.parallel_granule for cs in self.stages[first:last]])
@@ -259,15 +269,18 @@ class Kernel:
         bounds = [0] + [extent * k // threads // granule * granule for k in range(1, threads)] + [extent]
         chunks = [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
         # the calling thread takes the last chunk itself: one hand-off fewer
-        futures = [_pool(self.threads).submit(self._run_range, table, first, last, lo, hi)
+        futures = [_pool(self.threads).submit(self._run_range, table, first, last, lo, hi, block)
                    for lo, hi in chunks[:-1]]
-        mine = self._run_range(table, first, last, *chunks[-1])
+        mine = self._run_range(table, first, last, *chunks[-1], block)
         for result in [f.result() for f in futures] + [mine]:
             self._check(result)
 
-    def _run_range(self, table, first: int, last: int, lo: int, hi: int):
+    def _run_range(self, table, first: int, last: int, lo: int, hi: int, block: int = 0):
         err = (ctypes.c_int64 * 4)()
-        rc = self._run_stages(table, first, last, lo, hi, ctypes.addressof(err))
+        if block:
+            rc = self._run_region(table, first, last, lo, hi, block, ctypes.addressof(err))
+        else:
+            rc = self._run_stages(table, first, last, lo, hi, ctypes.addressof(err))
         return (0, None) if rc == 0 else (rc, list(err))
 
     def _check(self, result):

@@ -372,8 +372,8 @@ class StageEmitter(RegisterBlockEmitter):
                 return self.b.fsub(a, b, flags=flags)
             if e.op == "mul":
                 return self.b.fmul(a, b, flags=flags)
-            if e.op == "div":
-                return self.b.fdiv(a, b)
+            if e.op == "div":  # arcp: x / d with d loop-invariant becomes x * (1 / d) (LICM)
+                return self.b.fdiv(a, b, flags=("arcp",) if self.fast and not self.exact else ())
             if e.op == "pow":
                 return self.call_intrinsic("llvm.pow", dt, [a, b])
             return self.call_intrinsic("llvm.maximum" if e.op == "max" else "llvm.minimum", dt, [a, b])
@@ -536,6 +536,7 @@ class StageEmitter(RegisterBlockEmitter):
 
 #: the function running stages ``[first, last)`` one after the other on the calling thread
 RUN_STAGES = "run_stages"
+RUN_REGION = "run_region"
 
 
 def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math: bool = True,
@@ -561,7 +562,10 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
         if internal:
             fn.linkage = "internal"
         functions.append(fn)
-    _emit_run_stages(module, stages, functions, buffer_index, prefix + RUN_STAGES)
+    run = _emit_run_stages(module, stages, functions, buffer_index, prefix + RUN_STAGES)
+    region = _emit_run_region(module, run, prefix + RUN_REGION)
+    if internal:  # an exported kernel runs its regions whole
+        region.linkage = "internal"
     return str(module)
 
 
@@ -589,6 +593,38 @@ def _emit_run_stages(module: ir.Module, stages: Sequence[Stage], functions, buff
         b.ret(rc)
         b.position_at_end(skip)
     b.ret(ir.Constant(I32, 0))
+    return fn
+
+
+def _emit_run_region(module: ir.Module, run_stages, name: str = RUN_REGION):
+    """``i32 run_region(i8** buffers, i64 first, i64 last, i64 lo, i64 hi, i64 block, i64* err)``:
+    :data:`RUN_STAGES` over ``[lo, hi)`` a block of ``block`` rows at a time (:mod:`.regions`)."""
+    i8p = ir.PointerType(I8)
+    fn = ir.Function(module, ir.FunctionType(I32, [ir.PointerType(i8p), I64, I64, I64, I64, I64,
+                                                   ir.PointerType(I64)]), name)
+    bufs, first, last, lo, hi, block, err = fn.args
+    entry, head, body, done = (fn.append_basic_block(n) for n in ("entry", "head", "body", "done"))
+    b = ir.IRBuilder(entry)
+    b.branch(head)
+    b.position_at_end(head)
+    start = b.phi(I64)
+    start.add_incoming(lo, entry)
+    b.cbranch(b.icmp_signed("<", start, hi), body, done)
+    b.position_at_end(body)
+    end = b.add(start, block)
+    end = b.select(b.icmp_signed("<", end, hi), end, hi)
+    rc = b.call(run_stages, [bufs, first, last, start, end, err])
+    failed = fn.append_basic_block("failed")
+    after = fn.append_basic_block("next")
+    b.cbranch(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), failed, after)
+    b.position_at_end(failed)
+    b.ret(rc)
+    b.position_at_end(after)
+    start.add_incoming(end, after)
+    b.branch(head)
+    b.position_at_end(done)
+    b.ret(ir.Constant(I32, 0))
+    return fn
 
 
 def tensors_of(stage: Stage) -> List[Tensor]:

@@ -8,12 +8,28 @@ of ``B`` then reads only rows ``[lo, hi)`` of ``A``, which the same thread
 computed just before. A softmax (row max, exponentials, row sum, quotient)
 and its gradient are each one region: one hand-off to the thread pool instead
 of one per stage.
+
+A region whose tensors do not fit in cache also runs in blocks of rows
+(:func:`row_blocks`): each thread computes every stage of the region for a few
+rows of its range before going on to the next rows, so that what one stage
+writes is still in cache when the next stage reads it. The blocks are multiples
+of every stage's granule, like the threads' ranges, so the stages' results are
+the same whatever the block (each row is computed by the same code).
 """
 from __future__ import annotations
 
 from typing import Dict, List, Sequence, Tuple
 
-from .loopir import Stage, stmt_reads
+import math
+
+import numpy as np
+
+from .loopir import Loop, Stage, stmt_reads
+
+#: a region whose tensors take more than this runs in blocks of rows
+REGION_CACHE_BYTES = 2 << 20
+#: bytes of all the region's tensors that one block of rows covers
+BLOCK_BYTES = 128 << 10
 
 
 def regions(stages: Sequence[Stage]) -> List[Tuple[int, int]]:
@@ -46,3 +62,32 @@ def _joins(first: Stage, s: Stage, split_dim: Dict[int, int]) -> bool:
         if d is not None and r.indices[d] is not s.parallel_axis:
             return False
     return True
+
+
+def row_blocks(stages: Sequence[Stage], runs: Sequence[Tuple[int, int]]) -> List[int]:
+    """For each region of ``runs``, the rows of its parallel range a block covers (0: no blocks).
+
+    A region is blocked when it has several stages, each made of loops split among
+    threads at the top (a stage with another loop around its parallel one would run
+    that loop once per block), and its tensors exceed :data:`REGION_CACHE_BYTES`."""
+    out = []
+    for first, last in runs:
+        members = stages[first:last]
+        if len(members) < 2 or not all(s.body and all(isinstance(x, Loop) and x.parallel for x in s.body)
+                                       for s in members):
+            out.append(0)
+            continue
+        extent = members[0].parallel_extent
+        touched = {}
+        for s in members:
+            touched[id(s.tensor)] = s.tensor
+            for r in stmt_reads(s.body):
+                touched.setdefault(id(r.tensor), r.tensor)
+        total = sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in touched.values())
+        if total <= REGION_CACHE_BYTES or extent <= 1:
+            out.append(0)
+            continue
+        granule = math.lcm(*[s.parallel_granule for s in members])
+        rows = max(1, BLOCK_BYTES * extent // total) // granule * granule
+        out.append(max(rows, granule) if max(rows, granule) < extent else 0)
+    return out

@@ -1,7 +1,8 @@
 """isl-backed simplification of te_grad iteration domains.
 
 - :func:`simplify`: exact, cheaper equivalents of tensors (gathers with tight
-  loops, real scatters for data-dependent indices, merged contributions);
+  loops, real scatters for data-dependent indices, merged contributions,
+  element-wise chains fused);
 - :func:`iterations`: exact innermost-iteration counts;
 - :func:`check_bounds`: static proofs that reads stay in bounds.
 """
@@ -14,6 +15,7 @@ from te_grad.verify import verify_if_enabled
 
 from .bounds import RuntimeCheck, check_bounds
 from .count import iterations
+from .inline import inline_elementwise
 from .rewrite import simplify_graph
 
 __all__ = ["simplify", "simplify_graph", "iterations", "check_bounds", "RuntimeCheck"]
@@ -22,12 +24,15 @@ __all__ = ["simplify", "simplify_graph", "iterations", "check_bounds", "RuntimeC
 def simplify(tensors: Union[Tensor, Iterable[Tensor]], keep: Set[int] = frozenset()):
     """Simplified equivalents of ``tensors`` (same structure: a tensor or a list).
 
-    Every read of the graph is first proven in bounds (a UserError otherwise).
+    Every read of the graph is first proven in bounds (a UserError otherwise). Element-wise
+    chains behind ``tensors`` are then fused (:mod:`.inline`): what a kernel computes.
     """
     single = isinstance(tensors, Tensor)
     ts: List[Tensor] = [tensors] if single else list(tensors)
     check_bounds(ts)
     new = simplify_graph(ts, keep)
     out = [new[id(t)] for t in ts]
+    fused = inline_elementwise(out, {id(new[k]) for k in keep if k in new})
+    out = [fused[id(t)] for t in out]
     verify_if_enabled(out, "simplify")
     return out[0] if single else out

@@ -48,7 +48,7 @@ def _graphs():
 def test_regions_match_the_evaluator(always_parallel, name, graph, threads):
     outs, inputs, feed = graph
     kern, _ = assert_kernel_matches(outs, inputs, feed, threads=threads, rtol=1e-9, atol=1e-11, scaled=True)
-    assert all(shared for _, _, shared in kern._plan())
+    assert all(shared for _, _, shared, _ in kern._plan())
 
 
 def test_row_local_stages_share_one_region_and_a_transposed_read_starts_another(always_parallel):
@@ -77,3 +77,47 @@ def test_jammed_split_axis_gives_threads_whole_blocks(always_parallel, threads, 
     kern, _ = assert_kernel_matches(outs, inputs, feed, threads=threads, rtol=1e-9, atol=1e-11, scaled=True)
     granules = {cs.stage.parallel_granule for cs in kern.stages}
     assert granules - {1}, "no stage jammed its split axis"
+
+
+@pytest.fixture
+def tiny_blocks(monkeypatch):
+    """Every multi-stage region runs in blocks of as few rows as its granule allows."""
+    import importlib
+    regions = importlib.import_module("codegen.regions")  # codegen.regions is also a function's name
+    monkeypatch.setattr(regions, "REGION_CACHE_BYTES", 0)
+    monkeypatch.setattr(regions, "BLOCK_BYTES", 1)
+
+
+def _dense_jammed():
+    x = tg.placeholder((36, 40), dtype="float64", name="X")
+    w = tg.placeholder((24, 40), dtype="float64", name="W")
+    return _with_gradient(nn.dense(x, w), [x, w], np.random.default_rng(5))
+
+
+@pytest.mark.parametrize("name,graph", list(_graphs()) + [("dense_jammed", _dense_jammed())],
+                         ids=[n for n, _ in _graphs()] + ["dense_jammed"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_regions_run_in_blocks_of_rows_match_the_evaluator(tiny_blocks, always_parallel, name, graph, threads):
+    outs, inputs, feed = graph
+    kern, _ = assert_kernel_matches(outs, inputs, feed, threads=threads, rtol=1e-9, atol=1e-11, scaled=True)
+    blocked = [(first, last, block) for (first, last), block in zip(kern.regions, kern.blocks) if block]
+    if name in ("softmax", "layer_norm", "dense_jammed"):  # regions of several row-local stages
+        assert blocked, "no region ran in blocks"
+    for first, last, block in blocked:
+        extent = kern.stages[first].stage.parallel_extent
+        assert 0 < block < extent
+        for cs in kern.stages[first:last]:
+            assert block % cs.stage.parallel_granule == 0
+
+
+def test_big_regions_are_blocked_and_small_ones_are_not():
+    """Blocks only where a region's tensors outgrow the cache: softmax's backward over 4096
+    rows of 1000 (some 16 MB per tensor), not over 16 rows."""
+    for rows, want in ((4096, True), (16, False)):
+        x = tg.placeholder((rows, 1000), name="X")
+        y = nn.softmax(x)
+        h = tg.placeholder(y.shape, name="H")
+        kern = tg.build(tg.gradient(y, [x], head=h), [x, h], threads=1)
+        assert any(kern.blocks) == want
+        for (first, last, shared, block) in kern._plan():
+            assert not shared

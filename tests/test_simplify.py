@@ -221,3 +221,41 @@ def test_same_input_same_output_within_and_across_processes():
     runs = {subprocess.run([sys.executable, "-c", _PROGRAM], capture_output=True, text=True,
                            check=True).stdout for _ in range(2)}
     assert runs == {texts.pop() + "\n"}
+
+
+def test_elementwise_chains_are_fused_into_their_one_elementwise_reader():
+    """softmax's backward: H / s + d (read once, at dX's own index, by an element-wise dX) is
+    computed inside dX; the exponentials, read by a sum as well, stay a tensor."""
+    from te_grad.graph import topo_order
+    x = tg.placeholder((6, 9), dtype="float64", name="X")
+    y = tg.nn.softmax(x)
+    h = tg.placeholder(y.shape, dtype="float64", name="H")
+    grads = tg.gradient(y, [x], head=h)
+    fused = tg.simplify(grads)
+    names = {t.name for t in topo_order(fused)}
+    assert "dsoftmax_exp" in {t.name for t in topo_order(grads)} and "dsoftmax_exp" not in names
+    assert "softmax_exp" in names
+    rng = np.random.default_rng(0)
+    feed = {x: rng.standard_normal(x.shape), h: rng.standard_normal(h.shape)}
+    np.testing.assert_allclose(tg.evaluate(fused, feed)[0], tg.evaluate(grads, feed)[0], rtol=1e-13, atol=1e-15)
+
+
+def test_a_producer_read_twice_or_by_a_reduction_or_asked_for_is_not_fused():
+    from te_grad.graph import topo_order
+    x = tg.placeholder((5, 7), dtype="float64", name="X")
+    e = tg.compute((5, 7), lambda i, j: tg.exp(x[i, j]), name="e")
+    twice = tg.compute((5, 7), lambda i, j: e[i, j] * e[i, j], name="twice")
+    k = tg.reduce_axis((0, 7), "k")
+    e2 = tg.compute((5, 7), lambda i, j: tg.exp(x[i, j]) + 1.0, name="e2")
+    rowsum = tg.compute((5,), lambda i: tg.sum(e2[i, k], axis=k), name="rowsum")
+    e3 = tg.compute((5, 7), lambda i, j: x[i, j] * 2.0, name="e3")
+    shifted = tg.compute((5, 7), lambda i, j: e3[i, (j + 1) % 7], name="shifted")
+    e4 = tg.compute((5, 7), lambda i, j: x[i, j] - 1.0, name="e4")
+    fused_here = tg.compute((5, 7), lambda i, j: e4[i, j] * 3.0, name="fused_here")
+    outs = tg.simplify([twice, rowsum, shifted, fused_here, e3])
+    names = {t.name for t in topo_order(outs)}
+    assert {"e", "e2", "e3"} <= names and "e4" not in names
+    feed = {x: np.random.default_rng(1).standard_normal(x.shape)}
+    want = tg.evaluate([twice, rowsum, shifted, fused_here, e3], feed)
+    for got, w in zip(tg.evaluate(outs, feed), want):
+        np.testing.assert_allclose(got, w, rtol=1e-13, atol=1e-15)

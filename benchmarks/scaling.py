@@ -1,0 +1,101 @@
+"""How time grows with size, next to PyTorch: where the crossovers are.
+
+    python benchmarks/scaling.py [--threads 2] [--quick] [--ops dense conv softmax]
+
+Three families, each from small to large: a square dense layer (``nn.dense``,
+64 to 2048), a 3x3 convolution (32 channels, 32x32 images, batch 1 to 32) and a
+softmax over 1000 columns (256 to 16384 rows). For each size te_grad's forward
+and backward (all float gradients in one kernel) are timed next to PyTorch eager
+(forward under ``no_grad``, backward ``autograd.grad`` on a retained graph) in
+one process at the same thread count, with GFLOP/s for the contractions and
+the ratios te_grad / PyTorch (< 1: te_grad faster).
+"""
+import argparse
+import math
+
+import numpy as np
+
+import te_grad as tg
+from te_grad import nn
+from te_grad.benchmark import Timer, cpu_name, pin_threads
+
+
+def dense(n):
+    x, w = tg.placeholder((n, n), name="X"), tg.placeholder((n, n), name="W")
+    return nn.dense(x, w), [x, w], 2.0 * n ** 3, lambda torch, a, b: torch.nn.functional.linear(a, b)
+
+
+def conv(batch):
+    x, w = tg.placeholder((batch, 32, 32, 32), name="X"), tg.placeholder((32, 32, 3, 3), name="W")
+    flops = 2.0 * batch * 32 * 32 * 32 * 32 * 9
+    return nn.conv2d(x, w, padding=1), [x, w], flops, \
+        lambda torch, a, b: torch.nn.functional.conv2d(a, b, padding=1)
+
+
+def softmax(rows):
+    x = tg.placeholder((rows, 1000), name="X")
+    return nn.softmax(x), [x], None, lambda torch, a: torch.softmax(a, -1)
+
+
+FAMILIES = {
+    "dense": (dense, [64, 128, 256, 512, 1024, 2048]),
+    "conv": (conv, [1, 2, 4, 8, 16, 32]),
+    "softmax": (softmax, [256, 1024, 4096, 16384]),
+}
+
+
+def measure(build, size, threads, timer, torch):
+    y, xs, flops, torch_fn = build(size)
+    head = tg.placeholder(y.shape, name="H")
+    fwd = tg.build([y], xs, threads=threads)
+    bwd = tg.build(tg.gradient(y, xs, head=head), xs + [head], threads=threads)
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(x.shape).astype(np.float32) for x in xs]
+    h = rng.standard_normal(y.shape).astype(np.float32)
+    fns = {"tg_fwd": lambda: fwd(*arrays), "tg_bwd": lambda: bwd(*arrays, h)}
+    if torch is not None:
+        ts = [torch.from_numpy(a.copy()).requires_grad_() for a in arrays]
+        out = torch_fn(torch, *ts)
+        np.testing.assert_allclose(fwd(*arrays), out.detach().numpy(), rtol=2e-3, atol=2e-3)
+        th = torch.from_numpy(h)
+
+        def torch_fwd():
+            with torch.no_grad():
+                return torch_fn(torch, *ts)
+        fns["pt_fwd"] = torch_fwd
+        fns["pt_bwd"] = lambda: torch.autograd.grad(out, ts, th, retain_graph=True)
+    times = {k: v["ms"] for k, v in timer(fns).items()}
+    times["flops"] = flops
+    return times
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--ops", nargs="*", default=None, help=f"a subset of {', '.join(FAMILIES)}")
+    args = parser.parse_args(argv)
+    pin_threads(args.threads)
+    try:
+        import torch
+        torch.set_num_threads(args.threads)
+    except ImportError:
+        torch = None
+    timer = Timer(1, 3, 0.2) if args.quick else Timer(2, 7, 1.0)
+    print(f"# scaling, {args.threads} threads, {cpu_name()}; times in ms, GFLOP/s of the forward")
+    print(f"{'op':8s} {'size':>6s} {'tg fwd':>9s} {'tg bwd':>9s} {'pt fwd':>9s} {'pt bwd':>9s} "
+          f"{'tg/pt f':>7s} {'tg/pt b':>7s} {'tg GF/s':>7s} {'pt GF/s':>7s}")
+    for name, (build, sizes) in FAMILIES.items():
+        if args.ops and name not in args.ops:
+            continue
+        for size in sizes:
+            r = measure(build, size, args.threads, timer, torch)
+            pf, pb = r.get("pt_fwd", math.nan), r.get("pt_bwd", math.nan)
+            gf = r["flops"] / r["tg_fwd"] / 1e6 if r["flops"] else math.nan
+            pgf = r["flops"] / pf / 1e6 if r["flops"] else math.nan
+            print(f"{name:8s} {size:6d} {r['tg_fwd']:9.3f} {r['tg_bwd']:9.3f} {pf:9.3f} {pb:9.3f} "
+                  f"{r['tg_fwd'] / pf:7.2f} {r['tg_bwd'] / pb:7.2f} {gf:7.1f} {pgf:7.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
