@@ -10,7 +10,6 @@ retained graph), in one process at the same thread count, and the ratio of each
 formulation to the best te_grad formulation of the same op is printed: equivalent
 formulations should run at about the same speed.
 """
-import argparse
 import math
 import time
 
@@ -18,7 +17,7 @@ import numpy as np
 
 import te_grad as tg
 from te_grad.formulations import FORMULATIONS
-from te_grad.benchmark import Timer, cpu_name, pin_threads
+from te_grad.benchmark import Timer, cpu_name, script_options
 
 
 def torch_fns(torch):
@@ -68,18 +67,7 @@ def measure(name, threads, timer, torch):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--ops", nargs="*", default=None, help=f"a subset of {', '.join(FORMULATIONS)}")
-    args = parser.parse_args(argv)
-    pin_threads(args.threads)
-    try:
-        import torch
-        torch.set_num_threads(args.threads)
-    except ImportError:
-        torch = None
-    timer = Timer(1, 3, 0.2) if args.quick else Timer(2, 10, 1.0)
+    args, torch, timer = script_options(argv, __doc__.split("\n\n")[0], FORMULATIONS, Timer(2, 10, 1.0))
     print(f"# formulations, {args.threads} threads, {cpu_name()}")
     print(f"{'op':12s} {'formulation':18s} {'tg fwd ms':>9s} {'tg bwd ms':>9s} {'fwd/best':>8s} {'bwd/best':>8s} "
           f"{'fwd/torch':>9s} {'bwd/torch':>9s} {'build s':>7s}")

@@ -10,14 +10,13 @@ and backward (all float gradients in one kernel) are timed next to PyTorch eager
 one process at the same thread count, with GFLOP/s for the contractions and
 the ratios te_grad / PyTorch (< 1: te_grad faster).
 """
-import argparse
 import math
 
 import numpy as np
 
 import te_grad as tg
 from te_grad import nn
-from te_grad.benchmark import Timer, cpu_name, pin_threads
+from te_grad.benchmark import Timer, cpu_name, script_options
 
 
 def dense(n):
@@ -70,18 +69,7 @@ def measure(build, size, threads, timer, torch):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--ops", nargs="*", default=None, help=f"a subset of {', '.join(FAMILIES)}")
-    args = parser.parse_args(argv)
-    pin_threads(args.threads)
-    try:
-        import torch
-        torch.set_num_threads(args.threads)
-    except ImportError:
-        torch = None
-    timer = Timer(1, 3, 0.2) if args.quick else Timer(2, 7, 1.0)
+    args, torch, timer = script_options(argv, __doc__.split("\n\n")[0], FAMILIES, Timer(2, 7, 1.0))
     print(f"# scaling, {args.threads} threads, {cpu_name()}; times in ms, GFLOP/s of the forward")
     print(f"{'op':8s} {'size':>6s} {'tg fwd':>9s} {'tg bwd':>9s} {'pt fwd':>9s} {'pt bwd':>9s} "
           f"{'tg/pt f':>7s} {'tg/pt b':>7s} {'tg GF/s':>7s} {'pt GF/s':>7s}")

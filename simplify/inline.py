@@ -25,7 +25,10 @@ from te_grad.visitor import Mutator
 INLINE_DEPTH = 48
 
 
-class _Inline(Mutator):
+class Redirect(Mutator):
+    """Redirects reads to rewritten tensors (``new``: by id of the old tensor) and replaces
+    reads of the tensors in ``inline`` (by id) with their bodies at the read's indices."""
+
     def __init__(self, new: Dict[int, Tensor], inline: Dict[int, Tensor]):
         super().__init__()
         self.new, self.inline = new, inline
@@ -86,7 +89,7 @@ def inline_elementwise(roots: Iterable[Tensor], protected: Set[int] = frozenset(
         if isinstance(t.op, ScatterOp):
             new[id(t)] = replace_tensors([t], {k: v for k, v in new.items() if v is not None})[id(t)]
             continue
-        body = _Inline(new, inline).visit(t.op.body)
+        body = Redirect(new, inline).visit(t.op.body)
         out = t if body is t.op.body else Tensor(t.name, t.shape, t.dtype, ComputeOp(t.op.axes, body, t.op.note))
         new[id(t)] = out
         if id(t) in candidates:

@@ -29,12 +29,13 @@ from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, Rea
                         Tensor)
 from te_grad.ir import structurally_equal
 from te_grad.transform import replace_tensors, substitute
-from te_grad.visitor import Mutator, Visitor
+from te_grad.visitor import Visitor
 
 from te_grad.errors import SimplificationWarning
 
 from .fold import fold
 from .gather import simplify_reduction
+from .inline import Redirect
 from .isl_bridge import Unsupported
 from .scatter import scatter_term, try_scatter
 
@@ -69,25 +70,6 @@ class _ReadCounter(Visitor):
     def visit_Read(self, node):
         self.counts[id(node.tensor)] = self.counts.get(id(node.tensor), 0) + 1
         self.generic_visit(node)
-
-
-class _Redirect(Mutator):
-    """Redirects reads to rewritten tensors and inlines the ones marked inlinable."""
-
-    def __init__(self, new: Dict[int, Tensor], inline: Dict[int, Tensor]):
-        super().__init__()
-        self.new = new
-        self.inline = inline
-
-    def visit_Read(self, node: Read):
-        node = self.generic_visit(node)
-        target = self.new.get(id(node.tensor), node.tensor)
-        producer = self.inline.get(id(target))
-        if producer is not None:
-            return substitute(producer.op.body, dict(zip(producer.op.axes, node.indices)))
-        if target is node.tensor:
-            return node
-        return Read(target, node.indices)
 
 
 def _simplify_term(t: Tensor, e: Expr, fallbacks: List[Tuple[str, str]]) -> Expr:
@@ -188,7 +170,7 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset(),
         if isinstance(t.op, ScatterOp):  # already in its final form: only its reads follow the rewrites
             new[id(t)] = replace_tensors([t], {k: v for k, v in new.items() if v is not None})[id(t)]
             continue
-        redirected = _Redirect(new, {}).visit(t.op.body)
+        redirected = Redirect(new, {}).visit(t.op.body)
         if redirected is not t.op.body:
             t_read = Tensor(t.name, t.shape, t.dtype, ComputeOp(t.op.axes, redirected))
         else:
@@ -201,7 +183,7 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset(),
         own = [_simplify_term(t, s, fallbacks) for s in summands(redirected)]
         note = "; ".join(r for _, r in fallbacks[before:]) or None
         body = _sum(own)
-        body = _Redirect({}, inline).visit(body) if inline else body
+        body = Redirect({}, inline).visit(body) if inline else body
         body = fold(_sum(_fuse(summands(body))))
         if body is t.op.body and note is None:
             out = t

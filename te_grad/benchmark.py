@@ -385,6 +385,25 @@ def pin_threads(n: int):
         print(f"note: --threads {n} exceeds the {len(cpus)} CPUs available", flush=True)
 
 
+def script_options(argv, description: str, choices, default_timer: "Timer"):
+    """What the benchmark scripts share: ``--threads``, ``--quick`` and ``--ops`` (a subset of
+    ``choices``) parsed from ``argv``, the process pinned to that many CPUs, PyTorch set to
+    as many threads (None when it is not installed) and the timer (``default_timer``, or a
+    short one with ``--quick``). Returns ``(args, torch, timer)``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--ops", nargs="*", default=None, help=f"a subset of {', '.join(choices)}")
+    args = parser.parse_args(argv)
+    pin_threads(args.threads)
+    try:
+        import torch
+        torch.set_num_threads(args.threads)
+    except ImportError:
+        torch = None
+    return args, torch, (Timer(1, 3, 0.2) if args.quick else default_timer)
+
+
 def load(skip_torch, skip_jax, threads):
     fw = [("te_grad", tg, None)]
     notes = []

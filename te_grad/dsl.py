@@ -7,7 +7,6 @@ Binary share a dtype, conditions are ``bool``, indices are ``int64``.
 from __future__ import annotations
 
 import builtins
-import functools
 import inspect
 import numbers
 import operator

@@ -2,7 +2,6 @@
 from typing import Dict, Iterable, List, Tuple
 
 from .ir import Expr, Read, Reduce, Tensor, Var, ComputeOp
-from .visitor import Visitor
 
 
 def reads_in(expr: Expr) -> List[Read]:

@@ -23,7 +23,6 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 import jax
-import jax.numpy as jnp
 
 from . import dsl, dtypes
 from .errors import UserError

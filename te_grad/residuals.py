@@ -21,14 +21,14 @@ changes a value: only where it is computed.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
 from . import dsl, dtypes
 from .errors import UserError
 from .graph import topo_order
-from .ir import Call, ComputeOp, Expr, PlaceholderOp, Reduce, Tensor
+from .ir import Call, ComputeOp, Reduce, Tensor
 from .transform import replace_tensors
 
 #: a forward tensor costing more innermost iterations per element than this is saved

@@ -1,7 +1,7 @@
 """Small IR rewrites shared by the passes: substitution of variables."""
 from typing import Dict
 
-from .ir import Expr, Var
+from .ir import Expr, Tensor, Var
 from .visitor import Mutator
 
 

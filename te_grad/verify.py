@@ -20,7 +20,7 @@ Tests run it between stages; ``TE_GRAD_VERIFY=1`` makes ``tg.differentiate``,
 from __future__ import annotations
 
 import os
-from typing import Iterable, List
+from typing import List
 
 from . import dtypes, ops
 from .errors import InternalError

@@ -5,7 +5,7 @@ other node is walked (Visitor) or rebuilt from its visited children (Mutator).
 A Mutator returns the very same node when nothing below it changed, and
 visits each distinct node object once (results are memoized by identity).
 """
-from .ir import Expr, Reduce, ReduceAxis, Var, _field_names
+from .ir import Expr, Reduce, ReduceAxis, _field_names
 
 
 class Visitor:

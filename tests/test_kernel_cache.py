@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import numpy as np
-import pytest
 
 import te_grad as tg
 from codegen import disk_cache, jit

@@ -7,7 +7,7 @@ from te_grad import nn
 
 from nn_helpers import close, ev, ph, random_arrays
 from te_grad.graph import topo_order
-from te_grad.ir import Binary, Cast, Compare, ComputeOp, Const, Read, Reduce, Select, Unary, Var
+from te_grad.ir import Binary, Compare, ComputeOp, Const, Read, Reduce, Select, Unary, Var
 from te_grad.visitor import Visitor
 
 RNG = np.random.default_rng(3)

@@ -29,7 +29,6 @@ is; and an index valid only under the guard (a padded read) is never used outsid
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Dict, List, Tuple
 
 from .. import dsl, dtypes, ops

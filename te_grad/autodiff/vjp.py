@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .. import dsl, dtypes
 from ..errors import UserError
 from ..intervals import interval
-from ..ir import ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var
+from ..ir import ComputeOp, Expr, Read, Reduce, ReduceAxis, Tensor, Var
 from ..lift import normalized_body
 from ..transform import substitute
 from .rules import backprop

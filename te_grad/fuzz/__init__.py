@@ -18,7 +18,7 @@ from .check import PASSING, Outcome, check
 from .program import Program, from_choices, from_seed, generate
 from .shrink import shrink
 
-__all__ = ["Program", "Outcome", "check", "generate", "from_seed", "from_choices", "shrink", "run",
+__all__ = ["Program", "Outcome", "PASSING", "check", "generate", "from_seed", "from_choices", "shrink", "run",
            "script", "programs"]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import traceback
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 

@@ -10,7 +10,7 @@ PyTorch's (``torch.optim``), operation for operation, so float32 runs agree clos
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 from .. import dsl
 from ..errors import UserError

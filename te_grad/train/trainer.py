@@ -22,7 +22,6 @@ accumulates, one also updates).
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from .. import dsl, dtypes, nn
 from ..errors import UserError
 from ..ir import Tensor
 from .init import Initializer, xavier_uniform
-from .layers import Context, Module, Param, State
+from .layers import Context, Module, Param
 from .optim import Hyper, Optimizer
 
 
