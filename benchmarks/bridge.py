@@ -100,9 +100,9 @@ def overhead(threads):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--ops", default=",".join(SUITE))
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=2, help="threads for te_grad and PyTorch")
+    parser.add_argument("--ops", default=",".join(SUITE), help="comma-separated suite op names")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few, short repetitions")
     args = parser.parse_args(argv)
     pin_threads(args.threads)
     torch.set_num_threads(args.threads)

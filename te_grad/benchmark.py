@@ -391,8 +391,9 @@ def script_options(argv, description: str, choices, default_timer: "Timer"):
     as many threads (None when it is not installed) and the timer (``default_timer``, or a
     short one with ``--quick``). Returns ``(args, torch, timer)``."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads for te_grad and PyTorch; the process is pinned to as many CPUs")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few, short repetitions")
     parser.add_argument("--ops", nargs="*", default=None, help=f"a subset of {', '.join(choices)}")
     args = parser.parse_args(argv)
     pin_threads(args.threads)
