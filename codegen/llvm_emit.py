@@ -404,7 +404,7 @@ class StageEmitter(RegisterBlockEmitter):
             if op == "floordiv":
                 return self.b.sub(self.b.sdiv(a, c), self.b.zext(negative, a.type))
             return self.b.select(negative, self.b.add(r, c), r)
-        if b_const is None:
+        if b_const is None or b_const == 0:  # a divisor folded to the constant 0 fails where it runs
             zero = self.b.icmp_signed("==", b, self.const(b, 0))
             with self.b.if_then(zero, likely=False):
                 self.fail(2, [self.buffer_index[id(self.stage.tensor)], 0], self.b.sext(b, I64)

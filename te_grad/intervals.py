@@ -59,7 +59,7 @@ def interval(e: Expr, ranges: Dict[int, Tuple[int, int]]) -> Interval:
 
 def speculatable(e: Expr, ranges: Dict[int, Tuple[int, int]]) -> bool:
     """True if ``e`` can be evaluated at every point of the loops: reads provably in bounds,
-    no integer division by a non-constant (floats never trap)."""
+    no integer division by a non-constant or by zero (floats never trap)."""
     for r in reads_in(e):
         for ix, n in zip(r.indices, r.tensor.shape):
             iv = interval(ix, ranges)
@@ -69,6 +69,7 @@ def speculatable(e: Expr, ranges: Dict[int, Tuple[int, int]]) -> bool:
 
 
 def _has_variable_int_division(e: Expr) -> bool:
-    if isinstance(e, Binary) and e.op in ("floordiv", "floormod") and not isinstance(e.b, Const):
+    if isinstance(e, Binary) and e.op in ("floordiv", "floormod") and \
+            (not isinstance(e.b, Const) or e.b.value == 0):
         return True
     return any(_has_variable_int_division(c) for c in e.children())
