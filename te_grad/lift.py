@@ -11,16 +11,65 @@ deeper than that: the adjoint of a read at the bottom of a chain of ``n``
 multiplications is a product of ``n - 1`` factors, so differentiating one deep
 body would build ``n^2`` nodes; through pieces of depth ``d`` it builds about
 ``n d``, and the pieces' adjoints are tensors computed once.
+
+A lifted tensor is computed at every point of its domain, also where the body
+would not have evaluated it: under the untaken branch of an ``if_then_else``,
+the right operand of ``and`` / ``or`` whose left one decides, or a point a
+``where`` filters out. When the lifted expression cannot be evaluated
+everywhere (a read that may leave its tensor there, a data-dependent index, a
+division by a variable), it keeps the conditions under which the body reached
+it, as a filter: ``Y[j] = if_then_else(j <= 2, exp(sum(X[2 - j, k] ...)), 0)``
+lifts to ``Y_sum[j] = sum(X[2 - j, k] ... if j <= 2)``, never reading
+``X[-1, k]``; such a piece of a deep body is not lifted.
 """
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 from . import dsl, dtypes
 from .errors import UserError
 from .graph import free_vars, reductions_in
 from .intervals import interval, speculatable
-from .ir import ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var
+from .ir import Binary, ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Select, Tensor, Var
 from .transform import substitute
 from .visitor import Mutator
+
+#: a path's guards: (id of a condition, the value it has on the path), outermost first
+Path = Tuple[Tuple[int, bool], ...]
+
+
+def guard_paths(top: Expr) -> Tuple[Dict[int, List[Path]], Dict[int, Expr]]:
+    """For every node below ``top``, the guards of each path by which evaluation reaches it
+    (``if_then_else`` branches, the right operand of ``and`` / ``or``, a reduction's body
+    under its ``where``), and the conditions by id. A node reached by a path without guards
+    is evaluated wherever ``top`` is."""
+    paths: Dict[int, List[Path]] = {}
+    conds: Dict[int, Expr] = {}
+    seen = set()
+    stack = [(top, ())]
+    while stack:
+        node, path = stack.pop()
+        if (id(node), path) in seen:
+            continue
+        seen.add((id(node), path))
+        paths.setdefault(id(node), []).append(path)
+        if isinstance(node, Select):
+            conds[id(node.cond)] = node.cond
+            stack += [(node.cond, path), (node.t, path + ((id(node.cond), True),)),
+                      (node.f, path + ((id(node.cond), False),))]
+        elif isinstance(node, Binary) and node.op in ("and", "or"):
+            conds[id(node.a)] = node.a
+            stack += [(node.a, path), (node.b, path + ((id(node.a), node.op == "and"),))]
+        elif isinstance(node, Reduce):
+            inner = path
+            if node.where is not None:
+                conds[id(node.where)] = node.where
+                stack.append((node.where, path))
+                inner = path + ((id(node.where), True),)
+            stack.append((node.body, inner))
+            stack += [(b, path) for ax in node.axes for b in (ax.lo, ax.hi)]
+        else:
+            stack += [(c, path) for c in node.children()]
+    return paths, conds
+
 
 class _Lifter(Mutator):
     def __init__(self, tensor: Tensor, max_depth: int = None):
@@ -29,15 +78,17 @@ class _Lifter(Mutator):
         self.top = tensor.op.body
         self.lifted: List[Tensor] = []
         self.max_depth = max_depth
+        self.paths, self.conds = guard_paths(self.top)
 
     def visit_Reduce(self, node: Reduce):
-        return self._lift(super().visit_Reduce(node), node.combiner)
+        return self._lift(node, super().visit_Reduce(node), node.combiner)
 
     def visit(self, node):
         out = super().visit(node)
         if (self.max_depth is not None and out is not self.top and isinstance(out, Expr)
-                and out.depth >= self.max_depth and self._liftable(out)):
-            out = self._lift(out, "part")
+                and out.depth >= self.max_depth and self._liftable(out)
+                and self._guard(node, out) is None):  # a guarded piece stays where it is
+            out = self._lift(node, out, "part")
             self._memo[id(node)] = (node, out)
         return out
 
@@ -59,8 +110,28 @@ class _Lifter(Mutator):
             return Reduce(top.combiner, body, top.axes, where)
         return self.visit(top)
 
-    def _lift(self, red: Expr, suffix: str) -> Expr:
+    def _guard(self, original: Expr, red: Expr):
+        """The condition under which the body evaluates ``original`` (now ``red``), when the
+        lifted tensor needs it: ``red`` is guarded on every path and cannot be evaluated at
+        every point of its domain. None otherwise."""
+        paths = self.paths.get(id(original), [()])
+        if not all(paths):
+            return None
+        inner = [a for r, _, _ in reductions_in(red) for a in r.axes]
+        if speculatable(red, self._hulls(list(free_vars(red)) + inner)):
+            return None
+
+        def condition(cid, value):
+            c = self.visit(self.conds[cid])
+            return c if value else dsl.logical_not(c)
+        return dsl.any(*[dsl.all(*[condition(cid, value) for cid, value in path]) for path in paths])
+
+    def _lift(self, original: Expr, red: Expr, suffix: str) -> Expr:
         op: ComputeOp = self.tensor.op
+        guard = self._guard(original, red) if isinstance(red, Reduce) else None
+        if guard is not None:  # the guard filters the reduction (its value there is never read)
+            red = Reduce(red.combiner, red.body, red.axes,
+                         guard if red.where is None else dsl.all(guard, red.where))
         used = free_vars(red)
         dims, shape, index = [], [], []
         for d, ax in enumerate(op.axes):

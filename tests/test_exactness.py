@@ -316,3 +316,19 @@ def test_verifier_names_the_stage_and_the_problem():
     tg.verify(good)
     for t in tg.gradient(good, [X]) + tg.gradient(good, [X], simplify=False):
         tg.verify(t)
+
+
+def test_a_reduction_under_a_guard_is_never_evaluated_where_the_guard_is_false():
+    """Lifting ``sum(...)`` out of ``if_then_else(j <= 2, exp(sum(X[2 - j, k])), 0)`` into a
+    tensor of its own keeps ``j <= 2`` as its filter: the tensor never reads ``X[-1, k]``
+    (an out-of-bounds error when differentiating, a wild read in the kernel), and the
+    gradient is exact in every stage."""
+    X = tg.placeholder((3, 5), name="X", dtype="float64")
+    ids = tg.placeholder((4,), name="ids", dtype="int64")
+    k = tg.reduce_axis((0, 5), "k")
+    Y = tg.compute((4,), lambda j: tg.if_then_else(j <= 2, tg.exp(tg.sum(X[2 - j, k], axis=k)), 0.0), name="Y")
+    three_witnesses(Y, X)
+    # the same through a data-dependent read: ids[3] = -1 is never used
+    Z = tg.compute((4,), lambda j: tg.if_then_else(j <= 2, tg.sqrt(1.0 + tg.sum(X[ids[j], k] * X[ids[j], k], axis=k)),
+                                                   0.0), name="Z")
+    three_witnesses(Z, X, {ids: np.array([2, 0, 1, -1])})

@@ -140,6 +140,21 @@ STAGES = [S0]
 INPUTS = [X0]
 IDS = {}
 """,
+    # a reduction under a guard, lifted into a tensor of its own: the tensor keeps the guard
+    # as a filter, or it reads S0[..., -1] (a data-dependent read) where the guard is false
+    "guarded_reduction_lifted": """
+C = lambda value: tg.const(value, DT)
+X0 = tg.placeholder((), dtype=DT, name='X0')
+X1 = tg.placeholder((1,), dtype=DT, name='X1')
+I0 = tg.placeholder((1,), dtype='int64', name='I0')
+S0 = tg.compute((4, 1, 3), lambda i0, i1, i2: tg.cast(DT, tg.if_then_else(((X1[((i0 + -2)) % 1] + X0[()]) + tg.exp(tg.tanh(X1[(i0) % 1]))) > (X0[()] / (X1[i1] * X1[i1] + 0.5)), tg.if_then_else((X0[()] + X0[()]) > 0.0, tg.sqrt((X0[()] + X0[()])), 3.0 * (X0[()] + X0[()])), X1[(i2) % 1])), name='S0')
+S1 = tg.compute((4, 4, 3), lambda i0, i1, i2: tg.cast(DT, X0[()]), name='S1')
+S2 = tg.compute((3, 1, 3), lambda i0, i1, i2: tg.cast(DT, (tg.if_then_else(X1[(i0) % 1] > S0[I0[((i2 + 1)) % 1], (i0 // 4), (2 - i2)], tg.if_then_else(tg.all(i2 + 0 >= 0, i2 + 0 < 4), S0[i2 + 0, ((2 - i0)) % 1, (i0 // 2)], C(0.5)), (X0[()] + X0[()])) + X0[()])), name='S2')
+OUT = S2
+STAGES = [S0, S1, S2]
+INPUTS = [X0, X1]
+IDS = {I0: 1}
+""",
 }
 
 

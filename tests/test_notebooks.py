@@ -42,8 +42,14 @@ def kernel_env(tmp_path_factory):
     return str(root)
 
 
+#: optional modules a notebook cannot run without (the others skip their optional parts themselves)
+NEEDS = {"05_training.ipynb": ["sklearn"]}
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
 def test_executes_without_error(path, kernel_env, monkeypatch):
+    for module in NEEDS.get(path.name, []):
+        pytest.importorskip(module, reason=f"{path.name} needs {module} (pip install -e '.[examples]')")
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
