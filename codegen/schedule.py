@@ -157,12 +157,23 @@ def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
     # scattered store costs a little more than a gather.
     store_weight = 1.25 if not red_axes else 0.125
 
+    def stride(v):
+        """The largest memory step of ``v`` over the reads and the store, in elements."""
+        step, out = _max_stride(v, reads), 1
+        for ix, n in reversed(list(zip(store, shape))):
+            c = coefficient(ix, v)
+            step = max(step, out if c is None else abs(c) * out)
+            out *= n
+        return step
+
     def score(v):
         cost = store_weight * _lane_cost(store, v) + sum(_lane_cost(acc, v) for acc in accesses)
         n = extents.get(id(v), 0)
         if id(v) in extents and n < 8:
             cost += SHORT_LOOP_COST
-        return (-cost, n)
+        # between equal costs, the smaller largest stride: lanes a page or more apart
+        # (a batch axis) share cache sets and miss the TLB one by one
+        return (-cost, -stride(v), n)
 
     needed = {d for v in every for d in deps[id(v)]}
     candidates = [v for v in every if id(v) not in needed]
