@@ -105,3 +105,17 @@ def test_a_narrow_piece_puts_its_lanes_on_a_longer_axis():
     whole, _ = loop_order(y.op.axes, y.shape, red.axes, accesses, (n, f, h, v))
     edge, _ = loop_order(y.op.axes, y.shape, red.axes, accesses, (n, f, h, v), piece=(1, 16, 14, 1))
     assert whole[-1] is v and edge[-1] is not v
+
+
+def test_between_equal_costs_lanes_take_the_smaller_stride():
+    """A padded convolution's edge column at batch 32: lanes along the batch would gather
+    from X[n, ...] and scatter into Y[n, ...] 128 KB apart (71 ms instead of 11 ms for the
+    whole forward); along the filters they step W by 288 and Y by 1024 elements."""
+    x, w = tg.placeholder((32, 32, 32, 32), name="X"), tg.placeholder((32, 32, 3, 3), name="W")
+    y = tg.nn.conv2d(x, w, padding=1)
+    red = y.op.body
+    reads = tg.graph.reads_in(red)
+    n, f, h, v = y.op.axes
+    edge, _ = loop_order(y.op.axes, y.shape, red.axes, [r.indices for r in reads], (n, f, h, v),
+                         reads=reads, piece=(32, 32, 1, 1))
+    assert edge[-1] is f
