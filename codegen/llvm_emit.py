@@ -26,24 +26,57 @@ from te_grad import dtypes
 from te_grad.errors import InternalError
 from te_grad.ops import identity_of
 from te_grad.graph import free_vars, reads_in
-from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Select, Tensor, Unary, Var)
+from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, Select, Tensor, Unary, Var)
 
 from te_grad.intervals import interval, speculatable
 from .llvm_blocks import RegisterBlockEmitter
 from .llvm_types import FCMP, I1, I8, I32, I64, MEMORY, SCALAR, SIZE, lowering, strides, vectorizable
-from .loopir import If, Loop, RegisterBlock, Scan, Stage, Store, TransposeBlock, stmt_reads
+from .loopir import If, Loop, RegisterBlock, Scan, Stage, Store, TransposeBlock, stmt_exprs, stmt_reads, stmt_stores
 from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
 _VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
+
+def _keeps_a_max(s: Store) -> bool:
+    """True if ``s`` stores a float max or min reduction's value: accumulated, or stored
+    directly when the reduction has a single term (a winner test compares with it)."""
+    body = getattr(s.tensor.op, "body", None)
+    return dtypes.is_float(s.tensor.dtype) and (
+        s.combine in ("max", "min") or isinstance(body, Reduce) and body.combiner in ("max", "min"))
+
+
+def _float_equalities(stage: Stage):
+    """The float ``==`` / ``!=`` tests in ``stage``."""
+    pending = list(stmt_exprs(stage.body))
+    while pending:
+        e = pending.pop()
+        if isinstance(e, Compare) and e.op in ("eq", "ne") and dtypes.is_float(e.a.dtype):
+            yield e
+        pending.extend(e.children())
+
+
+def compared_tensors(stages: Sequence[Stage]) -> set:
+    """Ids of the tensors read in the operands of a float equality test of any stage: a
+    max's winner test compares the body, recomputed, with the stored maximum, so a tensor
+    read there must be computed exactly as written (a single-term max is folded into a
+    plain tensor by then, and nothing else says what it was)."""
+    return {id(r.tensor) for s in stages for e in _float_equalities(s) for r in reads_in(e)}
+
+
+def _tests_float_equality(stage: Stage) -> bool:
+    """True if ``stage`` compares floats for (in)equality or stores a float max / min."""
+    return any(_keeps_a_max(s) for s in stmt_stores(stage.body)) or \
+        next(_float_equalities(stage), None) is not None
+
 
 class StageEmitter(RegisterBlockEmitter):
     """Emits one stage as one LLVM function into ``module``."""
 
     def __init__(self, module: ir.Module, stage: Stage, name: str, buffer_index: Dict[int, int],
-                 fast_math: bool = True):
+                 fast_math: bool = True, compared: bool = False):
         self.module = module
         self.stage = stage
         self.fast = fast_math
+        self.compared = compared  # an equality test reads this stage's tensor: store it exactly
         self.buffer_index = buffer_index
         self.tensors = tensors_of(stage)
         args = [ir.PointerType(MEMORY[t.dtype]) for t in self.tensors] + [I64, I64, ir.PointerType(I64)]
@@ -58,6 +91,11 @@ class StageEmitter(RegisterBlockEmitter):
         self.vec = None  # inside a register block: (id of its variable, lane values, width)
         self.transposed = None  # inside a transpose block: (its read, the vector of this row)
         self.exact = 0  # > 0: float arithmetic without contraction (see stored_value)
+        # reciprocal multiplies (LLVM's arcp) only in stages that never test floats for
+        # equality: once LLVM rewrites a division into a multiply by a reciprocal it may share
+        # that form with the same division in an exact context, and a max's winner test
+        # then misses by a last bit (see stored_value)
+        self.reciprocals = fast_math and not compared and not _tests_float_equality(stage)
 
     # -- statements -------------------------------------------------------------------
     def emit(self) -> ir.Function:
@@ -242,7 +280,7 @@ class StageEmitter(RegisterBlockEmitter):
         test: the gradient of a max finds its winners by comparing the body, recomputed in
         another stage, with the stored maximum, and the two must agree to the bit (where a
         multiply-add fuses depends on how LLVM placed the two operations)."""
-        if s.combine in ("max", "min") and dtypes.is_float(s.tensor.dtype):
+        if _keeps_a_max(s) or self.compared:
             self.exact += 1
             try:
                 return self.expr(s.value)
@@ -373,7 +411,7 @@ class StageEmitter(RegisterBlockEmitter):
             if e.op == "mul":
                 return self.b.fmul(a, b, flags=flags)
             if e.op == "div":  # arcp: x / d with d loop-invariant becomes x * (1 / d) (LICM)
-                return self.b.fdiv(a, b, flags=("arcp",) if self.fast and not self.exact else ())
+                return self.b.fdiv(a, b, flags=("arcp",) if self.reciprocals and not self.exact else ())
             if e.op == "pow":
                 return self.call_intrinsic("llvm.pow", dt, [a, b])
             return self.call_intrinsic("llvm.maximum" if e.op == "max" else "llvm.minimum", dt, [a, b])
@@ -555,9 +593,10 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
     """
     module = ir.Module(name="te_grad")
     functions = []
+    compared = compared_tensors(stages)
     for n, s in enumerate(stages):
         name = f"{prefix}stage{n}_{s.tensor.name}"
-        fn = StageEmitter(module, s, name, buffer_index, fast_math).emit()
+        fn = StageEmitter(module, s, name, buffer_index, fast_math, id(s.tensor) in compared).emit()
         fn.attributes.add("noinline")  # called from run_stages too: one copy of the code
         if internal:
             fn.linkage = "internal"

@@ -150,24 +150,42 @@ class Stage:
     work: Optional[int] = None
 
 
-def stmt_reads(stmts: Sequence[Stmt]):
-    """Every read in ``stmts`` (loop bounds, guards, indices and values), in program order."""
+def stmt_exprs(stmts: Sequence[Stmt]):
+    """Every expression in ``stmts`` (loop bounds, guards, indices and values), in program order."""
     for s in stmts:
         if isinstance(s, Loop):
             exprs = [s.lo, s.hi]
         elif isinstance(s, If):
             exprs = [s.cond]
         elif isinstance(s, (RegisterBlock, TransposeBlock)):
-            yield from stmt_reads(s.plain())
+            yield from stmt_exprs(s.plain())
             continue
         elif isinstance(s, Scan):
             exprs = [s.lo, s.hi, s.store.value] + list(s.store.indices) + ([s.cond] if s.cond is not None else [])
         else:
             exprs = list(s.indices) + [s.value]
-        for e in exprs:
-            yield from reads_in(e)
+        yield from exprs
         if isinstance(s, (Loop, If)):
-            yield from stmt_reads(s.body)
+            yield from stmt_exprs(s.body)
+
+
+def stmt_reads(stmts: Sequence[Stmt]):
+    """Every read in ``stmts`` (loop bounds, guards, indices and values), in program order."""
+    for e in stmt_exprs(stmts):
+        yield from reads_in(e)
+
+
+def stmt_stores(stmts: Sequence[Stmt]):
+    """Every store in ``stmts`` (a scan's included)."""
+    for s in stmts:
+        if isinstance(s, (RegisterBlock, TransposeBlock)):
+            yield from stmt_stores(s.plain())
+        elif isinstance(s, (Loop, If)):
+            yield from stmt_stores(s.body)
+        elif isinstance(s, Scan):
+            yield s.store
+        else:
+            yield s
 
 
 def nest(order: Sequence[Var], bounds, inner: List[Stmt], parallel: Optional[Var] = None) -> List[Stmt]:

@@ -155,11 +155,25 @@ STAGES = [S0, S1, S2]
 INPUTS = [X0, X1]
 IDS = {I0: 1}
 """,
+    # a min over a single term, folded by the simplifier into a plain tensor: the kernel
+    # stored it with a reciprocal multiply while the winner test recomputed the division
+    "single_term_min_compared": """
+# a random te_grad program (te_grad.fuzz); DT is the float dtype
+C = lambda value: tg.const(value, DT)
+X0 = tg.placeholder((3, 3, 1), dtype=DT, name='X0')
+k0 = tg.reduce_axis((0, 1), name='k0')
+S0 = tg.compute((2,), lambda i0: tg.cast(DT, (C(0.5) * tg.minimum(tg.min((X0[2, ((i0 + -2)) % 3, (i0) % 1] / (X0[k0, k0, k0] * X0[k0, k0, k0] + 0.5)), axis=[k0], where=i0 <= i0), C(0.5)))), name='S0')
+OUT = S0
+STAGES = [S0]
+INPUTS = [X0]
+IDS = {}
+""",
 }
 
 
 @pytest.mark.parametrize("name", sorted(FOUND))
 def test_programs_the_fuzzer_found(name):
-    for seed in (0, 1, 1409, 9786):  # the inputs that showed a fused multiply-add, a last-bit product
+    for seed in (0, 1, 1409, 2059, 9786):  # the inputs that showed a fused multiply-add, a last-bit product,
+        # a reciprocal multiply
         outcome = check(Program(FOUND[name]), seed=seed)
         assert not outcome.failed, f"{outcome.kind}: {outcome.detail}"
