@@ -4,7 +4,8 @@
 new tensor ``Y_sum[i] = sum(X[i, k] for k ...)``. A lifted reduction keeps only
 the variables it uses (a row sum is computed once per row), and a reduction
 nested inside another reduction's body becomes a tensor over the enclosing
-reduce axes it uses, which must have constant bounds.
+reduce axes it uses: over their bounds, or the hull of their bounds where these
+vary (filtered back to them where the reduction cannot be evaluated on the hull).
 
 With ``max_depth``, sub-expressions are lifted the same way so that no piece is
 deeper than that: the adjoint of a read at the bottom of a chain of ``n``
@@ -132,6 +133,11 @@ class _Lifter(Mutator):
         if guard is not None:  # the guard filters the reduction (its value there is never read)
             red = Reduce(red.combiner, red.body, red.axes,
                          guard if red.where is None else dsl.all(guard, red.where))
+        if isinstance(red, Reduce):
+            bounds = self._bounds_to_keep(red)
+            if bounds:  # enclosing axes with varying bounds: filtered to their own range
+                red = Reduce(red.combiner, red.body, red.axes,
+                             dsl.all(*bounds) if red.where is None else dsl.all(*bounds, red.where))
         used = free_vars(red)
         dims, shape, index = [], [], []
         for d, ax in enumerate(op.axes):
@@ -158,18 +164,29 @@ class _Lifter(Mutator):
         return Read(lifted, tuple(dsl.cast("int64", i) for i in index))
 
 
+    def _bounds_to_keep(self, red: Reduce) -> List[Expr]:
+        """``lo <= v < hi`` for each enclosing reduce axis ``v`` of ``red`` whose bounds vary,
+        when ``red`` cannot be evaluated on the whole hull of ``v``'s values (the lifted
+        tensor spans the hull: see :meth:`_span`)."""
+        varying = [v for v in free_vars(red) if isinstance(v, ReduceAxis)
+                   and not (isinstance(v.lo, Const) and isinstance(v.hi, Const))]
+        if not varying:
+            return []
+        inner = [a for r, _, _ in reductions_in(red) for a in r.axes]
+        if speculatable(red, self._hulls(list(free_vars(red)) + inner)):
+            return []
+        return [c for v in varying for c in (v >= v.lo, v < v.hi)]
+
     def _span(self, v: ReduceAxis, red: Expr) -> Tuple[int, int]:
         """``[lo, hi)`` covering every value of enclosing reduce axis ``v``: its bounds when
-        constant, else their hull over the domain, provided ``red`` can be evaluated on all
-        of it (the lifted tensor is computed there, also where ``v``'s bounds exclude)."""
+        constant, else their hull over the domain (where ``red`` cannot be evaluated on all
+        of it, :meth:`_bounds_to_keep` has filtered it to ``v``'s own bounds)."""
         if isinstance(v.lo, Const) and isinstance(v.hi, Const):
             return v.lo.value, v.hi.value
-        ranges = self._hulls([v] + list(free_vars(red)) + [a for r, _, _ in reductions_in(red) for a in r.axes])
-        span = ranges.get(id(v))
-        if span is None or not speculatable(red, ranges):
+        span = self._hulls([v] + list(free_vars(red))).get(id(v))
+        if span is None:
             raise UserError(f"cannot differentiate {self.tensor.name}: the reduction {red} is nested "
-                            f"in a reduction over {v.name}, whose bounds vary and whose hull it cannot "
-                            f"be evaluated on")
+                            f"in a reduction over {v.name}, whose bounds have no known range")
         return span[0], span[1] + 1
 
     def _hulls(self, variables) -> dict:

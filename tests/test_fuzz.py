@@ -157,6 +157,25 @@ IDS = {I0: 1}
 """,
     # a min over a single term, folded by the simplifier into a plain tensor: the kernel
     # stored it with a reciprocal multiply while the winner test recomputed the division
+    # a product nested in one over k1 (where=i0 <= k1: varying bounds) that reads S2 at
+    # k1 - 1 under its own guard: lifted over k1's hull, it keeps k1's bounds as its filter
+    "nested_in_varying_bounds_guarded": """
+# a random te_grad program (te_grad.fuzz); DT is the float dtype
+C = lambda value: tg.const(value, DT)
+X0 = tg.placeholder((1, 1), dtype=DT, name='X0')
+S0 = tg.compute((), lambda : tg.cast(DT, (X0[0, 0] / (X0[0, 0] * X0[0, 0] + 0.5))), name='S0')
+S1 = tg.compute((4, 4, 2), lambda i0, i1, i2: tg.cast(DT, tg.atan2(tg.if_then_else(((X0[((i1 + -2)) % 1, (i0) % 1] + S0[()]) + (X0[((i1 + -2)) % 1, ((i0 + -2)) % 1] / (X0[(((2 * i0 + 1 * i1 + 0) % 2)) % 1, (i1) % 1] * X0[(((2 * i0 + 1 * i1 + 0) % 2)) % 1, (i1) % 1] + 0.5))) > X0[((2 * i0 + 1)) % 1, 0], tg.exp(tg.tanh(tg.if_then_else((i2 % 2) == 1, X0[(i0) % 1, (((2 * i0 + 2 * i0 + 1) % 3)) % 1], S0[()]))), (C(0.25) * S0[()])), X0[((0 - i0)) % 1, ((i1 + -1)) % 1] * X0[((0 - i0)) % 1, ((i1 + -1)) % 1] + 0.3)), name='S1')
+k0 = tg.reduce_axis((1, 2), name='k0')
+S2 = tg.compute((2, 1, 2), lambda i0, i1, i2: tg.cast(DT, tg.exp(tg.tanh(tg.prod(tg.tanh(X0[(i0) % 1, (k0) % 1]) * 0.5 + 1.0, axis=[k0], where=tg.if_then_else(tg.all(i1 + -1 >= 0, i1 + -1 < 1), X0[i1 + -1, (k0 // 4)], C(-0.75)) > S1[(i1 // 2), i1, k0])))), name='S2')
+k1 = tg.reduce_axis((0, 2), name='k1')
+k2 = tg.reduce_axis((1, 3), name='k2')
+k3 = tg.reduce_axis((0, 0), name='k3')
+S3 = tg.compute((2,), lambda i0: tg.cast(DT, tg.prod(tg.tanh(tg.if_then_else(i0 <= i0, tg.pow(tg.if_then_else((i0 % 2) == 0, S2[0, ((2 * k1 + 2)) % 1, ((i0 + -2)) % 2], S0[()]) * tg.if_then_else((i0 % 2) == 0, S2[0, ((2 * k1 + 2)) % 1, ((i0 + -2)) % 2], S0[()]) + 0.5, 2.0), tg.if_then_else(tg.pow(S0[()] * S0[()] + 0.5, 1.5) > tg.prod(tg.tanh(tg.if_then_else(tg.all(k1 + -1 >= 0, k1 + -1 < 1), S2[((0 - k1)) % 2, k1 + -1, ((k1 + -2)) % 2], C(-0.75))) * 0.5 + 1.0, axis=[k2, k3]), tg.sqrt(X0[((2 - k1)) % 1, ((i0 + -2)) % 1] * X0[((2 - k1)) % 1, ((i0 + -2)) % 1] + 0.25), tg.exp(tg.tanh(X0[((k1 + -2)) % 1, (k1) % 1]))))) * 0.5 + 1.0, axis=[k1], where=i0 <= k1)), name='S3')
+OUT = S3
+STAGES = [S0, S1, S2, S3]
+INPUTS = [X0]
+IDS = {}
+""",
     "single_term_min_compared": """
 # a random te_grad program (te_grad.fuzz); DT is the float dtype
 C = lambda value: tg.const(value, DT)
