@@ -1,7 +1,7 @@
 """Compile te_grad graphs to native code: scheduling, LLVM lowering, JIT.
 
 :func:`build` simplifies the graph (isl), schedules each tensor as loop nests
-(:mod:`.schedule`), lowers them to one LLVM module (:mod:`.llvm_emit`),
+(:mod:`.schedule`), lowers them to one LLVM module (:mod:`.llvm_module`, a function per stage by :mod:`.llvm_emit`),
 optimizes and JIT-compiles it for the host CPU (:mod:`.jit`), and wraps it as
 a callable :class:`~codegen.kernel.Kernel`.
 """
@@ -18,7 +18,8 @@ from te_grad.ir import Tensor
 from . import disk_cache
 from .jit import cached_module, compile_module
 from .kernel import CompiledStage, Kernel, default_threads
-from .llvm_emit import RUN_REGION, RUN_STAGES, emit_module, tensors_of
+from .llvm_module import RUN_REGION, RUN_STAGES, emit_module
+from .loopir import tensors_of
 from .regions import regions
 from .schedule import stages_for
 

@@ -38,7 +38,7 @@ from te_grad.ir import Tensor
 
 from .llvm import binding as llvm
 from .llvm import ir
-from .llvm_emit import RUN_STAGES, emit_module
+from .llvm_module import RUN_STAGES, emit_module
 from .llvm_types import I8, I32, I64, MEMORY
 
 #: portable defaults of the named targets: (LLVM triple, CPU, features, C compiler)

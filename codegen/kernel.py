@@ -14,7 +14,7 @@ from te_grad.errors import InternalError, UserError
 from te_grad.evaluator import check_feed
 from te_grad.ir import Tensor
 
-from .llvm_emit import RUN_REGION, RUN_STAGES
+from .llvm_module import RUN_REGION, RUN_STAGES
 from .regions import row_blocks
 from .loopir import Stage, program_text
 

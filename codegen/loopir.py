@@ -175,6 +175,14 @@ def stmt_reads(stmts: Sequence[Stmt]):
         yield from reads_in(e)
 
 
+def tensors_of(stage: Stage) -> List[Tensor]:
+    """The buffers a stage touches: its output first, then what it reads, in order."""
+    seen = {id(stage.tensor): stage.tensor}
+    for r in stmt_reads(stage.body):
+        seen.setdefault(id(r.tensor), r.tensor)
+    return list(seen.values())
+
+
 def stmt_stores(stmts: Sequence[Stmt]):
     """Every store in ``stmts`` (a scan's included)."""
     for s in stmts:

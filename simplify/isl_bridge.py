@@ -20,6 +20,20 @@ from te_grad.errors import InternalError
 from te_grad.ir import Expr, ReduceAxis, Var
 
 
+#: isl's error, raised by the methods of the sets and maps this module hands out
+IslError = isl.Error
+
+
+def parse_map(text: str):
+    """The isl map written as ``text`` (isl syntax)."""
+    return isl.Map(text)
+
+
+def empty_set(space):
+    """The empty isl set in ``space``."""
+    return isl.Set.empty(space)
+
+
 class Unsupported(Exception):
     """isl produced a loop form this bridge does not translate (callers fall back)."""
 

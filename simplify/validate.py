@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-import islpy as isl
-
 from te_grad.errors import InternalError
 
 from .affine import isl_cond, isl_expr
+from .isl_bridge import IslError, empty_set, parse_map
 
 
 def _nest_text(domain, nest, k: int):
@@ -75,7 +74,7 @@ def check_nests(domain, nests) -> Optional[str]:
             text, why = _nest_text(domain, nest, k)
             if text is None:
                 return f"cannot be decided: {why}"
-            relation = isl.Map(text).intersect_params(domain.context)
+            relation = parse_map(text).intersect_params(domain.context)
             if not relation.is_injective():
                 return f"nest {k} visits some point more than once"
             image = relation.range()
@@ -83,7 +82,7 @@ def check_nests(domain, nests) -> Optional[str]:
                 if not image.is_disjoint(other):
                     return f"nests {j} and {k} both visit some point"
             images.append(image)
-        covered = images[0] if images else isl.Set.empty(domain.set.get_space())
+        covered = images[0] if images else empty_set(domain.set.get_space())
         for image in images[1:]:
             covered = covered.union(image)
         if not covered.is_equal(domain.set):
@@ -91,7 +90,7 @@ def check_nests(domain, nests) -> Optional[str]:
             if not missing.is_empty():
                 return f"the loops miss points of the domain, e.g. {_point(missing)}"
             return f"the loops visit points outside the domain, e.g. {_point(covered.subtract(domain.set))}"
-    except isl.Error as err:
+    except IslError as err:
         raise InternalError(f"isl failed while validating a scan: {err}") from None
     return None
 
@@ -99,5 +98,5 @@ def check_nests(domain, nests) -> Optional[str]:
 def _point(s) -> str:
     try:
         return str(s.sample_point())
-    except isl.Error:
+    except IslError:
         return str(s)
