@@ -118,8 +118,7 @@ class _Lifter(Mutator):
         paths = self.paths.get(id(original), [()])
         if not all(paths):
             return None
-        inner = [a for r, _, _ in reductions_in(red) for a in r.axes]
-        if speculatable(red, self._hulls(list(free_vars(red)) + inner)):
+        if self._evaluable_everywhere(red):
             return None
 
         def condition(cid, value):
@@ -172,10 +171,15 @@ class _Lifter(Mutator):
                    and not (isinstance(v.lo, Const) and isinstance(v.hi, Const))]
         if not varying:
             return []
-        inner = [a for r, _, _ in reductions_in(red) for a in r.axes]
-        if speculatable(red, self._hulls(list(free_vars(red)) + inner)):
+        if self._evaluable_everywhere(red):
             return []
         return [c for v in varying for c in (v >= v.lo, v < v.hi)]
+
+    def _evaluable_everywhere(self, red: Expr) -> bool:
+        """True if ``red`` can be evaluated at every point of the domain its lifted tensor
+        spans (reads provably in bounds, no division by a variable)."""
+        inner = [a for r, _, _ in reductions_in(red) for a in r.axes]
+        return speculatable(red, self._hulls(list(free_vars(red)) + inner))
 
     def _span(self, v: ReduceAxis, red: Expr) -> Tuple[int, int]:
         """``[lo, hi)`` covering every value of enclosing reduce axis ``v``: its bounds when
