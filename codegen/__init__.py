@@ -20,6 +20,7 @@ from .jit import cached_module, compile_module
 from .kernel import CompiledStage, Kernel, default_threads
 from .llvm_module import RUN_REGION, RUN_STAGES, emit_module
 from .loopir import tensors_of
+from .machine import Machine, host_machine
 from .regions import regions
 from .schedule import stages_for
 
@@ -27,12 +28,15 @@ __all__ = ["build", "Kernel"]
 
 
 def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *, fast_math: bool = True,
-          threads: int = None) -> Kernel:
+          threads: int = None, machine: Machine = None) -> Kernel:
     """Compile ``outputs`` as functions of the placeholders ``inputs`` into one kernel.
 
     ``fast_math`` lets reductions reassociate (so they vectorize) and products
     and sums contract into fused multiply-adds. ``threads`` defaults to the
-    CPUs available (or ``TE_GRAD_NUM_THREADS``).
+    CPUs available (or ``TE_GRAD_NUM_THREADS``). ``machine`` (a
+    :class:`codegen.machine.Machine`: vector width and registers, cache sizes)
+    is what the loops are sized for; by default this machine's own
+    (:func:`codegen.machine.host_machine`).
     """
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     inputs = list(inputs)
@@ -48,11 +52,12 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     if needed:
         raise UserError(f"tg.build: the outputs need placeholder(s) {', '.join(t.name for t in needed)} "
                         "that are not among the inputs")
-    cached = _cached_build(outs, inputs, fast_math, threads)
+    machine = machine if machine is not None else host_machine()
+    cached = _cached_build(outs, inputs, fast_math, threads, machine)
     if cached is not None:
         return cached
     simplified = simplify(outs)
-    stages = stages_for(simplified)
+    stages = stages_for(simplified, machine)
     buffers = list(inputs)
     index = {id(t): n for n, t in enumerate(buffers)}
     for s in stages:
@@ -71,16 +76,16 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     kernel = Kernel(simplified, inputs, buffers, compiled_stages, regions(stages), compiled,
                     threads if threads is not None else default_threads())
     kernel.fast_math = fast_math  # what Kernel.export re-emits the stages with
-    _remember_build(outs, inputs, fast_math, kernel, text)
+    _remember_build(outs, inputs, fast_math, machine, kernel, text)
     return kernel
 
 
-def _build_key(outs, inputs, fast_math) -> str:
+def _build_key(outs, inputs, fast_math, machine) -> str:
     from te_grad.fingerprint import fingerprint
-    return disk_cache.key(fingerprint(outs, inputs, extra=f"fast_math={fast_math}"))
+    return disk_cache.key(fingerprint(outs, inputs, extra=f"fast_math={fast_math};{machine!r}"))
 
 
-def _remember_build(outs, inputs, fast_math, kernel, text):
+def _remember_build(outs, inputs, fast_math, machine, kernel, text):
     """Store the build in the disk cache (graphs too deep to pickle are skipped)."""
     from te_grad.deep import graph_depth
     if not disk_cache.enabled() or graph_depth(kernel.outputs) > 150:  # pickle recurses
@@ -88,14 +93,14 @@ def _remember_build(outs, inputs, fast_math, kernel, text):
     entry = dict(outputs=kernel.outputs, inputs=kernel.inputs, buffers=kernel.buffers,
                  stages=[(cs.stage, cs.work) for cs in kernel.stages], regions=kernel.regions,
                  module=kernel._compiled.key, text=text)
-    disk_cache.store_pickle("build", _build_key(outs, inputs, fast_math), entry)
+    disk_cache.store_pickle("build", _build_key(outs, inputs, fast_math, machine), entry)
 
 
-def _cached_build(outs, inputs, fast_math, threads):
+def _cached_build(outs, inputs, fast_math, threads, machine):
     """The kernel of an identical earlier build (this process or another), or None."""
     if not disk_cache.enabled():
         return None
-    entry = disk_cache.load_pickle("build", _build_key(outs, inputs, fast_math))
+    entry = disk_cache.load_pickle("build", _build_key(outs, inputs, fast_math, machine))
     if entry is None:
         return None
     compiled = cached_module(entry["module"], [RUN_STAGES, RUN_REGION], entry["text"])

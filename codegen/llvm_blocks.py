@@ -76,8 +76,8 @@ class RegisterBlockEmitter:
                                          None))
         for start, keep_from in tail:
             one_block(ir.Constant(I64, start), keep_from)
-        for var, _, _ in blk.jams:
-            self.env.pop(id(var), None)
+        for j in blk.jams:
+            self.env.pop(id(j.var), None)
 
     def reduction_lanes(self, blk: RegisterBlock, width: int, starts, accs, iota):
         """Lanes along a reduce axis: vectors accumulate across every loop, lanes combine at the end."""
@@ -106,17 +106,17 @@ class RegisterBlockEmitter:
         self.env.pop(id(blk.var), None)
         for j, acc in enumerate(accs):
             self.bind_jam(blk, j)
-            total = self.horizontal(st.combine, dt, self.b.load(acc), width)
+            total = self.horizontal(st.combine, dt, self.b.load(acc), width, blk.vector_bits)
             ptr = self.address(st.tensor, [self.expr(i) for i in st.indices])
             self.store_scalar(st.tensor, self.combine(st.combine, dt, self.load_scalar(st.tensor, ptr), total), ptr)
-        for var, _, _ in blk.jams:
-            self.env.pop(id(var), None)
+        for j in blk.jams:
+            self.env.pop(id(j.var), None)
 
-    def horizontal(self, op: str, dt: str, vec, width: int):
+    def horizontal(self, op: str, dt: str, vec, width: int, register_bits: int):
         """The lanes of ``vec`` combined into one value, in whole vectors: register-sized
         pieces first, then halves (extracting every lane one by one makes LLVM split the
         accumulator into scalars inside the loop)."""
-        reg = min(width, 8 if dt == "float32" else 4)
+        reg = min(width, register_bits // (8 * SIZE[dt]))
 
         def part(v, first, n):
             return self.b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
@@ -133,9 +133,9 @@ class RegisterBlockEmitter:
         return self.b.extract_element(acc, ir.Constant(I32, 0))
 
     def bind_jam(self, blk: RegisterBlock, copy: int):
-        for var, outer, f, offset in blk.jam_values(copy):
-            self.env[id(var)] = self.b.add(self.b.mul(self.env[id(outer)], ir.Constant(I64, f)),
-                                           ir.Constant(I64, offset))
+        for j, offset in blk.jam_values(copy):
+            self.env[id(j.var)] = self.b.add(self.b.mul(self.env[id(j.outer)], ir.Constant(I64, j.factor)),
+                                             ir.Constant(I64, j.base + offset))
 
     def block_loops(self, blk: RegisterBlock, k: int, st: Store, accs, lanes_of):
         """The block's loops; innermost, ``lanes_of(accumulate)`` calls ``accumulate(lanes, mask)``
@@ -189,11 +189,11 @@ class RegisterBlockEmitter:
         if any(not vectorizable(p, dt) for p in parts):
             return None
         ranges = dict(self.ranges)
-        for var, outer_var, f in blk.jams:
-            outer = ranges.get(id(outer_var))
+        for j in blk.jams:
+            outer = ranges.get(id(j.outer))
             if outer is None:
                 return None
-            ranges[id(var)] = (outer[0] * f, outer[1] * f + f - 1)
+            ranges[id(j.var)] = j.var_range(outer)
         for lp in blk.loops:
             lo_iv, hi_iv = interval(lp.lo, ranges), interval(lp.hi, ranges)
             if lo_iv is None or hi_iv is None:
@@ -203,15 +203,17 @@ class RegisterBlockEmitter:
         ranges[id(blk.var)] = (lo, hi - 1)
         if not all(speculatable(p, ranges) for p in parts):
             return None
-        lanes = 8 if dt == "float32" else 4  # one AVX2 register
+        lanes = blk.vector_bits // (8 * SIZE[dt])  # one vector register
         n = hi - lo
-        if n < lanes:
+        budget = max(1, blk.accumulators // blk.jam)  # accumulator registers for each jammed copy
+        # a power-of-two number of lanes (LLVM splits other vector lengths into scalars across
+        # loops), from 256 bits (a row shorter than one wide register still gets vectors) up to
+        # ``budget`` of the block's registers; among them the widest computing at most 1/8 more
+        # lanes than the row has, else the one computing the fewest
+        least = min(lanes, 256 // (8 * SIZE[dt]))
+        widths = [w for w in (least << k for k in range(8)) if w <= min(budget, 8) * lanes and w <= n]
+        if not widths:
             return None
-        budget = max(1, 12 // blk.jam)  # accumulator registers for each jammed copy
-        # a power-of-two number of registers (LLVM splits other vector lengths into scalars
-        # across loops): the widest computing at most 1/8 more lanes than the row has, else
-        # the one computing the fewest
-        widths = [lanes * m for m in (1, 2, 4, 8) if m <= budget and lanes * m <= n]
 
         def computed(w):
             return -(-n // w) * w

@@ -8,7 +8,7 @@ from typing import Dict, Sequence
 from .llvm import ir
 from .llvm_emit import StageEmitter, compared_tensors
 from .llvm_types import I8, I32, I64
-from .loopir import Stage, tensors_of
+from .loopir import Stage, register_blocks, tensors_of
 
 
 #: the function running stages ``[first, last)`` one after the other on the calling thread
@@ -37,6 +37,9 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
         name = f"{prefix}stage{n}_{s.tensor.name}"
         fn = StageEmitter(module, s, name, buffer_index, fast_math, id(s.tensor) in compared).emit()
         fn.attributes.add("noinline")  # called from run_stages too: one copy of the code
+        widest = max((blk.vector_bits for blk in register_blocks(s.body)), default=0)
+        if widest > 256:
+            _allow_vectors_of(fn, widest)
         if internal:
             fn.linkage = "internal"
         functions.append(fn)
@@ -45,6 +48,14 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
     if internal:  # an exported kernel runs its regions whole
         region.linkage = "internal"
     return str(module)
+
+
+def _allow_vectors_of(fn: ir.Function, bits: int):
+    """Let LLVM keep ``fn``'s vectors of ``bits`` whole. On CPUs where it prefers 256-bit
+    vectors (AVX-512 Xeons) it splits wider ones unless the function sets the string
+    attribute ``"min-legal-vector-width"``; llvmlite's attribute set checks names against
+    the enumerated attributes only, so this one is added to the set as written."""
+    set.add(fn.attributes, f'"min-legal-vector-width"="{bits}"')
 
 
 def _emit_run_stages(module: ir.Module, stages: Sequence[Stage], functions, buffer_index: Dict[int, int],

@@ -64,28 +64,31 @@ class RegisterBlock:
     loops: List[Loop]  # bodies unused: only (var, lo, hi), outer first
     cond: Optional[Expr]
     store: "Store"
-    #: unroll-and-jam: the block also covers ``factor`` consecutive values of each output
-    #: variable ``var`` of ``(var, outer, factor)``, whose enclosing loop runs over
-    #: ``outer`` (= var // factor); the first varies slowest among the copies
-    jams: Tuple[Tuple[Var, Var, int], ...] = ()
+    #: unroll-and-jam (see :class:`Jam`): the block also covers ``factor`` consecutive
+    #: values of each jammed output variable; the first varies slowest among the copies
+    jams: Tuple["Jam", ...] = ()
     #: the lanes run along a reduce axis: the vector accumulates over all the loops and
     #: its lanes are combined once at the end
     reduce_lanes: bool = False
+    #: bits of one vector register (the emitter uses 1, 2, 4 or 8 registers per copy)
+    vector_bits: int = 256
+    #: vector registers the accumulators of all the jammed copies may take together
+    accumulators: int = 12
 
     @property
     def jam(self) -> int:
         """How many jammed copies the block computes."""
         n = 1
-        for _, _, f in self.jams:
-            n *= f
+        for j in self.jams:
+            n *= j.factor
         return n
 
-    def jam_values(self, copy: int):
-        """``[(var, outer, offset)]``: copy ``copy`` computes ``var = outer * factor + offset``."""
+    def jam_values(self, copy: int) -> List[Tuple["Jam", int]]:
+        """``[(jam, offset)]``: copy ``copy`` computes ``jam.var = jam.first + offset``."""
         out = []
-        for var, outer, f in reversed(self.jams):
-            out.append((var, outer, f, copy % f))
-            copy //= f
+        for j in reversed(self.jams):
+            out.append((j, copy % j.factor))
+            copy //= j.factor
         return list(reversed(out))
 
     def plain(self) -> List["Stmt"]:
@@ -93,9 +96,28 @@ class RegisterBlock:
         body: List["Stmt"] = [Loop(self.var, self.lo, self.hi, inner)]
         for lp in reversed(self.loops):
             body = [Loop(lp.var, lp.lo, lp.hi, body)]
-        for var, outer, f in reversed(self.jams):
-            body = [Loop(var, outer * f, outer * f + f, body)]
+        for j in reversed(self.jams):
+            body = [Loop(j.var, j.first, j.first + j.factor, body)]
         return body
+
+
+@dataclass(frozen=True)
+class Jam:
+    """An output variable ``var`` unrolled by ``factor`` and jammed into a register block:
+    the loop around the block runs over ``outer`` in ``[0, n / factor)`` and the block
+    computes ``var = base + outer * factor + offset`` for each ``offset < factor``."""
+    var: Var
+    outer: Var
+    factor: int
+    base: int = 0
+
+    @property
+    def first(self) -> Expr:
+        return self.outer * self.factor + self.base if self.base else self.outer * self.factor
+
+    def var_range(self, outer_range: Tuple[int, int]) -> Tuple[int, int]:
+        """The inclusive range of ``var`` when ``outer`` lies in ``outer_range``."""
+        return (self.base + outer_range[0] * self.factor, self.base + outer_range[1] * self.factor + self.factor - 1)
 
 
 @dataclass
@@ -181,6 +203,15 @@ def tensors_of(stage: Stage) -> List[Tensor]:
     for r in stmt_reads(stage.body):
         seen.setdefault(id(r.tensor), r.tensor)
     return list(seen.values())
+
+
+def register_blocks(stmts: Sequence[Stmt]):
+    """Every register block in ``stmts``."""
+    for s in stmts:
+        if isinstance(s, RegisterBlock):
+            yield s
+        elif isinstance(s, (Loop, If)):
+            yield from register_blocks(s.body)
 
 
 def stmt_stores(stmts: Sequence[Stmt]):

@@ -35,7 +35,10 @@ from te_grad.ir import (Binary, ComputeOp, Const, Expr, PlaceholderOp, Read, Red
                         ScatterOp, Select, Tensor, Var)
 
 from . import congruence
-from .loopir import If, Loop, RegisterBlock, Stage, Store, TransposeBlock, nest
+from .cache_tiling import tile_for_cache
+from .packing import pack_operands
+from .loopir import If, Jam, Loop, RegisterBlock, Stage, Store, TransposeBlock, nest
+from .machine import PORTABLE, Machine, host_machine
 from .scan import scan_nests
 
 
@@ -203,9 +206,11 @@ def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
 # stages
 # ---------------------------------------------------------------------------
 
-def _accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_axes) -> List:
+def _accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_axes,
+                     machine: Machine) -> List:
     """The loops of one reduction term; when the innermost loop runs over an output axis
-    with reduce loops just outside it, those become a :class:`RegisterBlock`."""
+    with reduce loops just outside it, those become a :class:`RegisterBlock`, and the
+    loops around it are tiled for the cache (:mod:`.cache_tiling`)."""
     inner_var = order[-1]
     k = len(order) - 1
     while k > 0 and not any(order[k - 1] is a for a in out_axes):
@@ -217,16 +222,18 @@ def _accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out
     if constant and inner_var is not parallel and (inner_is_output and reduce_suffix or lanes_on_reduction):
         loops = [Loop(v, *bounds[id(v)], []) for v in reduce_suffix]
         block = RegisterBlock(inner_var, *bounds[id(inner_var)], loops, cond, store,
-                              reduce_lanes=not inner_is_output)
+                              reduce_lanes=not inner_is_output,
+                              vector_bits=block_vector_bits(machine, reduce_lanes=not inner_is_output),
+                              accumulators=accumulator_registers(machine))
         outer = list(order[:k])
         bounds = dict(bounds)
         jams = []
         scaled = None
-        for var, factor in _jam_choices(outer, bounds, store, parallel, out_axes):
+        for var, factor in _jam_choices(outer, bounds, store, parallel, out_axes, block.accumulators):
             jam_outer = Var(var.name + "o")
-            jams.append((var, jam_outer, factor))
-            n = int(bounds[id(var)][1].value)
-            bounds[id(jam_outer)] = (dsl.const(0), dsl.const(n // factor))
+            lo, hi = (int(b.value) for b in bounds[id(var)])
+            jams.append(Jam(var, jam_outer, factor, base=lo))
+            bounds[id(jam_outer)] = (dsl.const(0), dsl.const((hi - lo) // factor))
             outer = [jam_outer if v is var else v for v in outer]
             if var is parallel:
                 scaled = (jam_outer, factor)
@@ -238,31 +245,50 @@ def _accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out
                 body = [Loop(v, lo, hi, body, parallel=True, scale=scaled[1])]
             else:
                 body = [Loop(v, lo, hi, body, parallel=v is parallel)]
-        return body
+        return tile_for_cache(body, list(out_axes) + [j.outer for j in jams], machine)
     inner = [If(cond, [store])] if cond is not None else [store]
     return nest(order, bounds, inner, parallel)
 
 
-#: most accumulator vectors of jammed copies, and the fewest blocks a jammed split axis keeps
-MAX_COPIES = 12
+#: the fewest blocks a jammed split axis keeps for the threads
 MIN_SPLIT_BLOCKS = 8
 
 
-def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes) -> List[Tuple[Var, int]]:
+def accumulator_registers(machine: Machine) -> int:
+    """Vector registers a register block's accumulators may take: three quarters of the
+    machine's (12 of AVX2's 16, 24 of AVX-512's 32), the rest for operands."""
+    return machine.vector_registers * 3 // 4
+
+
+def block_vector_bits(machine: Machine, reduce_lanes: bool) -> int:
+    """Bits of the vectors of a register block: the machine's widest, except that lanes
+    along a reduce axis stay at 256 bits. Such a block loads a vector of every operand
+    for each multiply-add, and with 512-bit vectors it is limited by loads from the
+    cache (on an AVX-512 Xeon, a 1024-square ``X @ W.T`` ran at 83-86 GFLOP/s with
+    512-bit vectors against 97 with 256-bit ones; ``X @ W``, which broadcasts one
+    operand, gains from 79 to 131)."""
+    return machine.vector_bits if not reduce_lanes else min(machine.vector_bits, 256)
+
+
+def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes,
+                 max_copies: int) -> List[Tuple[Var, int]]:
     """Output loops to unroll-and-jam into the register block, with their factors.
 
-    Each must run over ``[0, n)`` with ``n`` divisible by its factor, must not bound other
+    Each must have constant bounds ``[lo, hi)`` with ``hi - lo`` divisible by its factor
+    (``lo`` is 0 for the split loop, whose threads take ranges of blocks), must not bound other
     loops, and some read of the body must not depend on it (that read is then shared by
-    the jammed copies). First the innermost such loop that is not split among threads,
-    by 4 or 2; then the split loop itself, by the largest of 4, 3, 2 keeping at most
-    :data:`MAX_COPIES` copies and :data:`MIN_SPLIT_BLOCKS` blocks for the threads."""
+    the jammed copies). First the innermost such loop that is not split among threads
+    and the next such loop out, each by 4, 3 or 2 (a block of ``Q @ K.T`` then
+    shares each row of ``Q`` among columns and each row of ``K`` among rows); then the
+    split loop itself, by the largest of 8, 6, 4, 3, 2; at most ``max_copies`` copies in
+    all, and at least :data:`MIN_SPLIT_BLOCKS` blocks of the split loop for the threads."""
     reads = reads_in(store.value)
 
     def eligible(v):
         if not any(v is a for a in out_axes):
             return False
         lo, hi = bounds[id(v)]
-        if not (isinstance(lo, Const) and lo.value == 0 and isinstance(hi, Const)):
+        if not (isinstance(lo, Const) and isinstance(hi, Const)) or (v is parallel and lo.value != 0):
             return False
         # no loop (outer, or inside the block) may have bounds that use v: the jammed copies
         # run those loops once, for all values of v together
@@ -271,18 +297,20 @@ def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes) -> 
         return any(all(not any(x is v for x in free_vars(i)) for i in r.indices) for r in reads)
 
     chosen: List[Tuple[Var, int]] = []
+    copies = 1
     for v in reversed(outer):
         if v is not parallel and eligible(v):
-            n = bounds[id(v)][1].value
-            factor = next((f for f in (4, 2) if n % f == 0 and n >= f), None)
+            n = bounds[id(v)][1].value - bounds[id(v)][0].value
+            factor = next((f for f in (4, 3, 2) if n % f == 0 and n >= f and copies * f <= max_copies), None)
             if factor is not None:
                 chosen.append((v, factor))
-                break
+                copies *= factor
+                if len(chosen) == 2:
+                    break
     if parallel is not None and any(parallel is v for v in outer) and eligible(parallel):
         n = bounds[id(parallel)][1].value
-        copies = chosen[0][1] if chosen else 1
-        factor = next((f for f in (4, 3, 2) if n % f == 0 and n // f >= MIN_SPLIT_BLOCKS
-                       and copies * f <= MAX_COPIES), None)
+        factor = next((f for f in (8, 6, 4, 3, 2) if n % f == 0 and n // f >= MIN_SPLIT_BLOCKS
+                       and copies * f <= max_copies), None)
         if factor is not None:
             chosen.append((parallel, factor))
     return chosen
@@ -292,8 +320,8 @@ def _accesses(*exprs: Optional[Expr]) -> List[Sequence[Expr]]:
     return [r.indices for e in exprs if e is not None for r in reads_in(e)]
 
 
-def compute_stage(t: Tensor, body: Expr) -> Stage:
-    """The stage of compute ``t`` whose body (in terms form) is ``body``."""
+def compute_stage(t: Tensor, body: Expr, machine: Machine = PORTABLE) -> Stage:
+    """The stage of compute ``t`` whose body (in terms form) is ``body``, scheduled for ``machine``."""
     ew, terms, combiner = split_terms(body)
     axes, shape = list(t.op.axes), list(t.shape)
     if terms:
@@ -321,7 +349,7 @@ def compute_stage(t: Tensor, body: Expr) -> Stage:
                 red_axes, value, cond_v = congruence.reduce_axes_in_class(red.axes, red.body, cond, view)
             else:
                 red_axes, value, cond_v = list(red.axes), red.body, cond
-            stmts += _term_nests(t, view, red_axes, value, cond_v, red.combiner, parallel)
+            stmts += _term_nests(t, view, red_axes, value, cond_v, red.combiner, parallel, machine)
     extent = dict(zip(map(id, axes), shape))
     par_extent = extent[id(parallel)] if parallel is not None else 0
     return Stage(t, stmts, par_extent, parallel_axis=parallel, parallel_granule=_granule(stmts))
@@ -379,7 +407,7 @@ def _elementwise_nest(t: Tensor, order: List[Var], shape, store: Store, parallel
 
 
 def _term_nests(t: Tensor, view, red_axes, value: Expr, cond: Optional[Expr], combiner: str,
-                parallel) -> List:
+                parallel, machine: Machine) -> List:
     """The accumulating nests of one reduction term over one congruence class of the output."""
     if isinstance(cond, Const):
         if not cond.value:
@@ -399,7 +427,7 @@ def _term_nests(t: Tensor, view, red_axes, value: Expr, cond: Optional[Expr], co
         bounds = _const_bounds(ranges)
         bounds.update({id(r): (r.lo, r.hi) for r in axes_here})
         store = Store(t, tuple(view.store), dsl.cast(t.dtype, value_here), combine=combiner)
-        stmts += _accumulate_nest(order, bounds, store, cond_here, par, view.axes)
+        stmts += _accumulate_nest(order, bounds, store, cond_here, par, view.axes, machine)
     return stmts
 
 
@@ -570,8 +598,10 @@ def scatter_stages(t: Tensor) -> List[Stage]:
     return [zero_fill, Stage(t, acc, 0)]
 
 
-def stages_for(outputs: Sequence[Tensor]) -> List[Stage]:
-    """The stages computing every non-placeholder tensor behind ``outputs``, producers first."""
+def stages_for(outputs: Sequence[Tensor], machine: Optional[Machine] = None) -> List[Stage]:
+    """The stages computing every non-placeholder tensor behind ``outputs``, producers first,
+    scheduled for ``machine`` (default: this one)."""
+    machine = machine if machine is not None else host_machine()
     stages: List[Stage] = []
     done = set()
     for t in topo_order(list(outputs)):
@@ -585,7 +615,9 @@ def stages_for(outputs: Sequence[Tensor]) -> List[Stage]:
             body, lifted = normalized_body(t)
             for lt in lifted:  # lifted reductions are in terms form by construction
                 if id(lt) not in done:
-                    stages.append(compute_stage(lt, lt.op.body))
+                    stages.append(compute_stage(lt, lt.op.body, machine))
                     done.add(id(lt))
-        stages.append(compute_stage(t, body))
+        body, packed = pack_operands(t, body, split_terms(body)[1])
+        stages.extend(compute_stage(p, p.op.body, machine) for p in packed)
+        stages.append(compute_stage(t, body, machine))
     return stages

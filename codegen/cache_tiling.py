@@ -1,0 +1,156 @@
+"""Cache tiling: keep the operand that every thread's rows re-read in the core's cache.
+
+Input: a register-block nest ``parallel for p: for o2: ... for om: <block>`` whose
+outer loops all run over output elements, with constant bounds. A read of the
+block that does not depend on ``p`` (the weights of a dense layer when ``p`` runs
+over the batch) is read again for every value of ``p``; when what it touches over
+the rest of the nest is more than half of one core's L2 cache, each pass streams
+it from memory. :func:`tile_for_cache` then cuts one loop that the read depends on
+into tiles whose footprint fits, and moves the loop over tiles outside ``p``::
+
+    for ot in range(tiles):
+        parallel for p: for o2: ... for o in [ot*size, min(ot*size + size, n)): <block>
+
+The loop cut is the outermost of ``o2 .. om`` that the read depends on or, when
+none does (or one value of it is already too much), and the block's lanes run
+along an output axis, the outermost of the block's own (reduce) loops that it
+depends on (``X @ W``: tiles of ``k`` keep a panel of ``W`` in cache while every
+row of ``X`` goes through it).
+
+Promises: the same stores with the same values, and each element's accumulation in
+the same order: only loops over distinct output elements are interchanged, and a
+reduce loop is cut only where the accumulators are loaded from and stored to the
+output around the block's loops (lanes along an output axis), so a tile goes on
+from the exact partial value the previous one stored. Every thread still takes its
+own range of ``p``. A nest of any other shape is returned unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from te_grad import dsl
+from te_grad.graph import free_vars, reads_in
+from te_grad.intervals import interval
+from te_grad.ir import Const, Read, Var
+
+from .loopir import Loop, RegisterBlock, Stmt
+from .machine import Machine
+
+#: the share of one core's L2 cache a tile of the re-read operand may fill
+L2_SHARE = 0.5
+#: bytes of a cache line: a row touched at all costs at least one line
+LINE_BYTES = 64
+
+
+def tile_for_cache(body: List[Stmt], out_vars: Sequence[Var], machine: Machine) -> List[Stmt]:
+    """``body`` with one output loop tiled for the L2 cache (see the module's docstring)."""
+    chain, block = _chain(body)
+    if block is None or not chain or not chain[0].parallel:
+        return body
+    outputs = {id(v) for v in out_vars}
+    if any(id(lp.var) not in outputs or not _constant(lp) for lp in chain):
+        return body
+    par = chain[0]
+    uses = _uses(block)
+    ranges = {id(lp.var): (int(lp.lo.value), int(lp.hi.value) - 1) for lp in chain}
+    ranges[id(par.var)] = (int(par.lo.value),) * 2  # one value of p: what a pass over the rest touches
+    budget = int(machine.l2_bytes * L2_SHARE)
+    for read in _block_reads(block):
+        if uses(read, par.var):
+            continue
+        if _footprint(read, _block_ranges(block, ranges)) <= budget:
+            continue
+        cuttable = [lp for lp in chain[1:] if uses(read, lp.var)]
+        if not block.reduce_lanes:
+            cuttable += [lp for lp in block.loops if uses(read, lp.var) and _constant(lp)]
+        for lp in cuttable:
+            lo, hi = int(lp.lo.value), int(lp.hi.value) - 1
+            one = _footprint(read, _block_ranges(block, {**ranges, id(lp.var): (lo, lo)}))
+            if 2 * one > budget:  # one value of this loop is already too much: try an inner one
+                continue
+            n = hi - lo + 1
+            tiles = -(-n // (budget // one))
+            return [_split(chain, block, lp, tiles, -(-n // tiles))]
+    return body
+
+
+def _chain(body: List[Stmt]) -> Tuple[List[Loop], Optional[RegisterBlock]]:
+    """The perfectly nested loops of ``body`` and the register block inside them, if any."""
+    chain: List[Loop] = []
+    stmts = body
+    while len(stmts) == 1 and isinstance(stmts[0], Loop):
+        chain.append(stmts[0])
+        stmts = stmts[0].body
+    if len(stmts) == 1 and isinstance(stmts[0], RegisterBlock):
+        return chain, stmts[0]
+    return chain, None
+
+
+def _constant(lp: Loop) -> bool:
+    return isinstance(lp.lo, Const) and isinstance(lp.hi, Const)
+
+
+def _block_reads(block: RegisterBlock) -> List[Read]:
+    exprs = [block.store.value] + ([block.cond] if block.cond is not None else [])
+    return [r for e in exprs for r in reads_in(e)]
+
+
+def _uses(block: RegisterBlock):
+    """``uses(read, v)``: whether the read's indices vary with loop variable ``v`` (a jammed
+    block's variable varies with the loop over its blocks)."""
+    jammed = {id(j.outer): j.var for j in block.jams}
+
+    def uses(read: Read, v: Var) -> bool:
+        targets = {id(v)} | ({id(jammed[id(v)])} if id(v) in jammed else set())
+        return any(id(x) in targets for i in read.indices for x in free_vars(i))
+
+    return uses
+
+
+def _block_ranges(block: RegisterBlock, outer: Dict[int, Tuple[int, int]]) -> Dict[int, Tuple[int, int]]:
+    """Inclusive ranges of every variable of the block given those of its outer loops (a
+    range already given for one of the block's loops is kept)."""
+    ranges = dict(outer)
+    for j in block.jams:
+        if id(j.outer) in ranges:
+            ranges[id(j.var)] = j.var_range(ranges[id(j.outer)])
+    for lp in block.loops:
+        lo, hi = interval(lp.lo, ranges), interval(lp.hi, ranges)
+        if id(lp.var) not in outer and lo is not None and hi is not None:
+            ranges[id(lp.var)] = (lo[0], hi[1] - 1)
+    ranges[id(block.var)] = (int(block.lo.value), int(block.hi.value) - 1)
+    return ranges
+
+
+def _footprint(read: Read, ranges: Dict[int, Tuple[int, int]]) -> int:
+    """Bytes of ``read``'s tensor touched over ``ranges`` (a box per dimension; a row
+    touched costs at least a cache line; an index that cannot be bounded spans its dimension)."""
+    size = {"float64": 8, "int64": 8, "float32": 4, "int32": 4}.get(read.tensor.dtype, 8)
+    elements = 1
+    shape = read.tensor.shape
+    for d, (ix, n) in enumerate(zip(read.indices, shape)):
+        span = interval(ix, ranges)
+        extent = n if span is None else max(1, min(n, span[1] - span[0] + 1))
+        if d == len(shape) - 1:
+            extent = min(n, max(extent, LINE_BYTES // size))
+        elements *= extent
+    return elements * size
+
+
+def _split(chain: List[Loop], block: RegisterBlock, cut: Loop, tiles: int, size: int) -> Loop:
+    """The nest of ``chain`` around ``block`` with loop ``cut`` (one of either) in ``tiles``
+    tiles of ``size`` iterations, the loop over tiles outermost."""
+    tile = Var(cut.var.name + "t")
+    lo, hi = int(cut.lo.value), int(cut.hi.value)
+    first = tile * size + lo
+    last = first + size if (hi - lo) % size == 0 else dsl.minimum(first + size, dsl.const(hi))
+
+    def cut_if(lp: Loop, body) -> Loop:
+        return dataclasses.replace(lp, lo=first, hi=last, body=body) if lp is cut \
+            else dataclasses.replace(lp, body=body)
+
+    inner: List[Stmt] = [dataclasses.replace(block, loops=[cut_if(lp, lp.body) for lp in block.loops])]
+    for lp in reversed(chain):
+        inner = [cut_if(lp, inner)]
+    return Loop(tile, dsl.const(0), dsl.const(tiles), inner)

@@ -1,0 +1,245 @@
+"""Packing: copies of a contraction's operands in the layout its loops want.
+
+Two copies, each a stage of its own computed on every call (it costs one pass over
+the operand, repaid by the reuse of each element):
+
+**Transposed** (``X @ W.T``, ``nn.dense``, ``Q @ K.T``). In
+``Y[i, j] = sum_k A[i, k] * B[j, k]`` both operands are contiguous along the
+reduce axis ``k``, so the register block's lanes could only run along ``k``:
+every multiply-add loads a vector of both operands and the lanes are summed at
+the end of each dot product. Reading a copy ``P[k, j] = B[j, k]`` instead (``B``
+with the dimensions of ``j`` and ``k`` swapped) lets the lanes run along the
+output axis ``j``: one vector of ``P`` per ``k`` for a block of rows broadcasting
+``A[i, k]``, the form of a GEMM micro-kernel. Made when each element of ``B``
+serves at least :data:`MIN_REUSE` rows.
+
+**Zero-padded** (convolutions with padding, and their gradients). After
+simplification a padded convolution sums over bounds such as
+``ry in [max(0, 1 - h), min(3, 33 - h))``: exact, but the loops then split the
+output into an interior and thin edge pieces whose lanes cross rows (gathers).
+When one factor ``X[..]`` of the summand is what clips the bounds, reading a copy
+``Xp`` of ``X`` with a border of zeros lets the sum run over the constant hull of
+the bounds (``ry in [0, 3)``) at every output point. isl proves, for each such
+term, that every point the hull adds reads ``X`` out of its range: there ``Xp``
+holds 0, a factor of the summand, so the term's value is unchanged for finite
+operands (as in the formula written with ``if_then_else(inside, X, 0) * W``, an
+infinite other factor there gives NaN; the simplified sum skips the point).
+
+Promises: the rewritten body computes the same values (the copies hold exactly
+the operands' values, and zeros); the copies are returned, producers of the new
+body. Terms that do not match are left as they are.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from simplify.affine import isl_expr
+from simplify.isl_bridge import IslError, parse_map
+from te_grad import dsl
+from te_grad.graph import free_vars, reads_in
+from te_grad.intervals import interval, speculatable
+from te_grad.ir import Binary, Expr, Read, Reduce, ReduceAxis, Tensor, Var
+from te_grad.transform import substitute
+from te_grad.visitor import Mutator
+
+#: rows (output elements not indexing the operand) each element of a transposed copy must serve
+MIN_REUSE = 16
+#: the shortest reduction worth a transposed copy
+MIN_REDUCTION = 16
+#: the fewest multiply-adds of a contraction worth a copy
+MIN_WORK = 1 << 16
+#: multiply-adds per element of a padded copy below which it is not worth making
+MIN_PADDED_REUSE = 16
+#: how much larger than the operand a padded copy may be
+MAX_PADDED_GROWTH = 2.0
+
+
+def pack_operands(t: Tensor, body: Expr, terms) -> Tuple[Expr, List[Tensor]]:
+    """``body`` (of compute ``t``, in terms form: ``terms`` as ``split_terms`` gives them)
+    with padded and transposed operands read from copies, and the copies."""
+    packed: List[Tensor] = []
+    swaps: Dict[int, Expr] = {}
+    for _, red in terms:
+        new = red
+        padded = _padded_term(t, new)
+        if padded is not None:
+            new, copy = padded
+            packed.append(copy)
+        read = _dot_product_operand(t, new)
+        if read is not None:
+            copy, new_read = _packed_read(read, t.op.axes[-1])
+            new = _Replace({id(read): new_read}).visit(new)
+            packed.append(copy)
+        if new is not red:
+            swaps[id(red)] = new
+    if not swaps:
+        return body, []
+    return _Replace(swaps).visit(body), packed
+
+
+# -- transposed copies ---------------------------------------------------------------------
+
+def _plain(read: Read) -> bool:
+    """Every index a distinct variable."""
+    return all(isinstance(i, Var) for i in read.indices) and \
+        len({id(i) for i in read.indices}) == len(read.indices)
+
+
+def _dot_product_operand(t: Tensor, red: Reduce) -> Optional[Read]:
+    """The read ``B[.., j, .., k]`` of a sum over ``k`` whose every operand is contiguous in
+    ``k`` while ``j``, the output's contiguous axis, indexes ``B`` elsewhere; None if the
+    term is not such a contraction or too small to repay the copy."""
+    if red.combiner != "sum" or not t.op.axes:
+        return None
+    j = t.op.axes[-1]
+    reads = reads_in(red.body)
+    for b in reads:
+        if not _plain(b) or b.tensor is t or len(b.indices) < 2:
+            continue
+        k = b.indices[-1]
+        if not isinstance(k, ReduceAxis) or not any(k is a for a in red.axes) or k.extent is None:
+            continue
+        if not any(j is i for i in b.indices[:-1]) or k.extent < MIN_REDUCTION:
+            continue
+        others = [r for r in reads if r is not b and any(k is x for i in r.indices for x in free_vars(i))]
+        if not others or not all(_plain(r) and r.indices[-1] is k for r in others):
+            continue  # another operand is not contiguous in k: the lanes have a better axis already
+        used = {id(i) for i in b.indices}
+        reuse = int(np.prod([n for a, n in zip(t.op.axes, t.shape) if id(a) not in used] or [1]))
+        if reuse < MIN_REUSE or int(np.prod(t.shape)) * k.extent < MIN_WORK:
+            continue
+        return b
+    return None
+
+
+def _packed_read(b: Read, j: Var) -> Tuple[Tensor, Read]:
+    """``P``, ``b``'s tensor with the dimension that ``j`` indexes and the last one swapped,
+    and the read of ``P`` equal to ``b``."""
+    idx = list(b.indices)
+    d = next(n for n, i in enumerate(idx) if i is j)
+    perm = list(range(len(idx)))
+    perm[d], perm[-1] = perm[-1], perm[d]  # an involution: P[a] = B[a[perm[0]], a[perm[1]], ...]
+    src = b.tensor
+    copy = dsl.compute(tuple(src.shape[p] for p in perm),
+                       lambda *axes: src[tuple(axes[p] for p in perm)], name=f"{src.name}_packed")
+    return copy, Read(copy, tuple(idx[p] for p in perm))
+
+
+# -- zero-padded copies --------------------------------------------------------------------
+
+def _factors(e: Expr) -> List[Expr]:
+    """The operands of a chain of products."""
+    if isinstance(e, Binary) and e.op == "mul":
+        return _factors(e.a) + _factors(e.b)
+    return [e]
+
+
+def _padded_term(t: Tensor, red: Reduce) -> Optional[Tuple[Reduce, Tensor]]:
+    """The term summed over the constant hull of its bounds with one factor read from a
+    zero-padded copy, and the copy; None when the term's bounds are constant, no factor
+    accounts for them (proved by isl), or the copy would not pay."""
+    if red.combiner != "sum" or red.where is not None or all(r.extent is not None for r in red.axes):
+        return None
+    out_ranges = {id(a): (0, n - 1) for a, n in zip(t.op.axes, t.shape)}
+    hull: List[Tuple[int, int]] = []
+    for r in red.axes:
+        if any(isinstance(x, ReduceAxis) for b in (r.lo, r.hi) for x in free_vars(b)):
+            return None  # bounds that depend on another reduce axis
+        lo, hi = interval(r.lo, out_ranges), interval(r.hi, out_ranges)
+        if lo is None or hi is None or lo[0] >= hi[1]:
+            return None
+        hull.append((lo[0], hi[1]))
+    factors = _factors(red.body)
+    for f in factors:
+        if not isinstance(f, Read) or f.tensor is t:
+            continue
+        # a hull from intervals may be loose: another factor read at a reduce axis itself,
+        # in range at every point of the term, clips it
+        clipped = list(hull)
+        for other in reads_in(red.body):
+            if other is f:
+                continue
+            for i, n in zip(other.indices, other.tensor.shape):
+                for k, r in enumerate(red.axes):
+                    if i is r:
+                        clipped[k] = (max(clipped[k][0], 0), min(clipped[k][1], n))
+        if any(lo >= hi for lo, hi in clipped):
+            continue
+        ranges = dict(out_ranges)
+        ranges.update({id(r): (lo, hi - 1) for r, (lo, hi) in zip(red.axes, clipped)})
+        if not all(speculatable(g, ranges) for g in factors if g is not f):
+            continue  # another factor would be read out of its range somewhere in the hull
+        work = int(np.prod(t.shape)) * int(np.prod([hi - lo for lo, hi in clipped]))
+        spans = [interval(i, ranges) for i in f.indices]
+        if any(s is None for s in spans):
+            continue
+        before = [max(0, -s[0]) for s in spans]
+        after = [max(0, s[1] - (n - 1)) for s, n in zip(spans, f.tensor.shape)]
+        if not any(before) and not any(after):
+            continue
+        shape = tuple(n + b + a for n, b, a in zip(f.tensor.shape, before, after))
+        size, original = int(np.prod(shape)), int(np.prod(f.tensor.shape))
+        if size > MAX_PADDED_GROWTH * original or work < max(MIN_WORK, MIN_PADDED_REUSE * size):
+            continue
+        if not _hull_adds_only_reads_out_of_range(t, red, clipped, f):
+            continue
+        copy = _zero_padded(f.tensor, before, shape)
+        axes = [dsl.reduce_axis((lo, hi), r.name) for r, (lo, hi) in zip(red.axes, clipped)]
+        rename = dict(zip(red.axes, axes))
+        read = Read(copy, tuple(substitute(i, rename) + b for i, b in zip(f.indices, before)))
+        summand = substitute(_Replace({id(f): read}).visit(red.body), rename)
+        return dsl.sum(summand, axis=axes), copy
+    return None
+
+
+def _zero_padded(src: Tensor, before: Sequence[int], shape) -> Tensor:
+    """``src`` inside a border of zeros: ``before[d]`` elements before it along dimension d."""
+    def body(*axes):
+        at = [a - b for a, b in zip(axes, before)]
+        inside = dsl.all(*[c for x, n, b, m in zip(at, src.shape, before, shape)
+                           for c in ((x >= 0, x < n) if (b or m - n - b) else ())])
+        return dsl.if_then_else(inside, src[tuple(at)], dsl.const(0, src.dtype))
+    return dsl.compute(shape, body, name=f"{src.name}_padded")
+
+
+def _hull_adds_only_reads_out_of_range(t: Tensor, red: Reduce, hull, f: Read) -> bool:
+    """Whether the term's own domain lies in the hull, and every point of the hull where
+    ``f`` reads inside its tensor is a point of the term's own domain (isl decides; False
+    when a bound or index is not quasi-affine)."""
+    names = {id(a): f"o{n}" for n, a in enumerate(t.op.axes)}
+    names.update({id(r): f"r{n}" for n, r in enumerate(red.axes)})
+    dims = ", ".join(list(names.values()))
+    box = [f"0 <= o{n} < {size}" for n, size in enumerate(t.shape)]
+    own, hulled = list(box), list(box)
+    for n, (r, (lo, hi)) in enumerate(zip(red.axes, hull)):
+        lo_text, hi_text = isl_expr(r.lo, names), isl_expr(r.hi, names)
+        if lo_text is None or hi_text is None:
+            return False
+        own.append(f"{lo_text} <= r{n} < {hi_text}")
+        hulled.append(f"{lo} <= r{n} < {hi}")
+    for i, size in zip(f.indices, f.tensor.shape):
+        text = isl_expr(i, names)
+        if text is None:
+            return False
+        hulled.append(f"0 <= {text} < {size}")
+    try:
+        inside = parse_map(f"{{ [{dims}] -> [] : {' and '.join(hulled)} }}")
+        domain = parse_map(f"{{ [{dims}] -> [] : {' and '.join(own)} }}")
+        box = parse_map(f"{{ [{dims}] -> [] : {' and '.join(hulled[:len(own)])} }}")
+        return bool(inside.is_subset(domain)) and bool(domain.is_subset(box))
+    except IslError:
+        return False
+
+
+class _Replace(Mutator):
+    """Replaces given nodes (by identity) wherever they occur."""
+
+    def __init__(self, swaps: Dict[int, Expr]):
+        super().__init__()
+        self.swaps = swaps
+
+    def visit(self, node):
+        got = self.swaps.get(id(node))
+        return got if got is not None else super().visit(node)

@@ -1,0 +1,172 @@
+"""Packed copies of contraction operands (codegen/packing.py): when they are made, that
+every read of the new loops stays inside its tensor, and that kernels reading them
+equal the reference evaluator in float64."""
+import itertools
+
+import numpy as np
+import pytest
+
+import te_grad as tg
+from codegen import packing
+from codegen.loopir import Loop, RegisterBlock, If, Store
+from codegen.machine import Machine
+from codegen.schedule import stages_for
+from te_grad.graph import reads_in
+from te_grad.intervals import interval
+from simplify import simplify
+
+RNG = np.random.default_rng(8)
+AVX512 = Machine(vector_bits=512, vector_registers=32, l1_bytes=48 * 1024, l2_bytes=2 << 20)
+
+
+@pytest.fixture
+def always_pack(monkeypatch):
+    """Copies for any size (the thresholds are about speed, not correctness), and no disk
+    cache, so that a kernel is built with them."""
+    monkeypatch.setattr(packing, "MIN_WORK", 0)
+    monkeypatch.setattr(packing, "MIN_PADDED_REUSE", 0)
+    monkeypatch.setattr(packing, "MIN_REUSE", 2)
+    monkeypatch.setattr(packing, "MIN_REDUCTION", 2)
+    monkeypatch.setattr(packing, "MAX_PADDED_GROWTH", 10.0)
+    monkeypatch.setenv("TE_GRAD_CACHE", "0")
+
+
+def copies(outputs, suffix):
+    return sorted(s.tensor.name for s in stages_for(simplify(outputs), AVX512) if s.tensor.name.endswith(suffix))
+
+
+def reads_stay_inside(outputs):
+    """Every read of the stages reading a copy is inside its tensor at every point of its loops, by
+    interval analysis of the loop bounds (a witness independent of the packing's own
+    reasoning); False if some read cannot be bounded or may leave its tensor."""
+    def walk(stmts, ranges):
+        for s in stmts:
+            if isinstance(s, Loop):
+                lo, hi = interval(s.lo, ranges), interval(s.hi, ranges)
+                if lo is None or hi is None:
+                    return False
+                if lo[0] < hi[1] and not walk(s.body, {**ranges, id(s.var): (lo[0], hi[1] - 1)}):
+                    return False
+            elif isinstance(s, (RegisterBlock,)):
+                if not walk(s.plain(), ranges):
+                    return False
+            elif isinstance(s, If):
+                if not walk(s.body, ranges):
+                    return False
+            elif isinstance(s, Store):
+                for r in reads_in(s.value):
+                    for i, n in zip(r.indices, r.tensor.shape):
+                        span = interval(i, ranges)
+                        if span is None or span[0] < 0 or span[1] >= n:
+                            return False
+        return True
+    stages = stages_for(simplify(outputs), AVX512)
+    # the stages reading a copy (a copy's own reads are guarded by its border test)
+    readers = [s for s in stages if any(r.tensor.name.endswith(("_padded", "_packed"))
+                                        for st in _stores(s.body) for r in reads_in(st.value))]
+    return all(walk(s.body, {}) for s in readers)
+
+
+def _stores(stmts):
+    for s in stmts:
+        if isinstance(s, Store):
+            yield s
+        elif isinstance(s, (Loop, If)):
+            yield from _stores(s.body)
+        elif isinstance(s, RegisterBlock):
+            yield from _stores(s.plain())
+
+
+def compare(outputs, inputs):
+    feed = {x: RNG.standard_normal(x.shape) for x in inputs}
+    want = tg.evaluate(outputs, feed)
+    got = tg.build(outputs, inputs, machine=AVX512)(*[feed[x] for x in inputs])
+    got = got if isinstance(got, tuple) else (got,)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+
+
+CONVS = [c for c in itertools.product([1, 2, 3], [1, 2, 3], [0, 1, 2], [1, 2]) if c[2] < c[1] * c[3] or c[2] == 0]
+
+
+@pytest.mark.parametrize("stride,kernel,padding,dilation", CONVS)
+def test_padded_convolutions_and_gradients(always_pack, stride, kernel, padding, dilation):
+    x = tg.placeholder((2, 3, 9, 8), name="X", dtype="float64")
+    w = tg.placeholder((4, 3, kernel, kernel), name="W", dtype="float64")
+    y = tg.nn.conv2d(x, w, stride=stride, padding=padding, dilation=dilation)
+    head = tg.placeholder(y.shape, name="H", dtype="float64")
+    outputs = [y] + tg.gradient(y, [x, w], head=head)
+    if padding and kernel == 3:  # a 1x1 kernel's border outputs receive no terms: nothing to pad
+        assert copies([y], "_padded") == ["X_padded"]
+    assert reads_stay_inside(outputs)
+    compare(outputs, [x, w, head])
+
+
+def test_a_padded_copy_needs_the_bounds_to_come_from_the_read(always_pack):
+    # X[i + k - 2] leaves its range near the ends (a padding), but k <= i also clips the
+    # sum where X is inside: the hull would add terms that are not zero; isl refuses
+    x = tg.placeholder((16,), name="X", dtype="float64")
+    w = tg.placeholder((5,), name="W", dtype="float64")
+    k = tg.reduce_axis(5, "k")
+
+    def body(i):
+        inside = tg.all(i + k - 2 >= 0, i + k - 2 < 16)
+        return tg.sum(tg.if_then_else(inside, x[i + k - 2], 0.0) * w[k], axis=k, where=k <= i)
+    y = tg.compute((16,), body, name="Y")
+    assert copies([y], "_padded") == []
+    compare([y], [x, w])
+    # without the triangle, the same sum is padded
+    y = tg.compute((16,), lambda i: tg.sum(tg.if_then_else(tg.all(i + k - 2 >= 0, i + k - 2 < 16),
+                                                         x[i + k - 2], 0.0) * w[k], axis=k), name="Y")
+    assert copies([y], "_padded") == ["X_padded"]
+    compare([y], [x, w])
+
+
+def test_a_causal_convolution_reads_a_padded_copy(always_pack):
+    x = tg.placeholder((3, 20), name="X", dtype="float64")
+    w = tg.placeholder((5,), name="W", dtype="float64")
+    k = tg.reduce_axis(5, "k")
+    y = tg.compute((3, 20), lambda b, i: tg.sum(x[b, i - k] * w[k], axis=k, where=i - k >= 0), name="Y")
+    head = tg.placeholder(y.shape, name="H", dtype="float64")
+    outputs = [y] + tg.gradient(y, [x, w], head=head)
+    assert copies([y], "_padded") == ["X_padded"]
+    assert reads_stay_inside(outputs)
+    compare(outputs, [x, w, head])
+
+
+def test_no_padded_copy_when_another_factor_would_leave_its_range(always_pack):
+    # both factors are clipped by the same bounds: padding one still reads the other outside
+    x = tg.placeholder((16,), name="X", dtype="float64")
+    k = tg.reduce_axis(3, "k")
+    y = tg.compute((16,), lambda i: tg.sum(tg.if_then_else(tg.all(i + k - 1 >= 0, i + k - 1 < 16),
+                                                         x[i + k - 1] * x[i + k - 1], 0.0), axis=k), name="Y")
+    assert copies([y], "_padded") == []
+    compare([y], [x])
+
+
+def test_small_convolutions_are_not_padded():
+    x = tg.placeholder((1, 2, 6, 6), name="X", dtype="float64")
+    w = tg.placeholder((2, 2, 3, 3), name="W", dtype="float64")
+    assert copies([tg.nn.conv2d(x, w, padding=1)], "_padded") == []
+
+
+def test_a_large_convolution_is_padded_by_default():
+    x = tg.placeholder((2, 16, 16, 16), name="X")
+    w = tg.placeholder((16, 16, 3, 3), name="W")
+    y = tg.nn.conv2d(x, w, padding=1)
+    head = tg.placeholder(y.shape, name="H")
+    assert copies([y], "_padded") == ["X_padded"]
+    assert copies(tg.gradient(y, [x, w], head=head), "_padded") == ["H_padded", "X_padded"]
+
+
+@pytest.mark.parametrize("transpose_a,transpose_b", list(itertools.product([False, True], repeat=2)))
+def test_batch_matmuls_with_transposed_copies(always_pack, transpose_a, transpose_b):
+    a = tg.placeholder((2, 7, 5) if transpose_a else (2, 5, 7), name="A", dtype="float64")
+    b = tg.placeholder((2, 6, 7) if transpose_b else (2, 7, 6), name="B", dtype="float64")
+    y = tg.nn.batch_matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+    head = tg.placeholder(y.shape, name="H", dtype="float64")
+    outputs = [y] + tg.gradient(y, [a, b], head=head)
+    if transpose_b and not transpose_a:
+        assert copies([y], "_packed") == ["B_packed"]
+    assert reads_stay_inside(outputs)
+    compare(outputs, [a, b, head])
