@@ -15,7 +15,7 @@ from te_grad.errors import UserError
 from te_grad.graph import topo_order
 from te_grad.ir import Tensor
 
-from . import disk_cache
+from . import disk_cache, packing
 from .jit import cached_module, compile_module
 from .kernel import CompiledStage, Kernel, default_threads
 from .llvm_module import RUN_REGION, RUN_STAGES, emit_module
@@ -82,7 +82,8 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
 
 def _build_key(outs, inputs, fast_math, machine) -> str:
     from te_grad.fingerprint import fingerprint
-    return disk_cache.key(fingerprint(outs, inputs, extra=f"fast_math={fast_math};{machine!r}"))
+    return disk_cache.key(fingerprint(outs, inputs, extra=f"fast_math={fast_math};{machine!r};"
+                                                        f"{packing.thresholds()!r}"))
 
 
 def _remember_build(outs, inputs, fast_math, machine, kernel, text):

@@ -1,6 +1,6 @@
 """Packing: copies of a contraction's operands in the layout its loops want.
 
-Two copies, each a stage of its own computed on every call (it costs one pass over
+Three kinds of copy, each a stage of its own computed on every call (it costs one pass over
 the operand, repaid by the reuse of each element):
 
 **Transposed** (``X @ W.T``, ``nn.dense``, ``Q @ K.T``). In
@@ -11,7 +11,7 @@ the end of each dot product. Reading a copy ``P[k, j] = B[j, k]`` instead (``B``
 with the dimensions of ``j`` and ``k`` swapped) lets the lanes run along the
 output axis ``j``: one vector of ``P`` per ``k`` for a block of rows broadcasting
 ``A[i, k]``, the form of a GEMM micro-kernel. Made when each element of ``B``
-serves at least :data:`MIN_REUSE` rows.
+serves enough rows (:class:`Thresholds`).
 
 **Zero-padded** (convolutions with padding, and their gradients). After
 simplification a padded convolution sums over bounds such as
@@ -25,18 +25,30 @@ holds 0, a factor of the summand, so the term's value is unchanged for finite
 operands (as in the formula written with ``if_then_else(inside, X, 0) * W``, an
 infinite other factor there gives NaN; the simplified sum skips the point).
 
+**Split into congruence classes** (strided convolutions and their weight
+gradients). A read ``X[.., 2*w + rx]`` whose lanes run along ``w`` steps by 2:
+each vector is a span twice as long, shuffled. The copy
+``P[.., q, m] = X[.., 2*m + q]`` holds each class ``q`` of the last dimension
+contiguously and the read becomes ``P[.., rx % 2, w + rx // 2]``: unit stride in
+``w``. Made for steps 2 to 4 along the axis the schedule runs the term's lanes
+along, when each element is read
+often enough (not for a pooling window, which reads each once).
+
 Promises: the rewritten body computes the same values (the copies hold exactly
 the operands' values, and zeros); the copies are returned, producers of the new
 body. Terms that do not match are left as they are.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from simplify.affine import isl_expr
 from simplify.isl_bridge import IslError, parse_map
+from simplify.linear import coefficient, normalize
 from te_grad import dsl
 from te_grad.graph import free_vars, reads_in
 from te_grad.intervals import interval, speculatable
@@ -44,34 +56,93 @@ from te_grad.ir import Binary, Expr, Read, Reduce, ReduceAxis, Tensor, Var
 from te_grad.transform import substitute
 from te_grad.visitor import Mutator
 
-#: rows (output elements not indexing the operand) each element of a transposed copy must serve
-MIN_REUSE = 16
-#: the shortest reduction worth a transposed copy
-MIN_REDUCTION = 16
-#: the fewest multiply-adds of a contraction worth a copy
-MIN_WORK = 1 << 16
-#: multiply-adds per element of a padded copy below which it is not worth making
-MIN_PADDED_REUSE = 16
-#: how much larger than the operand a padded copy may be
-MAX_PADDED_GROWTH = 2.0
+@dataclass(frozen=True)
+class Thresholds:
+    """When a copy pays (speed only: every copy is exact whatever its size)."""
+    #: rows (output elements not indexing the operand) each element of a transposed copy must serve
+    min_reuse: int = 16
+    #: the shortest reduction worth a transposed copy
+    min_reduction: int = 16
+    #: the fewest multiply-adds of a contraction worth a copy
+    min_work: int = 1 << 16
+    #: multiply-adds per element of a padded or split copy below which it is not made
+    min_padded_reuse: int = 16
+    #: how much larger than the operand a padded copy may be
+    max_padded_growth: float = 2.0
 
 
-def pack_operands(t: Tensor, body: Expr, terms) -> Tuple[Expr, List[Tensor]]:
+#: the thresholds kernels are built with
+DEFAULT = Thresholds()
+#: every valid copy, whatever its size: lets tests and the fuzzer exercise the copies on
+#: small programs
+EVERY_COPY = Thresholds(min_reuse=2, min_reduction=2, min_work=0, min_padded_reuse=0, max_padded_growth=1e9)
+_current = [DEFAULT]
+
+
+def thresholds() -> Thresholds:
+    """The thresholds in force (part of a build's cache key)."""
+    return _current[-1]
+
+
+@contextlib.contextmanager
+def using(t: Thresholds):
+    """Build kernels with thresholds ``t`` inside the ``with`` block."""
+    _current.append(t)
+    try:
+        yield t
+    finally:
+        _current.pop()
+
+
+class Copies:
+    """The copies made for one kernel: an operand copied the same way twice (the input of a
+    convolution, padded for its forward and for its weight gradient) is copied once."""
+
+    def __init__(self):
+        self.made: Dict[tuple, Tensor] = {}
+
+    def get(self, key: tuple, make: Callable[[], Tensor]) -> Tuple[Tensor, bool]:
+        """The copy ``key`` names, and whether it is new (``make`` builds it)."""
+        if key in self.made:
+            return self.made[key], False
+        self.made[key] = make()
+        return self.made[key], True
+
+
+def pack_operands(t: Tensor, body: Expr, terms, lane_of: Callable[[Tensor, Reduce], Optional[Var]],
+                  copies: Optional[Copies] = None) -> Tuple[Expr, List[Tensor]]:
     """``body`` (of compute ``t``, in terms form: ``terms`` as ``split_terms`` gives them)
-    with padded and transposed operands read from copies, and the copies."""
+    with padded, split and transposed operands read from copies, and the copies made for
+    it (those already in ``copies`` are reused, not returned). ``lane_of(t, term)`` is the
+    variable the schedule will run a term's vector lanes along."""
+    copies = copies if copies is not None else Copies()
     packed: List[Tensor] = []
     swaps: Dict[int, Expr] = {}
+
+    def use(key, make):
+        copy, new = copies.get(key, make)
+        if new:
+            packed.append(copy)
+        return copy
+
     for _, red in terms:
         new = red
         padded = _padded_term(t, new)
         if padded is not None:
-            new, copy = padded
-            packed.append(copy)
+            f, before, shape, axes = padded
+            copy = use(("padded", id(f.tensor), tuple(before), shape),
+                       lambda: _zero_padded(f.tensor, before, shape))
+            new = _hulled(new, f, copy, before, axes)
+        interleaved = _interleaved_read(t, new, lane_of(t, new))
+        if interleaved is not None:
+            read, v, step = interleaved
+            copy = use(("classes", id(read.tensor), step), lambda: _deinterleaved(read.tensor, step))
+            new = _Replace({id(read): _class_read(read, copy, step)}).visit(new)
         read = _dot_product_operand(t, new)
         if read is not None:
-            copy, new_read = _packed_read(read, t.op.axes[-1])
-            new = _Replace({id(read): new_read}).visit(new)
-            packed.append(copy)
+            perm = _swap_to_last(read, t.op.axes[-1])
+            copy = use(("packed", id(read.tensor), tuple(perm)), lambda: _transposed(read.tensor, perm))
+            new = _Replace({id(read): Read(copy, tuple(read.indices[p] for p in perm))}).visit(new)
         if new is not red:
             swaps[id(red)] = new
     if not swaps:
@@ -101,30 +172,32 @@ def _dot_product_operand(t: Tensor, red: Reduce) -> Optional[Read]:
         k = b.indices[-1]
         if not isinstance(k, ReduceAxis) or not any(k is a for a in red.axes) or k.extent is None:
             continue
-        if not any(j is i for i in b.indices[:-1]) or k.extent < MIN_REDUCTION:
+        if not any(j is i for i in b.indices[:-1]) or k.extent < thresholds().min_reduction:
             continue
         others = [r for r in reads if r is not b and any(k is x for i in r.indices for x in free_vars(i))]
         if not others or not all(_plain(r) and r.indices[-1] is k for r in others):
             continue  # another operand is not contiguous in k: the lanes have a better axis already
         used = {id(i) for i in b.indices}
         reuse = int(np.prod([n for a, n in zip(t.op.axes, t.shape) if id(a) not in used] or [1]))
-        if reuse < MIN_REUSE or int(np.prod(t.shape)) * k.extent < MIN_WORK:
+        if reuse < thresholds().min_reuse or int(np.prod(t.shape)) * k.extent < thresholds().min_work:
             continue
         return b
     return None
 
 
-def _packed_read(b: Read, j: Var) -> Tuple[Tensor, Read]:
-    """``P``, ``b``'s tensor with the dimension that ``j`` indexes and the last one swapped,
-    and the read of ``P`` equal to ``b``."""
-    idx = list(b.indices)
-    d = next(n for n, i in enumerate(idx) if i is j)
-    perm = list(range(len(idx)))
-    perm[d], perm[-1] = perm[-1], perm[d]  # an involution: P[a] = B[a[perm[0]], a[perm[1]], ...]
-    src = b.tensor
-    copy = dsl.compute(tuple(src.shape[p] for p in perm),
+def _swap_to_last(b: Read, j: Var) -> List[int]:
+    """The permutation of ``b``'s dimensions swapping the one ``j`` indexes with the last
+    (an involution: ``P[a] = B[a[perm[0]], a[perm[1]], ...]``)."""
+    d = next(n for n, i in enumerate(b.indices) if i is j)
+    perm = list(range(len(b.indices)))
+    perm[d], perm[-1] = perm[-1], perm[d]
+    return perm
+
+
+def _transposed(src: Tensor, perm: List[int]) -> Tensor:
+    """``P[a] = src[a[perm[0]], a[perm[1]], ...]``."""
+    return dsl.compute(tuple(src.shape[p] for p in perm),
                        lambda *axes: src[tuple(axes[p] for p in perm)], name=f"{src.name}_packed")
-    return copy, Read(copy, tuple(idx[p] for p in perm))
 
 
 # -- zero-padded copies --------------------------------------------------------------------
@@ -136,10 +209,11 @@ def _factors(e: Expr) -> List[Expr]:
     return [e]
 
 
-def _padded_term(t: Tensor, red: Reduce) -> Optional[Tuple[Reduce, Tensor]]:
-    """The term summed over the constant hull of its bounds with one factor read from a
-    zero-padded copy, and the copy; None when the term's bounds are constant, no factor
-    accounts for them (proved by isl), or the copy would not pay."""
+def _padded_term(t: Tensor, red: Reduce):
+    """``(factor, border before, padded shape, hull)`` when the term may be summed over the
+    constant hull of its bounds with that factor read from a zero-padded copy; None when
+    the term's bounds are constant, no factor accounts for them (proved by isl), or the
+    copy would not pay."""
     if red.combiner != "sum" or red.where is not None or all(r.extent is not None for r in red.axes):
         return None
     out_ranges = {id(a): (0, n - 1) for a, n in zip(t.op.axes, t.shape)}
@@ -181,17 +255,21 @@ def _padded_term(t: Tensor, red: Reduce) -> Optional[Tuple[Reduce, Tensor]]:
             continue
         shape = tuple(n + b + a for n, b, a in zip(f.tensor.shape, before, after))
         size, original = int(np.prod(shape)), int(np.prod(f.tensor.shape))
-        if size > MAX_PADDED_GROWTH * original or work < max(MIN_WORK, MIN_PADDED_REUSE * size):
+        th = thresholds()
+        if size > th.max_padded_growth * original or work < max(th.min_work, th.min_padded_reuse * size):
             continue
         if not _hull_adds_only_reads_out_of_range(t, red, clipped, f):
             continue
-        copy = _zero_padded(f.tensor, before, shape)
-        axes = [dsl.reduce_axis((lo, hi), r.name) for r, (lo, hi) in zip(red.axes, clipped)]
-        rename = dict(zip(red.axes, axes))
-        read = Read(copy, tuple(substitute(i, rename) + b for i, b in zip(f.indices, before)))
-        summand = substitute(_Replace({id(f): read}).visit(red.body), rename)
-        return dsl.sum(summand, axis=axes), copy
+        return f, before, shape, clipped
     return None
+
+
+def _hulled(red: Reduce, f: Read, copy: Tensor, before: Sequence[int], hull) -> Reduce:
+    """``red`` summed over ``hull`` with ``f`` read from its zero-padded ``copy``."""
+    axes = [dsl.reduce_axis((lo, hi), r.name) for r, (lo, hi) in zip(red.axes, hull)]
+    rename = dict(zip(red.axes, axes))
+    read = Read(copy, tuple(substitute(i, rename) + b for i, b in zip(f.indices, before)))
+    return dsl.sum(substitute(_Replace({id(f): read}).visit(red.body), rename), axis=axes)
 
 
 def _zero_padded(src: Tensor, before: Sequence[int], shape) -> Tensor:
@@ -231,6 +309,53 @@ def _hull_adds_only_reads_out_of_range(t: Tensor, red: Reduce, hull, f: Read) ->
         return bool(inside.is_subset(domain)) and bool(domain.is_subset(box))
     except IslError:
         return False
+
+
+# -- de-interleaved copies -----------------------------------------------------------------
+
+def _interleaved_read(t: Tensor, red: Reduce, v: Optional[Var]) -> Optional[Tuple[Read, Var, int]]:
+    """A read ``X[.., s*v + g]`` of the term (``s`` in 2..4) when its lanes run along ``v``,
+    with the step ``s``; None if there is none or the copy would not pay."""
+    if v is None:
+        return None
+    reads = reads_in(red.body)
+    extents = []
+    out_ranges = {id(a): (0, n - 1) for a, n in zip(t.op.axes, t.shape)}
+    for r in red.axes:
+        lo, hi = interval(r.lo, out_ranges), interval(r.hi, out_ranges)
+        if lo is None or hi is None:
+            return None
+        extents.append(max(0, hi[1] - lo[0]))
+    work = int(np.prod(t.shape)) * int(np.prod(extents or [1]))
+    for f in reads:
+        if f.tensor is t or not f.indices:
+            continue
+        step = coefficient(f.indices[-1], v)
+        if step not in (2, 3, 4) or any(v is x for i in f.indices[:-1] for x in free_vars(i)):
+            continue
+        size = int(np.prod(f.tensor.shape[:-1])) * step * -(-f.tensor.shape[-1] // step)
+        if work >= max(thresholds().min_work, thresholds().min_padded_reuse * size):
+            return f, v, step
+    return None
+
+
+def _deinterleaved(src: Tensor, step: int) -> Tensor:
+    """``P[.., q, m] = src[.., step*m + q]``: the last dimension split into ``step`` classes,
+    each contiguous (zeros past the end when ``step`` does not divide it)."""
+    n = src.shape[-1]
+    shape = tuple(src.shape[:-1]) + (step, -(-n // step))
+
+    def body(*axes):
+        at = step * axes[-1] + axes[-2]
+        value = src[tuple(axes[:-2]) + (at,)]
+        return value if n % step == 0 else dsl.if_then_else(at < n, value, dsl.const(0, src.dtype))
+    return dsl.compute(shape, body, name=f"{src.name}_classes")
+
+
+def _class_read(f: Read, copy: Tensor, step: int) -> Read:
+    """The read of the split ``copy`` equal to ``f``."""
+    last = f.indices[-1]
+    return Read(copy, tuple(f.indices[:-1]) + (normalize(last % step), normalize(last // step)))
 
 
 class _Replace(Mutator):

@@ -36,7 +36,7 @@ from te_grad.ir import (Binary, ComputeOp, Const, Expr, PlaceholderOp, Read, Red
 
 from . import congruence
 from .cache_tiling import tile_for_cache
-from .packing import pack_operands
+from .packing import Copies, pack_operands
 from .loopir import If, Jam, Loop, RegisterBlock, Stage, Store, TransposeBlock, nest
 from .machine import PORTABLE, Machine, host_machine
 from .scan import scan_nests
@@ -314,6 +314,14 @@ def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes,
         if factor is not None:
             chosen.append((parallel, factor))
     return chosen
+
+
+def _lane_var(t: Tensor, red: Reduce) -> Optional[Var]:
+    """The variable :func:`loop_order` runs the vector lanes of reduction term ``red`` of
+    ``t`` along (its innermost loop), over the whole output domain."""
+    order, _ = loop_order(list(t.op.axes), list(t.shape), list(red.axes), _accesses(red.body, red.where),
+                          list(t.op.axes), reads_in(red.body))
+    return order[-1] if order else None
 
 
 def _accesses(*exprs: Optional[Expr]) -> List[Sequence[Expr]]:
@@ -602,6 +610,7 @@ def stages_for(outputs: Sequence[Tensor], machine: Optional[Machine] = None) -> 
     """The stages computing every non-placeholder tensor behind ``outputs``, producers first,
     scheduled for ``machine`` (default: this one)."""
     machine = machine if machine is not None else host_machine()
+    copies = Copies()
     stages: List[Stage] = []
     done = set()
     for t in topo_order(list(outputs)):
@@ -617,7 +626,7 @@ def stages_for(outputs: Sequence[Tensor], machine: Optional[Machine] = None) -> 
                 if id(lt) not in done:
                     stages.append(compute_stage(lt, lt.op.body, machine))
                     done.add(id(lt))
-        body, packed = pack_operands(t, body, split_terms(body)[1])
+        body, packed = pack_operands(t, body, split_terms(body)[1], _lane_var, copies)
         stages.extend(compute_stage(p, p.op.body, machine) for p in packed)
         stages.append(compute_stage(t, body, machine))
     return stages

