@@ -8,7 +8,8 @@ softmax over 1000 columns (256 to 16384 rows). For each size te_grad's forward
 and backward (all float gradients in one kernel) are timed next to PyTorch eager
 (forward under ``no_grad``, backward ``autograd.grad`` on a retained graph) in
 one process at the same thread count, with GFLOP/s for the contractions (and
-their share of the machine's practical GEMM rate, measured first) and the ratios
+their share of the machine's practical GEMM rate, measured first with
+PyTorch's matrix products at the same thread count) and the ratios
 te_grad / PyTorch (< 1: te_grad faster).
 """
 import math
@@ -69,25 +70,28 @@ def measure(build, size, threads, timer, torch):
     return times
 
 
-def gemm_rate(torch, timer, n=2048) -> float:
-    """The machine's practical single-precision GEMM rate at this thread count, GFLOP/s: the
-    faster of PyTorch's ``mm`` (MKL / oneDNN) and numpy's ``@`` (its BLAS) on n x n matrices."""
+def gemm_rate(torch, timer, n=2048):
+    """The machine's practical single-precision GEMM rate at this thread count, GFLOP/s, and
+    what measured it: the faster of PyTorch's ``mm`` and ``linear`` (its BLAS, at
+    ``torch.set_num_threads``) on n x n matrices, or numpy's ``@`` without PyTorch (its
+    BLAS picks its own thread count)."""
     rng = np.random.default_rng(1)
     a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
-    fns = {"numpy": lambda: a @ b}
     if torch is not None:
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        fns["torch"] = lambda: torch.mm(ta, tb)
-    best = min(v["ms"] for v in timer(fns).values())
-    return 2.0 * n ** 3 / best / 1e6
+        fns = {"mm": lambda: torch.mm(ta, tb), "linear": lambda: torch.nn.functional.linear(ta, tb)}
+        what = "the faster of torch.mm and torch's linear"
+    else:
+        fns, what = {"mm": lambda: a @ b}, "numpy @, its own thread count"
+    return 2.0 * n ** 3 / min(v["ms"] for v in timer(fns).values()) / 1e6, what
 
 
 def main(argv=None):
     args, torch, timer = script_options(argv, __doc__.split("\n\n")[0], FAMILIES, Timer(2, 7, 1.0))
-    rate = gemm_rate(torch, timer)
+    rate, what = gemm_rate(torch, timer)
     print(f"# scaling, {args.threads} threads, {cpu_name()}; times in ms, GFLOP/s of the forward")
-    print(f"# practical GEMM rate: {rate:.0f} GFLOP/s (the faster of torch.mm and numpy @, "
-          "2048 x 2048 float32); 'of GEMM' = te_grad's forward rate / that")
+    print(f"# practical GEMM rate: {rate:.0f} GFLOP/s ({what}, 2048 x 2048 float32); "
+          "'of GEMM' = te_grad's forward rate / that")
     print(f"{'op':8s} {'size':>6s} {'tg fwd':>9s} {'tg bwd':>9s} {'pt fwd':>9s} {'pt bwd':>9s} "
           f"{'tg/pt f':>7s} {'tg/pt b':>7s} {'tg GF/s':>7s} {'pt GF/s':>7s} {'of GEMM':>7s}")
     for name, (build, sizes) in FAMILIES.items():

@@ -32,19 +32,32 @@ class RegisterBlockEmitter:
             self.stmts(blk.plain())
             return
         width, starts = plan
-        st = blk.store
-        vt = ir.VectorType(SCALAR[st.tensor.dtype], width)
-        align = SIZE[st.tensor.dtype]
-        with self.b.goto_entry_block():
-            accs = [self.b.alloca(vt) for _ in range(blk.jam)]  # promoted to registers (SROA)
-        iota = ir.Constant(ir.VectorType(I64, width), [ir.Constant(I64, k) for k in range(width)])
         if blk.reduce_lanes:
-            self.reduction_lanes(blk, width, starts, accs, iota)
+            self.reduction_lanes(blk, width, starts, self.accumulators(blk, width),
+                                 ir.Constant(ir.VectorType(I64, width), [ir.Constant(I64, k) for k in range(width)]))
             return
-        lo = int(blk.lo.value)
-        full = [(s0, k0) for s0, k0 in starts if s0 == k0]
-        tail = [(s0, k0) for s0, k0 in starts if s0 != k0]
+        # full blocks as a loop (code size independent of the axis length), then the tail,
+        # which may be narrower
+        full = [s0 for s0, k0, w in starts if s0 == k0 and w == width]
+        self.output_lanes(blk, width, None, len(full))
+        for start, keep_from, w in starts[len(full):]:
+            self.output_lanes(blk, w, (start, keep_from if keep_from > start else None), 0)
+        for j in blk.jams:
+            self.env.pop(id(j.var), None)
 
+    def accumulators(self, blk: RegisterBlock, width: int):
+        vt = ir.VectorType(SCALAR[blk.store.tensor.dtype], width)
+        with self.b.goto_entry_block():
+            return [self.b.alloca(vt) for _ in range(blk.jam)]  # promoted to registers (SROA)
+
+    def output_lanes(self, blk: RegisterBlock, width: int, tail, full: int):
+        """``full`` blocks of ``width`` lanes from the block's first element (as a loop), or
+        the one overlapping block ``tail = (start, keep_from)``: lanes before ``keep_from``
+        were computed by an earlier block and keep their value."""
+        st = blk.store
+        align = SIZE[st.tensor.dtype]
+        accs = self.accumulators(blk, width)
+        iota = ir.Constant(ir.VectorType(I64, width), [ir.Constant(I64, k) for k in range(width)])
         if _row_step(st, blk.var) is not None:  # 2 to 4: a strided row (a congruence class)
             row = StridedRow(self.b, SCALAR[st.tensor.dtype], width, _row_step(st, blk.var), align)
         else:  # lanes far apart in memory: read and written element by element, once per block
@@ -70,14 +83,13 @@ class RegisterBlockEmitter:
                 row.store(value, target)
             del self.env[id(blk.var)]
 
-        # full blocks as a loop (code size independent of the axis length), then the tail
-        self.counted(ir.Constant(I64, 0), ir.Constant(I64, len(full)), blk.var.name + "_block",
+        if tail is not None:
+            one_block(ir.Constant(I64, tail[0]), tail[1])
+            return
+        lo = int(blk.lo.value)
+        self.counted(ir.Constant(I64, 0), ir.Constant(I64, full), blk.var.name + "_block",
                      lambda b: one_block(self.b.add(ir.Constant(I64, lo), self.b.mul(b, ir.Constant(I64, width))),
                                          None))
-        for start, keep_from in tail:
-            one_block(ir.Constant(I64, start), keep_from)
-        for j in blk.jams:
-            self.env.pop(id(j.var), None)
 
     def reduction_lanes(self, blk: RegisterBlock, width: int, starts, accs, iota):
         """Lanes along a reduce axis: vectors accumulate across every loop, lanes combine at the end."""
@@ -87,8 +99,8 @@ class RegisterBlockEmitter:
         for acc in accs:
             self.b.store(self.splat(identity, width), acc)
         lo = int(blk.lo.value)
-        n_full = sum(1 for s0, k0 in starts if s0 == k0)
-        tails = [(s0, k0) for s0, k0 in starts if k0 > s0]
+        n_full = sum(1 for s0, k0, w in starts if s0 == k0 and w == width)
+        tails = [(s0, k0) for s0, k0, _ in starts if k0 > s0]
 
         def lanes_of(accumulate):
             def full(b):  # full lane blocks, iterated by a loop
@@ -172,7 +184,9 @@ class RegisterBlockEmitter:
         self.counted(lo, hi, lp.var.name, body)
 
     def block_plan(self, blk: RegisterBlock):
-        """(width, full blocks, first element of the scalar rest), or None to emit the plain nest."""
+        """``(width, [(start, keep_from, block width)])``, or None to emit the plain nest: full
+        blocks of ``width`` lanes (``start == keep_from``), then at most one overlapping
+        block whose lanes before ``keep_from`` are already done."""
         st = blk.store
         dt = st.tensor.dtype
         if dt not in ("float32", "float64") or st.combine is None or st.checked:
@@ -215,14 +229,20 @@ class RegisterBlockEmitter:
         if not widths:
             return None
 
+        # lanes along an output axis: the last block may be narrower (a row of 34 is a block
+        # of 32 and one of 8); lanes along a reduction share one width of accumulators
         def computed(w):
-            return -(-n // w) * w
+            rest = n % w
+            if rest and not blk.reduce_lanes:
+                rest = min(x for x in widths if x >= rest)
+            return n - n % w + rest if rest else n
 
         close = [w for w in widths if computed(w) - n <= n // 8]
         width = max(close) if close else min(widths, key=lambda w: (computed(w), -w))
-        starts = [(lo + b * width, lo + b * width) for b in range(n // width)]
+        starts = [(lo + b * width, lo + b * width, width) for b in range(n // width)]
         if n % width:
-            starts.append((hi - width, lo + (n // width) * width))  # overlaps the previous block
+            last = width if blk.reduce_lanes else min(x for x in widths if x >= n % width)
+            starts.append((hi - last, lo + (n // width) * width, last))  # overlaps the previous block
         return width, starts
 
     def vector_read(self, e: Read):

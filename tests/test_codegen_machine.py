@@ -171,3 +171,18 @@ def test_cache_sizes_are_read_from_sys(tmp_path):
     assert _sys_cache_bytes(3, str(tmp_path)) == 30 * 1024 * 1024
     assert _sys_cache_bytes(4, str(tmp_path)) is None
     assert _sys_cache_bytes(1, str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("n", [3, 9, 17, 24, 33, 34, 40, 47, 65])
+def test_rows_of_any_length_with_a_narrower_last_block(dtype, n):
+    # a row of 34 is a block of 32 lanes and an overlapping one of 8; 40 (float64) ends
+    # with a block that fits exactly
+    y, inputs = matmul(6, 20, n, dtype=dtype)
+    y64, inputs64 = matmul(6, 20, n)
+    feed = {x: RNG.standard_normal(x.shape).astype(dtype) for x in inputs}
+    want = tg.evaluate([y64], {x: feed[x32].astype(np.float64) for x, x32 in zip(inputs64, inputs)})[0]
+    for machine in (AVX2, AVX512):
+        got = tg.build([y], inputs, machine=machine)(*[feed[x] for x in inputs])
+        tol = 1e-12 if dtype == "float64" else 1e-4
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
