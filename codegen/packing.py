@@ -3,15 +3,16 @@
 Three kinds of copy, each a stage of its own computed on every call (it costs one pass over
 the operand, repaid by the reuse of each element):
 
-**Transposed** (``X @ W.T``, ``nn.dense``, ``Q @ K.T``). In
+**Transposed** (``X @ W.T``, ``nn.dense``, ``Q @ K.T``, ``A.T @ B.T``). In
 ``Y[i, j] = sum_k A[i, k] * B[j, k]`` both operands are contiguous along the
-reduce axis ``k``, so the register block's lanes could only run along ``k``:
-every multiply-add loads a vector of both operands and the lanes are summed at
-the end of each dot product. Reading a copy ``P[k, j] = B[j, k]`` instead (``B``
-with the dimensions of ``j`` and ``k`` swapped) lets the lanes run along the
-output axis ``j``: one vector of ``P`` per ``k`` for a block of rows broadcasting
-``A[i, k]``, the form of a GEMM micro-kernel. Made when each element of ``B``
-serves enough rows (:class:`Thresholds`).
+reduce axis ``k``, so the register block's lanes would run along ``k``: every
+multiply-add loads a vector of both operands and the lanes are summed at the end
+of each dot product (with ``A[k, i]``, along ``i``, the output's rows, stored
+element by element). Reading a copy ``P[k, j] = B[j, k]`` instead (``B`` with the
+dimensions of ``j`` and ``k`` swapped) lets the lanes run along the output axis
+``j``: one vector of ``P`` per ``k`` for a block of rows broadcasting ``A``, the
+form of a GEMM micro-kernel. Made when the schedule would run the lanes along
+another axis and each element of ``B`` serves enough rows (:class:`Thresholds`).
 
 **Zero-padded** (convolutions with padding, and their gradients). After
 simplification a padded convolution sums over bounds such as
@@ -138,7 +139,7 @@ def pack_operands(t: Tensor, body: Expr, terms, lane_of: Callable[[Tensor, Reduc
             read, v, step = interleaved
             copy = use(("classes", id(read.tensor), step), lambda: _deinterleaved(read.tensor, step))
             new = _Replace({id(read): _class_read(read, copy, step)}).visit(new)
-        read = _dot_product_operand(t, new)
+        read = _dot_product_operand(t, new, lane_of(t, new))
         if read is not None:
             perm = _swap_to_last(read, t.op.axes[-1])
             copy = use(("packed", id(read.tensor), tuple(perm)), lambda: _transposed(read.tensor, perm))
@@ -158,11 +159,12 @@ def _plain(read: Read) -> bool:
         len({id(i) for i in read.indices}) == len(read.indices)
 
 
-def _dot_product_operand(t: Tensor, red: Reduce) -> Optional[Read]:
-    """The read ``B[.., j, .., k]`` of a sum over ``k`` whose every operand is contiguous in
-    ``k`` while ``j``, the output's contiguous axis, indexes ``B`` elsewhere; None if the
-    term is not such a contraction or too small to repay the copy."""
-    if red.combiner != "sum" or not t.op.axes:
+def _dot_product_operand(t: Tensor, red: Reduce, lane: Optional[Var]) -> Optional[Read]:
+    """The read ``B[.., j, .., k]`` of a sum over ``k`` when the lanes would not run along
+    ``j``, the output's contiguous axis (they run along ``lane``), while ``B`` is read at
+    ``j`` and contiguous in ``k``; None if the term is not such a contraction or too small
+    to repay the copy."""
+    if red.combiner != "sum" or not t.op.axes or lane is t.op.axes[-1]:
         return None
     j = t.op.axes[-1]
     reads = reads_in(red.body)
@@ -174,9 +176,8 @@ def _dot_product_operand(t: Tensor, red: Reduce) -> Optional[Read]:
             continue
         if not any(j is i for i in b.indices[:-1]) or k.extent < thresholds().min_reduction:
             continue
-        others = [r for r in reads if r is not b and any(k is x for i in r.indices for x in free_vars(i))]
-        if not others or not all(_plain(r) and r.indices[-1] is k for r in others):
-            continue  # another operand is not contiguous in k: the lanes have a better axis already
+        if any(r is not b and any(j is x for i in r.indices for x in free_vars(i)) for r in reads):
+            continue  # another operand is read along j as well: it would not be a broadcast
         used = {id(i) for i in b.indices}
         reuse = int(np.prod([n for a, n in zip(t.op.axes, t.shape) if id(a) not in used] or [1]))
         if reuse < thresholds().min_reuse or int(np.prod(t.shape)) * k.extent < thresholds().min_work:

@@ -177,7 +177,7 @@ def test_batch_matmuls_with_transposed_copies(always_pack, transpose_a, transpos
     y = tg.nn.batch_matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
     head = tg.placeholder(y.shape, name="H", dtype="float64")
     outputs = [y] + tg.gradient(y, [a, b], head=head)
-    if transpose_b and not transpose_a:
+    if transpose_b:  # B[t, j, k]: lanes along j need it transposed (A^T @ B^T would run them along i)
         assert copies([y], "_packed") == ["B_packed"]
     assert reads_stay_inside(outputs)
     compare(outputs, [a, b, head])
