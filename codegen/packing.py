@@ -23,8 +23,12 @@ When one factor ``X[..]`` of the summand is what clips the bounds, reading a cop
 the bounds (``ry in [0, 3)``) at every output point. isl proves, for each such
 term, that every point the hull adds reads ``X`` out of its range: there ``Xp``
 holds 0, a factor of the summand, so the term's value is unchanged for finite
-operands (as in the formula written with ``if_then_else(inside, X, 0) * W``, an
-infinite other factor there gives NaN; the simplified sum skips the point).
+operands. Every factor must be a read or a constant: a computed factor (a
+partial derivative such as ``0.5 / sqrt(x)``) could be infinite at an added point,
+and te_grad never multiplies a structural zero by a partial. An infinite or NaN
+*input* element multiplied by the border gives NaN there, as in PyTorch's padded
+convolution and in the formula written with ``if_then_else(inside, X, 0) * W``;
+the evaluator, which skips those points, gives the other factors' sum.
 
 **Split into congruence classes** (strided convolutions and their weight
 gradients). A read ``X[.., 2*w + rx]`` whose lanes run along ``w`` steps by 2:
@@ -53,7 +57,7 @@ from simplify.linear import coefficient, normalize
 from te_grad import dsl
 from te_grad.graph import free_vars, reads_in
 from te_grad.intervals import interval, speculatable
-from te_grad.ir import Binary, Expr, Read, Reduce, ReduceAxis, Tensor, Var
+from te_grad.ir import Binary, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var
 from te_grad.transform import substitute
 from te_grad.visitor import Mutator
 
@@ -227,6 +231,8 @@ def _padded_term(t: Tensor, red: Reduce):
             return None
         hull.append((lo[0], hi[1]))
     factors = _factors(red.body)
+    if not all(isinstance(g, (Read, Const)) for g in factors):
+        return None  # a computed factor (a partial derivative) may be infinite where the hull adds points
     for f in factors:
         if not isinstance(f, Read) or f.tensor is t:
             continue

@@ -181,3 +181,21 @@ def test_batch_matmuls_with_transposed_copies(always_pack, transpose_a, transpos
         assert copies([y], "_packed") == ["B_packed"]
     assert reads_stay_inside(outputs)
     compare(outputs, [a, b, head])
+
+
+def test_a_structural_zero_never_meets_an_infinite_computed_factor(always_pack):
+    # 1 / W[0] is infinite; the tap k = 0 of output 0 falls outside X, so the simplified sum
+    # skips it and y[0] is finite. A padded copy would multiply the border's zero by inf
+    # (NaN): with a computed factor (a partial derivative, say), no copy is made.
+    x = tg.placeholder((12,), name="X", dtype="float64")
+    w = tg.placeholder((3,), name="W", dtype="float64")
+    k = tg.reduce_axis(3, "k")
+    y = tg.compute((12,), lambda i: tg.sum(tg.if_then_else(tg.all(i + k - 1 >= 0, i + k - 1 < 12), x[i + k - 1], 0.0)
+                                          * (1.0 / w[k]), axis=k), name="Y")
+    assert copies([y], "_padded") == []
+    feed = {x: RNG.standard_normal(12), w: np.array([0.0, 2.0, 4.0])}
+    want = tg.evaluate(simplify([y]), feed)[0]  # (the formula as written gives 0 * inf = NaN)
+    got = tg.build([y], [x, w], machine=AVX512)(feed[x], feed[w])
+    assert np.isfinite(want[0]) and np.isfinite(got[0])
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    np.testing.assert_allclose(got[np.isfinite(want)], want[np.isfinite(want)], rtol=1e-12)
