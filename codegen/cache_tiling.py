@@ -29,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from te_grad import dsl
 from te_grad.graph import free_vars, reads_in
 from te_grad.intervals import interval
@@ -126,7 +128,7 @@ def _block_ranges(block: RegisterBlock, outer: Dict[int, Tuple[int, int]]) -> Di
 def _footprint(read: Read, ranges: Dict[int, Tuple[int, int]]) -> int:
     """Bytes of ``read``'s tensor touched over ``ranges`` (a box per dimension; a row
     touched costs at least a cache line; an index that cannot be bounded spans its dimension)."""
-    size = {"float64": 8, "int64": 8, "float32": 4, "int32": 4}.get(read.tensor.dtype, 8)
+    size = np.dtype(read.tensor.dtype).itemsize
     elements = 1
     shape = read.tensor.shape
     for d, (ix, n) in enumerate(zip(read.indices, shape)):

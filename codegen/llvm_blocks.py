@@ -33,14 +33,13 @@ class RegisterBlockEmitter:
             return
         width, starts = plan
         if blk.reduce_lanes:
-            self.reduction_lanes(blk, width, starts, self.accumulators(blk, width),
-                                 ir.Constant(ir.VectorType(I64, width), [ir.Constant(I64, k) for k in range(width)]))
+            self.reduction_lanes(blk, width, starts, self.accumulators(blk, width), _iota(width))
             return
         # full blocks as a loop (code size independent of the axis length), then the tail,
         # which may be narrower
-        full = [s0 for s0, k0, w in starts if s0 == k0 and w == width]
-        self.output_lanes(blk, width, None, len(full))
-        for start, keep_from, w in starts[len(full):]:
+        full = _full_blocks(starts, width)
+        self.output_lanes(blk, width, None, full)
+        for start, keep_from, w in starts[full:]:
             self.output_lanes(blk, w, (start, keep_from if keep_from > start else None), 0)
         for j in blk.jams:
             self.env.pop(id(j.var), None)
@@ -57,7 +56,7 @@ class RegisterBlockEmitter:
         st = blk.store
         align = SIZE[st.tensor.dtype]
         accs = self.accumulators(blk, width)
-        iota = ir.Constant(ir.VectorType(I64, width), [ir.Constant(I64, k) for k in range(width)])
+        iota = _iota(width)
         if _row_step(st, blk.var) is not None:  # 2 to 4: a strided row (a congruence class)
             row = StridedRow(self.b, SCALAR[st.tensor.dtype], width, _row_step(st, blk.var), align)
         else:  # lanes far apart in memory: read and written element by element, once per block
@@ -99,7 +98,7 @@ class RegisterBlockEmitter:
         for acc in accs:
             self.b.store(self.splat(identity, width), acc)
         lo = int(blk.lo.value)
-        n_full = sum(1 for s0, k0, w in starts if s0 == k0 and w == width)
+        n_full = _full_blocks(starts, width)
         tails = [(s0, k0) for s0, k0, _ in starts if k0 > s0]
 
         def lanes_of(accumulate):
@@ -280,6 +279,16 @@ class RegisterBlockEmitter:
             out = self.b.insert_element(out, self.b.load(self.b.gep(base, [lane], inbounds=True)),
                                         ir.Constant(I32, k))
         return out
+
+
+def _iota(width: int):
+    """The vector ``[0, 1, ..., width - 1]`` of i64."""
+    return ir.Constant(ir.VectorType(I64, width), [ir.Constant(I64, k) for k in range(width)])
+
+
+def _full_blocks(starts, width: int) -> int:
+    """How many of a plan's blocks are full blocks of ``width`` lanes (they come first)."""
+    return sum(1 for s0, k0, w in starts if s0 == k0 and w == width)
 
 
 def _row_step(st: Store, var) -> "int | None":

@@ -140,7 +140,7 @@ def pack_operands(t: Tensor, body: Expr, terms, lane_of: Callable[[Tensor, Reduc
             new = _hulled(new, f, copy, before, axes)
         interleaved = _interleaved_read(t, new, lane_of(t, new))
         if interleaved is not None:
-            read, v, step = interleaved
+            read, step = interleaved
             copy = use(("classes", id(read.tensor), step), lambda: _deinterleaved(read.tensor, step))
             new = _Replace({id(read): _class_read(read, copy, step)}).visit(new)
         read = _dot_product_operand(t, new, lane_of(t, new))
@@ -320,7 +320,7 @@ def _hull_adds_only_reads_out_of_range(t: Tensor, red: Reduce, hull, f: Read) ->
 
 # -- de-interleaved copies -----------------------------------------------------------------
 
-def _interleaved_read(t: Tensor, red: Reduce, v: Optional[Var]) -> Optional[Tuple[Read, Var, int]]:
+def _interleaved_read(t: Tensor, red: Reduce, v: Optional[Var]) -> Optional[Tuple[Read, int]]:
     """A read ``X[.., s*v + g]`` of the term (``s`` in 2..4) when its lanes run along ``v``,
     with the step ``s``; None if there is none or the copy would not pay."""
     if v is None:
@@ -342,7 +342,7 @@ def _interleaved_read(t: Tensor, red: Reduce, v: Optional[Var]) -> Optional[Tupl
             continue
         size = int(np.prod(f.tensor.shape[:-1])) * step * -(-f.tensor.shape[-1] // step)
         if work >= max(thresholds().min_work, thresholds().min_padded_reuse * size):
-            return f, v, step
+            return f, step
     return None
 
 

@@ -11,7 +11,10 @@ Each compute tensor becomes one :class:`~codegen.loopir.Stage`:
 - loop order: innermost, the variable giving the most unit-stride accesses
   (vectorizable) among those no bound depends on; one output axis is split
   across threads (each writes its own range of T), outermost unless it is the
-  innermost loop; the others in between, each after the variables its bounds use.
+  innermost loop; the others in between, each after the variables its bounds use;
+- operands may first be read from copies in a better layout (:mod:`.packing`), and
+  each term's loops become register blocks tiled for the cache
+  (:mod:`.register_blocking`, :mod:`.cache_tiling`), sized for the machine.
 A scatter becomes a serial stage: zero-fill, then accumulate with run-time
 checked indices.
 """
@@ -35,9 +38,9 @@ from te_grad.ir import (Binary, ComputeOp, Const, Expr, PlaceholderOp, Read, Red
                         ScatterOp, Select, Tensor, Var)
 
 from . import congruence
-from .cache_tiling import tile_for_cache
 from .packing import Copies, pack_operands
-from .loopir import If, Jam, Loop, RegisterBlock, Stage, Store, TransposeBlock, nest
+from .register_blocking import accumulate_nest
+from .loopir import If, Loop, Stage, Store, TransposeBlock, nest
 from .machine import PORTABLE, Machine, host_machine
 from .scan import scan_nests
 
@@ -206,116 +209,6 @@ def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
 # stages
 # ---------------------------------------------------------------------------
 
-def _accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_axes,
-                     machine: Machine) -> List:
-    """The loops of one reduction term; when the innermost loop runs over an output axis
-    with reduce loops just outside it, those become a :class:`RegisterBlock`, and the
-    loops around it are tiled for the cache (:mod:`.cache_tiling`)."""
-    inner_var = order[-1]
-    k = len(order) - 1
-    while k > 0 and not any(order[k - 1] is a for a in out_axes):
-        k -= 1
-    reduce_suffix = order[k:-1]
-    inner_is_output = any(inner_var is a for a in out_axes)
-    constant = isinstance(bounds[id(inner_var)][0], Const) and isinstance(bounds[id(inner_var)][1], Const)
-    lanes_on_reduction = not inner_is_output and store.combine in ("sum", "max", "min")
-    if constant and inner_var is not parallel and (inner_is_output and reduce_suffix or lanes_on_reduction):
-        loops = [Loop(v, *bounds[id(v)], []) for v in reduce_suffix]
-        block = RegisterBlock(inner_var, *bounds[id(inner_var)], loops, cond, store,
-                              reduce_lanes=not inner_is_output,
-                              vector_bits=block_vector_bits(machine, reduce_lanes=not inner_is_output),
-                              accumulators=accumulator_registers(machine))
-        outer = list(order[:k])
-        bounds = dict(bounds)
-        jams = []
-        scaled = None
-        for var, factor in _jam_choices(outer, bounds, store, parallel, out_axes, block.accumulators):
-            jam_outer = Var(var.name + "o")
-            lo, hi = (int(b.value) for b in bounds[id(var)])
-            jams.append(Jam(var, jam_outer, factor, base=lo))
-            bounds[id(jam_outer)] = (dsl.const(0), dsl.const((hi - lo) // factor))
-            outer = [jam_outer if v is var else v for v in outer]
-            if var is parallel:
-                scaled = (jam_outer, factor)
-        block.jams = tuple(jams)
-        body: List = [block]
-        for v in reversed(outer):
-            lo, hi = bounds[id(v)]
-            if scaled is not None and v is scaled[0]:  # threads take whole blocks of the split axis
-                body = [Loop(v, lo, hi, body, parallel=True, scale=scaled[1])]
-            else:
-                body = [Loop(v, lo, hi, body, parallel=v is parallel)]
-        return tile_for_cache(body, list(out_axes) + [j.outer for j in jams], machine)
-    inner = [If(cond, [store])] if cond is not None else [store]
-    return nest(order, bounds, inner, parallel)
-
-
-#: the fewest blocks a jammed split axis keeps for the threads
-MIN_SPLIT_BLOCKS = 8
-
-
-def accumulator_registers(machine: Machine) -> int:
-    """Vector registers a register block's accumulators may take: three quarters of the
-    machine's (12 of AVX2's 16, 24 of AVX-512's 32), the rest for operands."""
-    return machine.vector_registers * 3 // 4
-
-
-def block_vector_bits(machine: Machine, reduce_lanes: bool) -> int:
-    """Bits of the vectors of a register block: the machine's widest, except that lanes
-    along a reduce axis stay at 256 bits. Such a block loads a vector of every operand
-    for each multiply-add, and with 512-bit vectors it is limited by loads from the
-    cache (on an AVX-512 Xeon, a 1024-square ``X @ W.T`` ran at 83-86 GFLOP/s with
-    512-bit vectors against 97 with 256-bit ones; ``X @ W``, which broadcasts one
-    operand, gains from 79 to 131)."""
-    return machine.vector_bits if not reduce_lanes else min(machine.vector_bits, 256)
-
-
-def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes,
-                 max_copies: int) -> List[Tuple[Var, int]]:
-    """Output loops to unroll-and-jam into the register block, with their factors.
-
-    Each must have constant bounds ``[lo, hi)`` with ``hi - lo`` divisible by its factor
-    (``lo`` is 0 for the split loop, whose threads take ranges of blocks), must not bound other
-    loops, and some read of the body must not depend on it (that read is then shared by
-    the jammed copies). First the innermost such loop that is not split among threads
-    and the next such loop out, each by 4, 3 or 2 (a block of ``Q @ K.T`` then
-    shares each row of ``Q`` among columns and each row of ``K`` among rows); then the
-    split loop itself, by the largest of 8, 6, 4, 3, 2; at most ``max_copies`` copies in
-    all, and at least :data:`MIN_SPLIT_BLOCKS` blocks of the split loop for the threads."""
-    reads = reads_in(store.value)
-
-    def eligible(v):
-        if not any(v is a for a in out_axes):
-            return False
-        lo, hi = bounds[id(v)]
-        if not (isinstance(lo, Const) and isinstance(hi, Const)) or (v is parallel and lo.value != 0):
-            return False
-        # no loop (outer, or inside the block) may have bounds that use v: the jammed copies
-        # run those loops once, for all values of v together
-        if any(v is x for k, lo_hi in bounds.items() if k != id(v) for b in lo_hi for x in free_vars(b)):
-            return False
-        return any(all(not any(x is v for x in free_vars(i)) for i in r.indices) for r in reads)
-
-    chosen: List[Tuple[Var, int]] = []
-    copies = 1
-    for v in reversed(outer):
-        if v is not parallel and eligible(v):
-            n = bounds[id(v)][1].value - bounds[id(v)][0].value
-            factor = next((f for f in (4, 3, 2) if n % f == 0 and n >= f and copies * f <= max_copies), None)
-            if factor is not None:
-                chosen.append((v, factor))
-                copies *= factor
-                if len(chosen) == 2:
-                    break
-    if parallel is not None and any(parallel is v for v in outer) and eligible(parallel):
-        n = bounds[id(parallel)][1].value
-        factor = next((f for f in (8, 6, 4, 3, 2) if n % f == 0 and n // f >= MIN_SPLIT_BLOCKS
-                       and copies * f <= max_copies), None)
-        if factor is not None:
-            chosen.append((parallel, factor))
-    return chosen
-
-
 def _lane_var(t: Tensor, red: Reduce) -> Optional[Var]:
     """The variable :func:`loop_order` runs the vector lanes of reduction term ``red`` of
     ``t`` along (its innermost loop), over the whole output domain."""
@@ -435,7 +328,7 @@ def _term_nests(t: Tensor, view, red_axes, value: Expr, cond: Optional[Expr], co
         bounds = _const_bounds(ranges)
         bounds.update({id(r): (r.lo, r.hi) for r in axes_here})
         store = Store(t, tuple(view.store), dsl.cast(t.dtype, value_here), combine=combiner)
-        stmts += _accumulate_nest(order, bounds, store, cond_here, par, view.axes, machine)
+        stmts += accumulate_nest(order, bounds, store, cond_here, par, view.axes, machine)
     return stmts
 
 
