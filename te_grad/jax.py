@@ -122,9 +122,10 @@ class JaxOp:
         def call_fwd(*args):
             results, spec = run_forward(args)
             n_out = len(spec.outputs)
-            saved = spec.vjp.saved
-            by_id = {id(t): r for t, r in zip(spec.vjp.forward.outputs, results)}
-            residuals = tuple(by_id[id(t)] for t in saved)
+            # the forward kernel returns vjp.outputs then vjp.residuals (its own outputs may be
+            # other objects: simplified, or loaded from the build cache)
+            by_id = {id(t): r for t, r in zip(spec.vjp.outputs + spec.vjp.residuals, results)}
+            residuals = tuple(by_id[id(t)] for t in spec.vjp.saved)
             return tuple(results[:n_out]), (tuple(args), residuals)
 
         def call_bwd(saved, grads):
