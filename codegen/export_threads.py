@@ -1,39 +1,35 @@
 """The threaded build of an exported kernel: each parallel region forked onto pthreads.
 
-The plan is the one :class:`~codegen.kernel.Kernel` follows in Python: runs of stages
-(:mod:`.regions`), a run big enough shared among the threads by static chunks of its
+The plan is the one a :class:`~codegen.kernel.Kernel` follows (:func:`.regions.plan`):
+runs of stages, a run big enough shared among the threads by static chunks of its
 parallel loop (multiples of its granule), the calling thread taking the last chunk, and
-small runs in one call. ``pthread_create`` failing is no error: that chunk then runs on
+small runs in one call; only the threshold differs, since a thread is started per chunk
+here where kernels hand chunks to a team of waiting workers (:mod:`.team`). ``pthread_create`` failing is no error: that chunk then runs on
 the calling thread. The first non-zero code of any chunk is returned.
 """
 from __future__ import annotations
 
-import math
 from typing import List, Tuple
 
-from .kernel import PARALLEL_THRESHOLD
 from .llvm import ir
 from .llvm_types import I8, I32, I64
+from .regions import chunk_bounds
+from .team_ir import WHOLE as _WHOLE
 
-_WHOLE = 1 << 62
+
+#: an exported kernel starts a thread per chunk of a shared run (about 20 µs each), so it
+#: shares only runs of at least this many innermost iterations
+EXPORT_THRESHOLD = 500_000
 
 
 def plan(kernel, threads: int) -> List[Tuple[int, int, List[Tuple[int, int]]]]:
     """``[(first, last, chunks)]``: ``chunks`` empty for a run made in one call."""
-    runs = []
-    for first, last in kernel.regions:
-        extent = kernel.stages[first].stage.parallel_extent
-        work = sum(cs.work for cs in kernel.stages[first:last])
-        if threads > 1 and work >= PARALLEL_THRESHOLD and extent > 1:
-            granule = math.lcm(*[cs.stage.parallel_granule for cs in kernel.stages[first:last]])
-            n = min(threads, extent)
-            bounds = [0] + [extent * k // n // granule * granule for k in range(1, n)] + [extent]
-            runs.append((first, last, [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]))
-        elif runs and not runs[-1][2]:
-            runs[-1] = (runs[-1][0], last, [])
-        else:
-            runs.append((first, last, []))
-    return runs
+    out = []
+    for r in kernel.plan(threads, threshold=EXPORT_THRESHOLD):
+        chunks = [(lo, hi) for lo, hi in chunk_bounds(r.extent, r.chunks, r.granule) if hi > lo] \
+            if r.chunks else []
+        out.append((r.first, r.last, chunks))
+    return out
 
 
 def run_threaded(module, b, entry, run, table_p, err_p, threads: int, pointer_bits: int):

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -14,28 +12,16 @@ from te_grad.errors import InternalError, UserError
 from te_grad.evaluator import check_feed
 from te_grad.ir import Tensor
 
+from . import team_ir
 from .llvm_module import RUN_REGION, RUN_STAGES
-from .regions import row_blocks
+from .regions import plan, row_blocks
 from .loopir import Stage, program_text
-
-#: below this many innermost iterations a run of stages stays on one thread: handing work to
-#: another thread costs about 20 µs (more when it has to wake up), more than splitting saves
-#: on smaller runs
-PARALLEL_THRESHOLD = 500_000
+from .team import team
 
 #: the parallel range given to stages run whole (each clamps it to its own loop)
-_WHOLE = 1 << 62
+_WHOLE = team_ir.WHOLE
 #: the key of a scratch set's address table
 _TABLE = -1
-
-_pools: Dict[int, ThreadPoolExecutor] = {}
-
-
-def _pool(threads: int) -> ThreadPoolExecutor:
-    pool = _pools.get(threads)
-    if pool is None:
-        pool = _pools[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="te_grad")
-    return pool
 
 
 def default_threads() -> int:
@@ -76,37 +62,33 @@ class Kernel:
         self._index = {id(t): n for n, t in enumerate(self.buffers)}
         self._input_slots = [self._index[id(t)] for t in self.inputs]
         self._output_slots = [self._index[id(t)] for t in self.outputs]
-        self._plans: Dict[int, List[Tuple[int, int, bool, int]]] = {}
+        self._plans: Dict[int, np.ndarray] = {}
         given = {id(t) for t in self.inputs} | {id(t) for t in self.outputs}
         self._intermediates = [n for n, t in enumerate(self.buffers) if id(t) not in given]
         self._scratch: List[Dict[int, np.ndarray]] = []
         self._lock = threading.Lock()
-        run_stages = compiled.addresses[RUN_STAGES]
+        self._stages_fn = compiled.addresses[RUN_STAGES]
+        self._region_fn = compiled.addresses[RUN_REGION]
         self._run_stages = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                            ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)(run_stages)
-        self._run_region = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                                            ctypes.c_void_p)(compiled.addresses[RUN_REGION])
+                                            ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)(self._stages_fn)
 
-    def _plan(self) -> List[Tuple[int, int, bool, int]]:
-        """Runs of stages ``(first, last, shared, block)``: a shared run is one parallel region
-        split among the threads; a run with ``block`` > 0 goes through its rows that many at a
-        time (:func:`~codegen.regions.row_blocks`); consecutive runs too small to share and
-        not blocked go to native code in one call."""
-        cached = self._plans.get(self.threads)
-        if cached is not None:
-            return cached
-        runs: List[Tuple[int, int, bool, int]] = []
-        for (first, last), block in zip(self.regions, self.blocks):
-            extent = self.stages[first].stage.parallel_extent
-            work = sum(cs.work for cs in self.stages[first:last])
-            shared = self.threads > 1 and work >= PARALLEL_THRESHOLD and extent > 1
-            if runs and not shared and not block and not runs[-1][2] and not runs[-1][3]:
-                runs[-1] = (runs[-1][0], last, False, 0)
-            else:
-                runs.append((first, last, shared, block))
-        self._plans[self.threads] = runs
-        return runs
+    def plan(self, threads: Optional[int] = None, **options):
+        """How a call runs on ``threads`` threads (default: the kernel's):
+        :func:`codegen.regions.plan`'s runs of stages (``options`` are its own)."""
+        return plan([cs.stage for cs in self.stages], [cs.work for cs in self.stages], self.regions,
+                    self.blocks, self.threads if threads is None else threads, **options)
+
+    def _plan_records(self) -> np.ndarray:
+        """The plan as the team's records (:mod:`.team_ir`), made once per thread count."""
+        records = self._plans.get(self.threads)
+        if records is None:
+            runs = self.plan()
+            records = np.zeros((len(runs), team_ir.RECORD), dtype=np.int64)
+            for row, r in zip(records, runs):
+                row[:team_ir.REC_GRANULE + 1] = (r.first, r.last, r.block, r.extent, r.chunks,
+                                                 self.threads, r.granule)
+            self._plans[self.threads] = records
+        return records
 
     @property
     def loops(self) -> str:
@@ -237,14 +219,14 @@ class Kernel:
         self._run_plan(table)
 
     def _run_plan(self, table):
-        for first, last, shared, block in self._plans.get(self.threads) or self._plan():
-            if shared:
-                self._run_shared(table, first, last, block)
-            elif block:
-                self._check(self._run_range(table, first, last, 0, self.stages[first].stage.parallel_extent,
-                                            block))
-            else:
-                self._check(self._run_range(table, first, last, 0, _WHOLE))
+        records = self._plan_records()
+        crew = team(self.threads)
+        if crew.sleepers:
+            crew.wake()
+        err = (ctypes.c_int64 * 4)()
+        rc = crew.run_plan(crew.address, records.ctypes.data, len(records), self._stages_fn, self._region_fn,
+                           ctypes.addressof(table), ctypes.addressof(err))
+        self._check((rc, list(err)))
 
     def _out_arrays(self, out) -> List[np.ndarray]:
         if out is None:
@@ -261,26 +243,9 @@ class Kernel:
                 raise UserError(f"out array for {t.name} must be C-contiguous and writeable")
         return out
 
-    def _run_shared(self, table, first: int, last: int, block: int = 0):
-        """Stages ``[first, last)`` (one region) with their parallel range split among threads."""
-        extent = self.stages[first].stage.parallel_extent
-        granule = math.lcm(*[cs.stage.parallel_granule for cs in self.stages[first:last]])
-        threads = min(self.threads, extent)
-        bounds = [0] + [extent * k // threads // granule * granule for k in range(1, threads)] + [extent]
-        chunks = [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
-        # the calling thread takes the last chunk itself: one hand-off fewer
-        futures = [_pool(self.threads).submit(self._run_range, table, first, last, lo, hi, block)
-                   for lo, hi in chunks[:-1]]
-        mine = self._run_range(table, first, last, *chunks[-1], block)
-        for result in [f.result() for f in futures] + [mine]:
-            self._check(result)
-
-    def _run_range(self, table, first: int, last: int, lo: int, hi: int, block: int = 0):
+    def _run_range(self, table, first: int, last: int, lo: int, hi: int):
         err = (ctypes.c_int64 * 4)()
-        if block:
-            rc = self._run_region(table, first, last, lo, hi, block, ctypes.addressof(err))
-        else:
-            rc = self._run_stages(table, first, last, lo, hi, ctypes.addressof(err))
+        rc = self._run_stages(table, first, last, lo, hi, ctypes.addressof(err))
         return (0, None) if rc == 0 else (rc, list(err))
 
     def _check(self, result):

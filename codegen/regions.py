@@ -6,7 +6,7 @@ a tensor computed earlier in the region takes, along that tensor's split
 axis, exactly ``B``'s own split axis: the thread computing rows ``[lo, hi)``
 of ``B`` then reads only rows ``[lo, hi)`` of ``A``, which the same thread
 computed just before. A softmax (row max, exponentials, row sum, quotient)
-and its gradient are each one region: one hand-off to the thread pool instead
+and its gradient are each one region: one hand-off to the thread team instead
 of one per stage.
 
 A region whose tensors do not fit in cache also runs in blocks of rows
@@ -18,7 +18,7 @@ the same whatever the block (each row is computed by the same code).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Sequence, Tuple
 
 import math
 
@@ -91,3 +91,54 @@ def row_blocks(stages: Sequence[Stage], runs: Sequence[Tuple[int, int]]) -> List
         rows = max(1, BLOCK_BYTES * extent // total) // granule * granule
         out.append(max(rows, granule) if max(rows, granule) < extent else 0)
     return out
+
+
+#: below this many innermost iterations a run of stages stays on the calling thread: the
+#: team's hand-off (a few atomic operations, and waiting for the slowest chunk) costs more
+#: than splitting saves on smaller runs
+PARALLEL_THRESHOLD = 32_768
+
+
+class Run(NamedTuple):
+    """Stages ``[first, last)`` run together: see :func:`plan`."""
+    first: int
+    last: int
+    block: int
+    extent: int
+    chunks: int
+    granule: int
+
+
+def plan(stages: Sequence[Stage], works: Sequence[int], runs: Sequence[Tuple[int, int]],
+         blocks: Sequence[int], threads: int, threshold: int = None) -> List[Run]:
+    """How a kernel runs on ``threads`` threads: a list of :class:`Run`.
+
+    Each is a run of stages ``[first, last)``: shared among the threads in ``chunks``
+    chunks of its parallel range ``[0, extent)`` (multiples of ``granule``, every
+    stage's granule), or,
+    with ``chunks == 0``, made on the calling thread, a block of ``block`` rows at a time
+    when ``block`` > 0 (:func:`row_blocks`). ``runs`` are the kernel's regions
+    (:func:`regions`), ``works`` each stage's innermost iterations. Consecutive regions too
+    small to share (under ``threshold`` iterations, :data:`PARALLEL_THRESHOLD` by default)
+    and not blocked are merged into one run."""
+    threshold = PARALLEL_THRESHOLD if threshold is None else threshold
+    out: List[Run] = []
+    for (first, last), block in zip(runs, blocks):
+        extent = stages[first].parallel_extent
+        granule = math.lcm(*[s.parallel_granule for s in stages[first:last]])
+        work = sum(works[first:last])
+        chunks = min(threads, extent // granule) if threads > 1 and work >= threshold else 0
+        if chunks < 2:
+            chunks = 0
+        if out and not chunks and not block and not out[-1].chunks and not out[-1].block:
+            out[-1] = out[-1]._replace(last=last)
+        else:
+            out.append(Run(first, last, block, extent, chunks, granule))
+    return out
+
+
+def chunk_bounds(extent: int, chunks: int, granule: int) -> List[Tuple[int, int]]:
+    """The ranges of the parallel loop that ``chunks`` chunks take (as the team computes them;
+    an empty range is possible when the granule is coarse)."""
+    bounds = [0] + [extent * k // chunks // granule * granule for k in range(1, chunks)] + [extent]
+    return list(zip(bounds[:-1], bounds[1:]))

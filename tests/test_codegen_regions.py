@@ -1,21 +1,25 @@
 """Parallel regions: consecutive stages that threads run without waiting for each other.
 
-Every stage is forced onto the thread pool (threshold 0) so that the regions
+Every stage is forced onto the thread team (threshold 0) so that the regions
 are exercised on small shapes; results must equal the evaluator's.
 """
 import numpy as np
 import pytest
 
-import codegen.kernel
+import importlib
+
 import te_grad as tg
 from te_grad import nn
 
 from test_codegen import assert_kernel_matches
 
 
+regions_module = importlib.import_module("codegen.regions")  # codegen.regions is also a function's name
+
+
 @pytest.fixture
 def always_parallel(monkeypatch):
-    monkeypatch.setattr(codegen.kernel, "PARALLEL_THRESHOLD", 0)
+    monkeypatch.setattr(regions_module, "PARALLEL_THRESHOLD", 0)
 
 
 def _with_gradient(y, inputs, rng):
@@ -48,7 +52,7 @@ def _graphs():
 def test_regions_match_the_evaluator(always_parallel, name, graph, threads):
     outs, inputs, feed = graph
     kern, _ = assert_kernel_matches(outs, inputs, feed, threads=threads, rtol=1e-9, atol=1e-11, scaled=True)
-    assert all(shared for _, _, shared, _ in kern._plan())
+    assert all(run.chunks == threads for run in kern.plan())
 
 
 def test_row_local_stages_share_one_region_and_a_transposed_read_starts_another(always_parallel):
@@ -82,10 +86,8 @@ def test_jammed_split_axis_gives_threads_whole_blocks(always_parallel, threads, 
 @pytest.fixture
 def tiny_blocks(monkeypatch):
     """Every multi-stage region runs in blocks of as few rows as its granule allows."""
-    import importlib
-    regions = importlib.import_module("codegen.regions")  # codegen.regions is also a function's name
-    monkeypatch.setattr(regions, "REGION_CACHE_BYTES", 0)
-    monkeypatch.setattr(regions, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(regions_module, "REGION_CACHE_BYTES", 0)
+    monkeypatch.setattr(regions_module, "BLOCK_BYTES", 1)
 
 
 def _dense_jammed():
@@ -119,5 +121,4 @@ def test_big_regions_are_blocked_and_small_ones_are_not():
         h = tg.placeholder(y.shape, name="H")
         kern = tg.build(tg.gradient(y, [x], head=h), [x, h], threads=1)
         assert any(kern.blocks) == want
-        for (first, last, shared, block) in kern._plan():
-            assert not shared
+        assert not any(run.chunks for run in kern.plan())
