@@ -171,8 +171,19 @@ def prepare_te_grad(w, arrays, head, threads):
     for got, want in zip(step(*arrays, head), values):  # the step kernel computes the same values
         if rel_err(got, want) > RTOL:
             raise AssertionError("te_grad's training-step kernel disagrees with its forward and backward")
-    info = dict(build_fwd_s=t1 - t0, gradient_s=t2 - t1, build_bwd_s=t3 - t2)
-    return (dict(fwd=lambda: fwd(*arrays), bwd=lambda: bwd(*arrays, head), step=lambda: step(*arrays, head)),
+    # the backward from saved residuals, as PyTorch's autograd runs it: forward once, then
+    # the backward kernel alone on what it saved
+    vjp = tg.build_vjp([w.output], floats + data, wrt=floats, threads=threads)
+    _, residuals = vjp.run_forward(*arrays)
+    by_input = {id(x): a for x, a in zip(floats + data, arrays)}
+    res_args = list(residuals) + [by_input[id(x)] for x in vjp.needed_inputs] + ([head] if vjp.head_used[0] else [])
+    for got, want in zip(vjp.run_backward(residuals, arrays, [head]), values[1:]):
+        if rel_err(got, want) > RTOL:
+            raise AssertionError("te_grad's backward from residuals disagrees with its backward")
+    info = dict(build_fwd_s=t1 - t0, gradient_s=t2 - t1, build_bwd_s=t3 - t2,
+                saved=[t.name for t in vjp.saved], residual_bytes=vjp.residual_bytes)
+    return (dict(fwd=lambda: fwd(*arrays), bwd=lambda: bwd(*arrays, head), step=lambda: step(*arrays, head),
+                 res=lambda: vjp.backward(*res_args)),
             values, info)
 
 
@@ -265,6 +276,7 @@ def run_op(name, fw, threads, timer, seed):
     if "grad_ms" in rec.get("torch", {}):  # measured directly (a difference of two times can be negative)
         rec["torch"]["bwd_ms"] = rec["torch"]["grad_ms"]
     print("  " + "; ".join(f"{k} fwd {rec[k]['fwd_ms']:.3f} ms, bwd {rec[k]['bwd_ms']:.3f} ms"
+                           + (f" (from residuals {rec[k]['res_ms']:.3f} ms)" if "res_ms" in rec[k] else "")
                            for k, _, _ in fw if "fwd_ms" in rec.get(k, {})), flush=True)
     ref = next((k for k in ("torch", "jax") if k in results), None)
     rec["reference"] = ref
@@ -295,15 +307,19 @@ def check_text(rec):
 
 
 def report(recs, frameworks):
+    # te_grad's backward from saved residuals is compared with PyTorch's (which reuses what its
+    # forward saved), its backward from the inputs alone with JAX's jitted VJP (which recomputes)
+    like = {"torch": "res_ms", "jax": "bwd_ms"}
     cols = [("tg fwd", lambda r: r.get("te_grad", {}).get("fwd_ms"), ".3f"),
             ("tg bwd", lambda r: r.get("te_grad", {}).get("bwd_ms"), ".3f"),
-            ("bwd/fwd", lambda r: ratio(r, "te_grad", "te_grad", "bwd_ms", "fwd_ms"), ".2f")]
+            ("tg res", lambda r: r.get("te_grad", {}).get("res_ms"), ".3f"),
+            ("res/fwd", lambda r: ratio(r, "te_grad", "te_grad", "res_ms", "fwd_ms"), ".2f")]
     for key, short in (("torch", "pt"), ("jax", "jax")):
         if key in frameworks:
             cols += [(f"{short} fwd", lambda r, k=key: r.get(k, {}).get("fwd_ms"), ".3f"),
                      (f"{short} bwd", lambda r, k=key: r.get(k, {}).get("bwd_ms"), ".3f"),
                      (f"tg/{short} f", lambda r, k=key: ratio(r, "te_grad", k, "fwd_ms"), ".2f"),
-                     (f"tg/{short} b", lambda r, k=key: ratio(r, "te_grad", k, "bwd_ms"), ".2f")]
+                     (f"tg/{short} b", lambda r, k=key: ratio(r, "te_grad", k, like[k], "bwd_ms"), ".2f")]
     cols += [("build f s", lambda r: r.get("te_grad", {}).get("build_fwd_s"), ".2f"),
              ("build b s", lambda r: (r["te_grad"]["gradient_s"] + r["te_grad"]["build_bwd_s"])
               if "fwd_ms" in r.get("te_grad", {}) else None, ".2f")]
@@ -319,7 +335,8 @@ def report(recs, frameworks):
         if key == "te_grad":
             continue
         for what in ("fwd_ms", "bwd_ms"):
-            vals = [(ratio(r, "te_grad", key, what), r["op"]) for r in recs]
+            mine = like[key] if what == "bwd_ms" else what
+            vals = [(ratio(r, "te_grad", key, mine, what), r["op"]) for r in recs]
             vals = [(v, op) for v, op in vals if v]
             if not vals:
                 continue
@@ -330,7 +347,7 @@ def report(recs, frameworks):
             print(f"{tag:<20} geomean {gmean:6.2f}   worst {worst[0]:6.2f} ({worst[1]})")
     step_table(recs, frameworks, summary)
     unstable = [f"{r['op']} {k} {what}" for r in recs for k in frameworks
-                for what in ("fwd", "bwd", "step") if r.get(k, {}).get(f"{what}_ms", 0)
+                for what in ("fwd", "bwd", "res", "step") if r.get(k, {}).get(f"{what}_ms", 0)
                 > UNSTABLE * r[k].get(f"{what}_min_ms", math.inf)]
     if unstable:
         print(f"unstable (median > {UNSTABLE:g}x the fastest run): {', '.join(unstable)}")
