@@ -486,7 +486,10 @@ def _bench_ratios(recs, against: str) -> Dict[str, Dict[str, float]]:
         if isinstance(rec.get("te_grad"), dict):  # benchmarks/bench.py --json format
             mine, other = rec["te_grad"], rec.get(against) or {}
             for what in ("fwd", "bwd"):
-                a, b = mine.get(f"{what}_ms"), other.get(f"{what}_ms")
+                # like with like, as bench reports: PyTorch's backward reuses what its forward
+                # saved, so it is compared with te_grad's backward from residuals when timed
+                key = "res_ms" if what == "bwd" and against == "torch" and "res_ms" in mine else f"{what}_ms"
+                a, b = mine.get(key), other.get(f"{what}_ms")
                 if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and b > 0:
                     row[what] = a / b
         else:
@@ -533,7 +536,7 @@ def plot_ratios(table, against: str = "torch", ax=None, title: Optional[str] = N
 
     ``table``: what ``benchmarks/bench.py --json PATH`` writes (the dict or the
     path; forward and backward ratios are computed from its ``fwd_ms`` and
-    ``bwd_ms``), a list of such per-op records or of dicts like ``{"op":
+    ``bwd_ms``, te_grad's ``res_ms`` against PyTorch's ``bwd_ms`` where it was timed), a list of such per-op records or of dicts like ``{"op":
     "dense", "fwd": 0.8, "bwd": 1.2}``, or a dict ``{op: ratio}``. Below the
     line, te_grad is faster.
     """
