@@ -36,7 +36,7 @@ from te_grad.graph import free_vars, reads_in
 from te_grad.intervals import interval
 from te_grad.ir import Const, Read, Var
 
-from .loopir import Loop, RegisterBlock, Stmt
+from .loopir import Loop, RegisterBlock, RegisterBlocked, Stmt
 from .machine import Machine
 
 #: the share of one core's L2 cache a tile of the re-read operand may fill
@@ -81,11 +81,11 @@ def _chain(body: List[Stmt]) -> Tuple[List[Loop], Optional[RegisterBlock]]:
     """The perfectly nested loops of ``body`` and the register block inside them, if any."""
     chain: List[Loop] = []
     stmts = body
-    while len(stmts) == 1 and isinstance(stmts[0], Loop):
+    while len(stmts) == 1 and isinstance(stmts[0], Loop) and not isinstance(stmts[0].kind, RegisterBlocked):
         chain.append(stmts[0])
         stmts = stmts[0].body
-    if len(stmts) == 1 and isinstance(stmts[0], RegisterBlock):
-        return chain, stmts[0]
+    if len(stmts) == 1 and isinstance(stmts[0], Loop):
+        return chain, RegisterBlock.of(stmts[0])
     return chain, None
 
 
@@ -152,7 +152,7 @@ def _split(chain: List[Loop], block: RegisterBlock, cut: Loop, tiles: int, size:
         return dataclasses.replace(lp, lo=first, hi=last, body=body) if lp is cut \
             else dataclasses.replace(lp, body=body)
 
-    inner: List[Stmt] = [dataclasses.replace(block, loops=[cut_if(lp, lp.body) for lp in block.loops])]
+    inner: List[Stmt] = [dataclasses.replace(block, loops=tuple(cut_if(lp, lp.body) for lp in block.loops)).loop()]
     for lp in reversed(chain):
         inner = [cut_if(lp, inner)]
     return Loop(tile, dsl.const(0), dsl.const(tiles), inner)

@@ -31,7 +31,8 @@ from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, 
 from te_grad.intervals import interval, speculatable
 from .llvm_blocks import RegisterBlockEmitter
 from .llvm_types import FCMP, I1, I8, I32, I64, MEMORY, SCALAR, SIZE, lowering, strides, vectorizable
-from .loopir import If, Loop, RegisterBlock, Scan, Stage, Store, TransposeBlock, stmt_exprs, stmt_stores, tensors_of
+from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, Stage, Store, TransposeBlock, Transposed,
+                     stmt_exprs, stmt_stores, tensors_of)
 from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
 _VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
@@ -106,7 +107,7 @@ class StageEmitter(RegisterBlockEmitter):
     def stmts(self, stmts):
         for s in stmts:
             if isinstance(s, Loop):
-                self.loop(s, split=s.parallel and self.stage.parallel_extent > 0)
+                self.annotated_loop(s)
             elif isinstance(s, If):
                 if self.filtered_accumulation(s):
                     continue
@@ -115,14 +116,19 @@ class StageEmitter(RegisterBlockEmitter):
                     self.stmts(s.body)
             elif isinstance(s, Store):
                 self.store(s)
-            elif isinstance(s, RegisterBlock):
-                self.register_block(s)
-            elif isinstance(s, Scan):
-                self.scan(s)
-            elif isinstance(s, TransposeBlock):
-                self.transpose_block(s)
             else:
                 raise InternalError(f"unknown loop statement {s!r}")
+
+    def annotated_loop(self, s: Loop):
+        """A loop, lowered as its kind says (see :mod:`.loopir`)."""
+        if isinstance(s.kind, RegisterBlocked):
+            self.register_block(RegisterBlock.of(s))
+        elif isinstance(s.kind, Transposed):
+            self.transpose_block(TransposeBlock.of(s))
+        elif isinstance(s.kind, Carried):
+            self.scan(Scan.of(s))
+        else:
+            self.loop(s, split=s.parallel and self.stage.parallel_extent > 0)
 
     def loop(self, s: Loop, split: bool):
         lo, hi = self.expr(s.lo), self.expr(s.hi)

@@ -8,7 +8,7 @@ from typing import Dict, Sequence
 from .llvm import ir
 from .llvm_emit import StageEmitter, compared_tensors
 from .llvm_types import I8, I32, I64
-from .loopir import Stage, register_blocks, tensors_of
+from .loopir import RegisterBlocked, Stage, loops_of_kind, tensors_of
 
 
 #: the function running stages ``[first, last)`` one after the other on the calling thread
@@ -37,7 +37,7 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
         name = f"{prefix}stage{n}_{s.tensor.name}"
         fn = StageEmitter(module, s, name, buffer_index, fast_math, id(s.tensor) in compared).emit()
         fn.attributes.add("noinline")  # called from run_stages too: one copy of the code
-        widest = max((blk.vector_bits for blk in register_blocks(s.body)), default=0)
+        widest = max((lp.kind.vector_bits for lp in loops_of_kind(s.body, RegisterBlocked)), default=0)
         if widest > 256:
             _allow_vectors_of(fn, widest)
         if internal:

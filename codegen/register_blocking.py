@@ -3,15 +3,17 @@
 :func:`accumulate_nest` turns a loop order for ``T[j] = combine(T[j], body)`` into
 loops. When the innermost loop runs over an output axis with reduce loops just
 outside it (or over a reduce axis whose lanes can combine at the end), those
-loops become one :class:`~codegen.loopir.RegisterBlock`, sized for the machine
+loops become one register block (a nest annotated :class:`~codegen.loopir.RegisterBlocked`),
+sized for the machine
 (:func:`block_vector_bits`, :func:`accumulator_registers`), with up to two
 serial output loops and the split one unrolled and jammed into it
 (:func:`_jam_choices`); the loops around it are then tiled for the cache
 (:mod:`.cache_tiling`).
 
-Promises: the nest computes exactly the term (a block is equivalent to its
-``plain()`` nest, which the emitter falls back to when it cannot prove a vector
-form safe); each thread of the split loop takes whole jammed blocks.
+Promises: the nest computes exactly the term (a block's annotation never changes
+its meaning: its body is the plain nest, which the emitter falls back to when it
+cannot prove a vector form safe); each thread of the split loop takes whole jammed
+blocks.
 """
 from __future__ import annotations
 
@@ -22,14 +24,14 @@ from te_grad.graph import free_vars, reads_in
 from te_grad.ir import Const, Var
 
 from .cache_tiling import tile_for_cache
-from .loopir import If, Jam, Loop, RegisterBlock, Store, nest
+from .loopir import SERIAL, Jam, Loop, Parallel, Store, guarded, nest, register_block
 from .machine import Machine
 
 
 def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_axes,
                      machine: Machine) -> List:
     """The loops of one reduction term; when the innermost loop runs over an output axis
-    with reduce loops just outside it, those become a :class:`RegisterBlock`, and the
+    with reduce loops just outside it, those become a register block, and the
     loops around it are tiled for the cache (:mod:`.cache_tiling`)."""
     inner_var = order[-1]
     k = len(order) - 1
@@ -40,16 +42,13 @@ def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_
     constant = isinstance(bounds[id(inner_var)][0], Const) and isinstance(bounds[id(inner_var)][1], Const)
     lanes_on_reduction = not inner_is_output and store.combine in ("sum", "max", "min")
     if constant and inner_var is not parallel and (inner_is_output and reduce_suffix or lanes_on_reduction):
-        loops = [Loop(v, *bounds[id(v)], []) for v in reduce_suffix]
-        block = RegisterBlock(inner_var, *bounds[id(inner_var)], loops, cond, store,
-                              reduce_lanes=not inner_is_output,
-                              vector_bits=block_vector_bits(machine, reduce_lanes=not inner_is_output),
-                              accumulators=accumulator_registers(machine))
+        loops = [Loop(v, *bounds[id(v)], ()) for v in reduce_suffix]
+        accumulators = accumulator_registers(machine)
         outer = list(order[:k])
         bounds = dict(bounds)
         jams = []
         scaled = None
-        for var, factor in _jam_choices(outer, bounds, store, parallel, out_axes, block.accumulators):
+        for var, factor in _jam_choices(outer, bounds, store, parallel, out_axes, accumulators):
             jam_outer = Var(var.name + "o")
             lo, hi = (int(b.value) for b in bounds[id(var)])
             jams.append(Jam(var, jam_outer, factor, base=lo))
@@ -57,17 +56,19 @@ def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_
             outer = [jam_outer if v is var else v for v in outer]
             if var is parallel:
                 scaled = (jam_outer, factor)
-        block.jams = tuple(jams)
+        block = register_block(inner_var, *bounds[id(inner_var)], loops, cond, store, jams,
+                               reduce_lanes=not inner_is_output,
+                               vector_bits=block_vector_bits(machine, reduce_lanes=not inner_is_output),
+                               accumulators=accumulators)
         body: List = [block]
         for v in reversed(outer):
             lo, hi = bounds[id(v)]
             if scaled is not None and v is scaled[0]:  # threads take whole blocks of the split axis
-                body = [Loop(v, lo, hi, body, parallel=True, scale=scaled[1])]
+                body = [Loop(v, lo, hi, body, Parallel(scale=scaled[1]))]
             else:
-                body = [Loop(v, lo, hi, body, parallel=v is parallel)]
+                body = [Loop(v, lo, hi, body, Parallel() if v is parallel else SERIAL)]
         return tile_for_cache(body, list(out_axes) + [j.outer for j in jams], machine)
-    inner = [If(cond, [store])] if cond is not None else [store]
-    return nest(order, bounds, inner, parallel)
+    return nest(order, bounds, guarded(cond, store), parallel)
 
 
 #: the fewest blocks a jammed split axis keeps for the threads

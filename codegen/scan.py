@@ -28,7 +28,7 @@ from te_grad.graph import free_vars
 from te_grad.ir import ComputeOp, Expr, Reduce, Tensor, Var
 from te_grad.transform import substitute
 
-from .loopir import If, Loop, Scan, Store, nest
+from .loopir import Loop, Store, carried_scan, guarded, nest
 
 #: a scan replaces the direct reduction when its rows are at least this long on average
 MIN_MEAN_EXTENT = 4
@@ -86,13 +86,13 @@ def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], red: R
         hi = dsl.if_then_else(first, r.hi, dsl.minimum(r.hi, before(r.lo)))
     lo, hi, carried = normalize(lo), normalize(hi), normalize(carried)
     store = Store(t, store_at, dsl.cast(t.dtype, red.body), combine=red.combiner)
-    body: List = [If(cond, [store])] if cond is not None else [store]
+    body = guarded(cond, store)
 
     full = {id(a): (dsl.const(0), dsl.const(shape_of[id(a)])) for a in order}
     pos = next(k for k, a in enumerate(order) if a is v)
     outer, inner = list(order[:pos]), list(order[pos + 1:])
     if not inner:  # v innermost: the running value stays in a register
-        scan = Scan(u, n, r, lo, hi, cond, Store(t, store_at, dsl.cast(t.dtype, red.body), combine=red.combiner))
+        scan = carried_scan(u, n, r, lo, hi, cond, store, carried)
         return nest(outer, full, [scan], parallel), parallel
     copy = nest(inner, full, [Store(t, store_at, carried)], parallel)
     accumulate = [Loop(r, lo, hi, nest(inner, full, body, parallel))]

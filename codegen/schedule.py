@@ -20,7 +20,6 @@ checked indices.
 """
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -40,7 +39,7 @@ from te_grad.ir import (Binary, ComputeOp, Const, Expr, PlaceholderOp, Read, Red
 from . import congruence
 from .packing import Copies, pack_operands
 from .register_blocking import accumulate_nest
-from .loopir import If, Loop, Stage, Store, TransposeBlock, nest
+from .loopir import If, Loop, Parallel, Stage, Store, nest, transpose_block
 from .machine import PORTABLE, Machine, host_machine
 from .scan import scan_nests
 
@@ -253,18 +252,7 @@ def compute_stage(t: Tensor, body: Expr, machine: Machine = PORTABLE) -> Stage:
             stmts += _term_nests(t, view, red_axes, value, cond_v, red.combiner, parallel, machine)
     extent = dict(zip(map(id, axes), shape))
     par_extent = extent[id(parallel)] if parallel is not None else 0
-    return Stage(t, stmts, par_extent, parallel_axis=parallel, parallel_granule=_granule(stmts))
-
-
-def _granule(stmts) -> int:
-    """The least common multiple of the block sizes of the parallel loops in ``stmts``."""
-    g = 1
-    for s in stmts:
-        if isinstance(s, Loop):
-            if s.parallel:
-                g = math.lcm(g, s.scale)
-            g = math.lcm(g, _granule(s.body))
-    return g
+    return Stage(t, stmts, par_extent, parallel_axis=parallel)
 
 
 def _class_moduli(axes, shape, red: Reduce, cond: Optional[Expr], parallel) -> Dict[int, int]:
@@ -362,7 +350,7 @@ def _tile_transposed(t: Tensor, order: List[Var], accesses, store: Store):
     c = dsl.const
     if _blocks_of_eight(t, store, read, u, v, nu, nv):  # 8 x 8 blocks transposed in registers
         ub, vb = Var(u.name + "b"), Var(v.name + "b")
-        body = [TransposeBlock(u, v, uo * TILE + ub * 8, vo * TILE + vb * 8, store, read)]
+        body = [transpose_block(u, v, uo * TILE + ub * 8, vo * TILE + vb * 8, store, read)]
         body = [Loop(vb, c(0), dsl.minimum(c(TILE), nv - vo * TILE) // 8, body)]
         body = [Loop(ub, c(0), dsl.minimum(c(TILE), nu - uo * TILE) // 8, body)]
     else:
@@ -371,7 +359,7 @@ def _tile_transposed(t: Tensor, order: List[Var], accesses, store: Store):
         body = [Loop(vi, c(0), dsl.minimum(c(TILE), nv - vo * TILE), body)]
         body = [Loop(ui, c(0), dsl.minimum(c(TILE), nu - uo * TILE), body)]
     body = [Loop(vo, c(0), c(-(-nv // TILE)), body)]
-    body = [Loop(uo, c(0), c(-(-nu // TILE)), body, parallel=True)]
+    body = [Loop(uo, c(0), c(-(-nu // TILE)), body, Parallel())]
     for x in reversed(outer):
         body = [Loop(x, c(0), c(extent[id(x)]), body)]
     return body, -(-nu // TILE)

@@ -454,3 +454,18 @@ def evaluate(tensors: Sequence[Tensor], feed: Dict[Tensor, object]) -> List[np.n
             else:
                 raise InternalError(f"the evaluator does not know the op of {t.name}: {type(t.op).__name__}")
     return [np.array(values[id(t)], copy=True) for t in tensors]
+
+
+def expression_evaluator(values: Dict[int, np.ndarray], where: str = "an expression"):
+    """A function ``value(e, env)`` giving expression ``e`` (reductions included) with the
+    evaluator's own semantics, ``env`` binding variables (``id(var)`` to a numpy integer or
+    an array that broadcasts) and ``values`` tensors (``id(tensor)`` to its array, read when
+    the function runs). Used to check loop programs against the evaluator's meaning of
+    every operation; ``where`` names the context in errors."""
+    ev = _ExprEvaluator(values, Tensor(where, (), "bool", ComputeOp((), Const(True, "bool"))))
+
+    def value(e: Expr, env: Dict[int, object]):
+        ev.env = env
+        ev.shape = ()
+        return ev.eval(e, None)
+    return value

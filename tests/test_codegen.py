@@ -11,6 +11,7 @@ import codegen
 import codegen.jit
 import codegen.kernel
 import te_grad as tg
+from codegen.loopir import TransposeBlock, Transposed, loops_of_kind
 from te_grad import nn
 
 F64 = "float64"
@@ -652,4 +653,5 @@ def test_transposes_in_eight_by_eight_register_blocks(threads):
     feed = {X: rng.standard_normal(X.shape).astype(np.float32), Y: rng.standard_normal(Y.shape).astype(np.float32),
             N: rng.integers(-1000, 1000, N.shape).astype(np.int32), D: rng.standard_normal(D.shape)}
     kern, _ = assert_kernel_matches(outs, [X, Y, N, D], feed, rtol=1e-6, atol=1e-6, threads=threads)
-    assert kern.loops.count("transposed in vector registers") == 3
+    blocks = [lp for cs in kern.stages for lp in loops_of_kind(cs.stage.body, Transposed)]
+    assert sorted({TransposeBlock.of(lp).store.tensor.name for lp in blocks}) == ["exp_t", "int_t", "mixed"]

@@ -9,7 +9,7 @@ import pytest
 
 import te_grad as tg
 from codegen import packing
-from codegen.loopir import Loop, RegisterBlock, If, Store
+from codegen.loopir import If, Loop, Store, stmt_stores
 from codegen.machine import Machine
 from codegen.schedule import stages_for
 from te_grad.graph import reads_in
@@ -43,9 +43,6 @@ def reads_stay_inside(outputs):
                     return False
                 if lo[0] < hi[1] and not walk(s.body, {**ranges, id(s.var): (lo[0], hi[1] - 1)}):
                     return False
-            elif isinstance(s, (RegisterBlock,)):
-                if not walk(s.plain(), ranges):
-                    return False
             elif isinstance(s, If):
                 continue  # a guarded read is the guard's business (the original reads there too)
             elif isinstance(s, Store):
@@ -59,18 +56,8 @@ def reads_stay_inside(outputs):
     # the stages reading a copy (a copy's own reads are guarded by its border test)
     suffixes = ("_padded", "_packed", "_classes")
     readers = [s for s in stages if not s.tensor.name.endswith(suffixes) and
-               any(r.tensor.name.endswith(suffixes) for st in _stores(s.body) for r in reads_in(st.value))]
+               any(r.tensor.name.endswith(suffixes) for st in stmt_stores(s.body) for r in reads_in(st.value))]
     return all(walk(s.body, {}) for s in readers)
-
-
-def _stores(stmts):
-    for s in stmts:
-        if isinstance(s, Store):
-            yield s
-        elif isinstance(s, (Loop, If)):
-            yield from _stores(s.body)
-        elif isinstance(s, RegisterBlock):
-            yield from _stores(s.plain())
 
 
 def compare(outputs, inputs):

@@ -1,0 +1,122 @@
+"""Schedules checked without LLVM: the loop interpreter (codegen.interpret) runs the stages
+the scheduler produces, for several machines and with every operand copy forced, and must
+give the reference evaluator's values. A schedule that passes here and a kernel that fails
+elsewhere point at the lowering; the other way round, at the schedule."""
+import numpy as np
+import pytest
+
+import te_grad as tg
+from te_grad import nn
+from codegen import packing
+from codegen.interpret import run
+from codegen.loopir import Carried, RegisterBlocked, Transposed, loops_of_kind, plain
+from codegen.machine import Machine
+from codegen.schedule import stages_for
+from simplify import simplify
+
+AVX512 = Machine(vector_bits=512, vector_registers=32, l1_bytes=48 * 1024, l2_bytes=2 << 20)
+#: caches so small that every contraction is tiled
+TINY = Machine(vector_bits=256, vector_registers=16, l1_bytes=1024, l2_bytes=2048)
+NEON = Machine(vector_bits=128, vector_registers=32)
+
+
+def _with_gradient(y, inputs, seed):
+    rng = np.random.default_rng(seed)
+    head = tg.placeholder(y.shape, dtype=y.dtype, name="head")
+    outs = [y] + list(tg.gradient(y, inputs, head=head))
+    feed = {t: rng.standard_normal(t.shape).astype(t.dtype) for t in inputs + [head]}
+    return outs, feed
+
+
+def _ph(shape, name):
+    return tg.placeholder(shape, dtype="float64", name=name)
+
+
+def _graphs():
+    for stride, padding, dilation, groups in ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 2, 1), (2, 0, 1, 1), (1, 1, 1, 3)):
+        x, w = _ph((2, 3, 7, 7), "X"), _ph((3, 3 // groups, 3, 3), "W")
+        y = nn.conv2d(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups)
+        yield f"conv_s{stride}p{padding}d{dilation}g{groups}", _with_gradient(y, [x, w], 1)
+    x, w = _ph((12, 20), "X"), _ph((18, 20), "W")
+    yield "dense", _with_gradient(nn.dense(x, w), [x, w], 2)
+    a, b = _ph((2, 6, 9), "A"), _ph((2, 5, 9), "B")
+    yield "bmm_transposed", _with_gradient(nn.batch_matmul(a, b, transpose_b=True), [a, b], 3)
+    x = _ph((2, 2, 8, 8), "X")
+    yield "max_pool", _with_gradient(nn.max_pool2d(x, 2), [x], 4)
+    yield "max_pool_3_2", _with_gradient(nn.max_pool2d(x, 3, 2), [x], 5)
+    yield "avg_pool", _with_gradient(nn.avg_pool2d(x, 2), [x], 6)
+    x, g, b = _ph((6, 10), "X"), _ph((10,), "g"), _ph((10,), "b")
+    yield "softmax", _with_gradient(nn.softmax(x), [x], 7)
+    yield "layer_norm", _with_gradient(nn.layer_norm(x, g, b), [x, g, b], 8)
+    k = tg.reduce_axis((0, 10), "k")
+    cumsum = tg.compute((6, 10), lambda i, j: tg.sum(x[i, k], axis=k, where=k <= j), name="cumsum")
+    yield "cumsum", _with_gradient(cumsum, [x], 9)
+    x = tg.placeholder((64, 72), name="X")  # float32: 8 x 8 blocks transpose 32-bit values (exactly)
+    yield "transpose", _with_gradient(tg.compute((72, 64), lambda i, j: x[j, i] * 2.0, name="T"), [x], 10)
+    table = _ph((9, 4), "table")
+    ids = tg.placeholder((5,), dtype="int32", name="ids")
+    emb = tg.compute((5, 4), lambda i, j: table[ids[i], j], name="emb")
+    outs, feed = _with_gradient(emb, [table], 11)
+    feed[ids] = np.array([3, 0, 3, 8, 1], dtype="int32")
+    yield "embedding", (outs, feed)
+
+
+GRAPHS = dict(_graphs())
+
+
+@pytest.mark.parametrize("copies", [False, True], ids=["plain", "every_copy"])
+@pytest.mark.parametrize("machine", [AVX512, TINY, NEON], ids=["avx512", "tiny_caches", "neon"])
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_scheduled_stages_interpret_to_the_evaluator(name, machine, copies):
+    outs, feed = GRAPHS[name]
+    want = tg.evaluate(outs, feed)
+    simplified = simplify(outs)
+    if copies:
+        with packing.using(packing.EVERY_COPY):
+            stages = stages_for(simplified, machine)
+    else:
+        stages = stages_for(simplified, machine)
+    got = run(stages, feed)
+    for t, w in zip(simplified, want):
+        np.testing.assert_allclose(got[id(t)], w, rtol=1e-12, atol=1e-12, err_msg=f"{name}: {t.name}")
+
+
+def test_the_interpreter_catches_a_wrong_schedule():
+    """A witness that can fail: a stage whose loop misses the last row leaves NaN there."""
+    outs, feed = GRAPHS["softmax"]
+    simplified = simplify(outs)
+    stages = stages_for(simplified, AVX512)
+    from dataclasses import replace
+    from codegen.loopir import Loop
+    first = stages[0]
+    top = first.body[0]
+    assert isinstance(top, Loop)
+    short = replace(first, body=(replace(top, hi=top.hi - 1),) + first.body[1:])
+    got = run([short] + stages[1:], feed)
+    assert np.isnan(got[id(first.tensor)]).any()
+
+
+def test_schedules_make_the_decisions_expected_for_each_shape():
+    """The decisions, read from the loop IR's kinds (not from printed text)."""
+    def kinds(name, machine=AVX512):
+        outs, _ = GRAPHS[name]
+        stages = stages_for(simplify(outs), machine)
+        return {k.__name__: sum(len(loops_of_kind(s.body, k)) for s in stages)
+                for k in (RegisterBlocked, Transposed, Carried)}
+    assert kinds("conv_s1p1d1g1")["RegisterBlocked"] >= 3  # the forward and both gradients
+    assert kinds("transpose")["Transposed"] >= 2  # the forward and its gradient, 8 x 8 in registers
+    assert kinds("cumsum")["Carried"] == 2  # the prefix sum and its suffix-sum gradient
+    assert kinds("softmax")["Transposed"] == 0
+
+
+def test_plain_keeps_the_meaning_and_drops_every_kind():
+    outs, feed = GRAPHS["conv_s2p1d1g1"]
+    simplified = simplify(outs)
+    stages = stages_for(simplified, AVX512)
+    from dataclasses import replace
+    flat = [replace(s, body=plain(s.body)) for s in stages]
+    assert all(not lp.parallel and type(lp.kind).__name__ == "Serial"
+               for s in flat for lp in loops_of_kind(s.body, object))
+    want, got = run(stages, feed), run(flat, feed)
+    for t in simplified:
+        np.testing.assert_array_equal(got[id(t)], want[id(t)])
