@@ -34,15 +34,25 @@ import numpy as np
 from te_grad import dsl
 from te_grad.graph import free_vars, reads_in
 from te_grad.intervals import interval
-from te_grad.ir import Const, Read, Var
+from te_grad.ir import Const, Read, ReduceAxis, Var
 
-from .loopir import Loop, RegisterBlock, RegisterBlocked, Stmt
+from .loopir import Loop, RegisterBlock, RegisterBlocked, Stage, Stmt, loops
 from .machine import Machine
 
 #: the share of one core's L2 cache a tile of the re-read operand may fill
 L2_SHARE = 0.5
 #: bytes of a cache line: a row touched at all costs at least one line
 LINE_BYTES = 64
+
+
+def tile_stage(stage: Stage, machine: Machine) -> Stage:
+    """Each register-block nest of ``stage`` through :func:`tile_for_cache`, the loops around
+    the block that are not over reduce axes taken as its output loops."""
+    body = []
+    for s in stage.body:
+        outs = [lp.var for lp in loops([s]) if not isinstance(lp.var, ReduceAxis)]
+        body.extend(tile_for_cache([s], outs, machine))
+    return dataclasses.replace(stage, body=tuple(body))
 
 
 def tile_for_cache(body: List[Stmt], out_vars: Sequence[Var], machine: Machine) -> List[Stmt]:

@@ -9,12 +9,15 @@ class is then an ordinary dense loop nest over ``a`` whose store is strided.
 A max-pooling gradient ``dX[j] = ... M[j // 2] ...`` is split the same way,
 with the classes of its innermost axis as consecutive statements of one loop,
 so the vectorizer sees unit-stride reads and interleaved stores.
+
+The passes: :func:`split_classes` (a stage's reduction terms) and
+:func:`interleave_classes` (its initialization nest).
 """
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 from simplify.linear import coefficient, normalize
@@ -23,6 +26,9 @@ from te_grad.graph import free_vars
 from te_grad.ir import Binary, Const, Expr, ReduceAxis, Var
 from te_grad.transform import substitute
 from te_grad.visitor import Visitor
+
+from .loopir import Loop, Nest, Stage, nest, rewrite_nests
+from .pieces import constant_share
 
 #: the largest modulus split into classes, and the most classes a term is split into
 MAX_MODULUS = 4
@@ -137,3 +143,85 @@ def _linear_in(e: Expr, loop_ids) -> bool:
     if not vars_ or any(id(v) not in loop_ids for v in vars_):
         return False
     return all(coefficient(e, v) is not None for v in vars_)
+
+
+# -- the passes -------------------------------------------------------------------------------
+def _full_outputs(n: Nest):
+    """``(axes, shape)`` of ``n``'s output loops when each runs over ``[0, extent)``, else None."""
+    outs = [lp for lp in n.loops if not isinstance(lp.var, ReduceAxis)]
+    if any(not (isinstance(lp.lo, Const) and lp.lo.value == 0 and isinstance(lp.hi, Const)) for lp in outs):
+        return None
+    return [lp.var for lp in outs], [int(lp.hi.value) for lp in outs]
+
+
+def class_moduli(axes, shape, red_axes: Sequence[ReduceAxis], body: Expr, cond: Optional[Expr],
+                 parallel: Optional[Var]) -> Dict[int, int]:
+    """The congruence classes to split a reduction term into: axes entering ``//`` or ``%``
+    in its body or guard, and in its reduce bounds when cutting the output domain into
+    pieces leaves most of it without constant bounds (they alternate with a parity)."""
+    used = [cond, body]
+    if constant_share(axes, shape, red_axes) < 0.5:
+        used += [b for r in red_axes for b in (r.lo, r.hi)]
+    return moduli(axes, shape, used, exclude=[parallel] if parallel is not None else [])
+
+
+def split_classes(stage: Stage) -> Stage:
+    """Each accumulating nest over a whole output domain as one nest per congruence class of
+    :func:`class_moduli` (the stage's parallel axis never split), reduce axes shifted by
+    :func:`reduce_axes_in_class`; a class its guard excludes gets no nest.
+
+    Promises: the classes partition the output domain and each element's terms are the
+    same (``j = m*a + p`` substituted and folded exactly, see :mod:`simplify.linear`)."""
+    def split(n: Nest):
+        full = _full_outputs(n) if n.accumulates else None
+        if full is None:
+            return None
+        axes, shape = full
+        red_axes, value, cond = n.reductions, n.store.value, n.cond
+        out = []
+        for view in class_views(axes, shape, class_moduli(axes, shape, red_axes, value, cond,
+                                                            stage.parallel_axis)):
+            if view.mapping:
+                axes_c, value_c, cond_c = reduce_axes_in_class(red_axes, value, cond, view)
+            else:
+                axes_c, value_c, cond_c = list(red_axes), value, cond
+            if isinstance(cond_c, Const):
+                if not cond_c.value:
+                    continue  # the class receives nothing from this term
+                cond_c = None
+            loops = tuple(Loop(a, dsl.const(0), dsl.const(m), ()) for a, m in zip(view.axes, view.shape)) + \
+                tuple(Loop(r, r.lo, r.hi, ()) for r in axes_c)
+            out.append(Nest(loops, cond_c, replace(n.store, indices=tuple(view.store), value=value_c)).stmt())
+        return out
+    return rewrite_nests(stage, split)
+
+
+def interleave_classes(stage: Stage) -> Stage:
+    """The initialization nest, when its innermost loop enters ``// m`` or ``% m`` (a pooling
+    gradient, an upsampling), run over ``m`` times fewer values with one store per class in
+    its body: unit-stride reads, interleaved stores (which LLVM vectorizes).
+
+    Promises: each element is stored once, with its own value (the class stores of one
+    iteration write distinct elements)."""
+    done = []
+
+    def split(n: Nest):
+        if done or n.accumulates or n.reductions or not n.loops or n.cond is not None:
+            return None
+        done.append(True)
+        inner = n.loops[-1]
+        if not (isinstance(inner.lo, Const) and inner.lo.value == 0 and isinstance(inner.hi, Const)):
+            return None
+        extent = [int(inner.hi.value)]
+        par = stage.parallel_axis
+        mods = moduli([inner.var], extent, [n.store.value], exclude=[par] if par is not None else [])
+        if not mods:
+            return None
+        views = class_views([inner.var], extent, mods)
+        stores = [replace(n.store, indices=tuple(v.mapping.get(i, i) if isinstance(i, Var) else i
+                                                  for i in n.store.indices),
+                          value=in_class(n.store.value, v)) for v in views]
+        bounds = dict(n.bounds)
+        bounds[id(views[0].axes[0])] = (dsl.const(0), dsl.const(views[0].shape[0]))
+        return nest(n.order[:-1] + views[0].axes, bounds, stores, n.parallel)
+    return rewrite_nests(stage, split)

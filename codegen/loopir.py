@@ -35,7 +35,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from te_grad import dsl
 from te_grad.graph import reads_in
-from te_grad.ir import Expr, Read, Tensor, Var
+from te_grad.ir import Expr, Read, ReduceAxis, Tensor, Var
 from te_grad.printer import ExprPrinter, Namer
 
 
@@ -333,6 +333,82 @@ def nest(order: Sequence[Var], bounds, inner: Sequence[Stmt], parallel: Optional
 def guarded(cond: Optional[Expr], store: Store) -> Tuple[Stmt, ...]:
     """``store``, under ``if cond`` when there is one."""
     return (If(cond, (store,)),) if cond is not None else (store,)
+
+
+# -- perfect nests: the form the scheduling passes rewrite ------------------------------------
+@dataclass(frozen=True, eq=False)
+class Nest:
+    """A perfect nest: ``loops`` (outer first), each the only statement of the one before,
+    around ``[if cond:] store``. A tensor's definition is written as such nests (an
+    initialization nest, ``store.combine`` unset, then one accumulating nest per reduction
+    term), and the scheduling passes rewrite them one by one. Loops over reduce axes
+    (``ReduceAxis`` variables, which a store never indexes by) are the nest's reductions,
+    the others its outputs."""
+    loops: Tuple[Loop, ...]
+    cond: Optional[Expr]
+    store: Store
+
+    @staticmethod
+    def of(s: Stmt) -> Optional["Nest"]:
+        """``s`` read as a perfect nest of serial or parallel loops, or None."""
+        chain = []
+        while isinstance(s, Loop) and len(s.body) == 1 and isinstance(s.kind, (Serial, Parallel)):
+            chain.append(s)
+            s = s.body[0]
+        if isinstance(s, If) and len(s.body) == 1 and isinstance(s.body[0], Store):
+            return Nest(tuple(chain), s.cond, s.body[0])
+        if isinstance(s, Store):
+            return Nest(tuple(chain), None, s)
+        return None
+
+    @property
+    def order(self) -> List[Var]:
+        return [lp.var for lp in self.loops]
+
+    @property
+    def bounds(self):
+        """``{id(var): (lo, hi)}`` of every loop."""
+        return {id(lp.var): (lp.lo, lp.hi) for lp in self.loops}
+
+    @property
+    def outputs(self) -> List[Var]:
+        return [lp.var for lp in self.loops if not isinstance(lp.var, ReduceAxis)]
+
+    @property
+    def reductions(self) -> List[ReduceAxis]:
+        return [lp.var for lp in self.loops if isinstance(lp.var, ReduceAxis)]
+
+    @property
+    def parallel(self) -> Optional[Var]:
+        """The variable of the loop split among threads, if any."""
+        return next((lp.var for lp in self.loops if lp.parallel), None)
+
+    @property
+    def accumulates(self) -> bool:
+        return self.store.combine is not None
+
+    def stmt(self, order: Optional[Sequence[Var]] = None, bounds=None, parallel: Optional[Var] = None) -> Stmt:
+        """The nest as one statement: its loops in ``order`` (default: as they are) with
+        ``bounds`` (default: their own), the loop over ``parallel`` split among threads."""
+        body = nest(self.order if order is None else order, self.bounds if bounds is None else bounds,
+                    guarded(self.cond, self.store), parallel)
+        return body[0]
+
+
+def rewrite_nests(stage: Stage, fn: Callable[[Nest], Optional[Sequence[Stmt]]]) -> Stage:
+    """``stage`` with each top-level statement that is a perfect nest replaced by
+    ``fn(nest)`` (several statements, or None to keep it)."""
+    body: List[Stmt] = []
+    changed = False
+    for s in stage.body:
+        n = Nest.of(s)
+        new = fn(n) if n is not None else None
+        if new is None:
+            body.append(s)
+        else:
+            body.extend(new)
+            changed = True
+    return replace(stage, body=tuple(body)) if changed else stage
 
 
 # -- views of the annotated nests: what the emitter and the passes read -----------------------

@@ -7,8 +7,7 @@ loops become one register block (a nest annotated :class:`~codegen.loopir.Regist
 sized for the machine
 (:func:`block_vector_bits`, :func:`accumulator_registers`), with up to two
 serial output loops and the split one unrolled and jammed into it
-(:func:`_jam_choices`); the loops around it are then tiled for the cache
-(:mod:`.cache_tiling`).
+(:func:`_jam_choices`). :func:`block_registers` is the pass over a stage.
 
 Promises: the nest computes exactly the term (a block's annotation never changes
 its meaning: its body is the plain nest, which the emitter falls back to when it
@@ -23,16 +22,14 @@ from te_grad import dsl
 from te_grad.graph import free_vars, reads_in
 from te_grad.ir import Const, Var
 
-from .cache_tiling import tile_for_cache
-from .loopir import SERIAL, Jam, Loop, Parallel, Store, guarded, nest, register_block
+from .loopir import SERIAL, Jam, Loop, Nest, Parallel, Stage, Store, guarded, nest, register_block, rewrite_nests
 from .machine import Machine
 
 
 def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_axes,
                      machine: Machine) -> List:
     """The loops of one reduction term; when the innermost loop runs over an output axis
-    with reduce loops just outside it, those become a register block, and the
-    loops around it are tiled for the cache (:mod:`.cache_tiling`)."""
+    with reduce loops just outside it, those become a register block."""
     inner_var = order[-1]
     k = len(order) - 1
     while k > 0 and not any(order[k - 1] is a for a in out_axes):
@@ -67,8 +64,17 @@ def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_
                 body = [Loop(v, lo, hi, body, Parallel(scale=scaled[1]))]
             else:
                 body = [Loop(v, lo, hi, body, Parallel() if v is parallel else SERIAL)]
-        return tile_for_cache(body, list(out_axes) + [j.outer for j in jams], machine)
+        return body
     return nest(order, bounds, guarded(cond, store), parallel)
+
+
+def block_registers(stage: Stage, machine: Machine) -> Stage:
+    """Each accumulating nest of ``stage`` (its loops ordered) through :func:`accumulate_nest`."""
+    def block(n: Nest):
+        if not n.accumulates or not n.loops:
+            return None
+        return accumulate_nest(n.order, n.bounds, n.store, n.cond, n.parallel, n.outputs, machine)
+    return rewrite_nests(stage, block)
 
 
 #: the fewest blocks a jammed split axis keeps for the threads

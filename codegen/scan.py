@@ -16,6 +16,7 @@ non-innermost axis still vectorizes across the innermost one.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -25,10 +26,10 @@ from te_grad import dsl
 from te_grad.evaluator import evaluate
 from te_grad.ops import identity_of
 from te_grad.graph import free_vars
-from te_grad.ir import ComputeOp, Expr, Reduce, Tensor, Var
+from te_grad.ir import ComputeOp, Const, Expr, ReduceAxis, Tensor, Var
 from te_grad.transform import substitute
 
-from .loopir import Loop, Store, carried_scan, guarded, nest
+from .loopir import Loop, Nest, Stage, Store, carried_scan, guarded, nest
 
 #: a scan replaces the direct reduction when its rows are at least this long on average
 MIN_MEAN_EXTENT = 4
@@ -36,13 +37,40 @@ MIN_MEAN_EXTENT = 4
 MAX_PROBE = 1 << 22
 
 
-def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], red: Reduce,
-               cond: Optional[Expr]) -> Optional[Tuple[List, Optional[Var]]]:
-    """``(statements, parallel axis)`` computing ``t = red`` as a scan, or None if it is not a
-    running reduction (see the module doc). ``order`` is the output loop order."""
-    if len(red.axes) != 1 or red.combiner not in ("sum", "prod", "max", "min"):
+def scans(stage: Stage) -> Stage:
+    """A stage that writes the identity and then accumulates one reduction term whose bound
+    moves with an output axis, computed as a scan (see the module docstring); any other
+    stage as it is. The initialization nest's loop order (:mod:`.loop_order`) is kept for
+    the other output axes.
+
+    Promises: each element receives exactly the terms of its reduction, in increasing (or,
+    for a moving lower bound, decreasing) order of the reduce axis, added to the previous
+    element's running value instead of being summed again."""
+    if len(stage.body) != 2:
+        return stage
+    init, term = Nest.of(stage.body[0]), Nest.of(stage.body[1])
+    t = stage.tensor
+    if init is None or term is None or init.accumulates or not term.accumulates or len(term.reductions) != 1:
+        return stage
+    value = init.store.value
+    if not isinstance(value, Const) or value.value != identity_of(term.store.combine, t.dtype):
+        return stage  # an element-wise part as well: not a running value alone
+    shape_of = dict(zip(map(id, t.op.axes), t.shape))
+    got = scan_nests(t, init.order, shape_of, term.reductions[0], term.store.combine, term.store.value, term.cond)
+    if got is None:
+        return stage
+    body, par = got
+    return replace(stage, body=tuple(body), parallel_extent=shape_of[id(par)] if par is not None else 0,
+                   parallel_axis=par)
+
+
+def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], r: ReduceAxis, combiner: str,
+               value: Expr, cond: Optional[Expr]) -> Optional[Tuple[List, Optional[Var]]]:
+    """``(statements, parallel axis)`` computing ``t = combiner(value for r)`` as a scan, or
+    None if it is not a running reduction (see the module doc). ``order`` is the output
+    loop order."""
+    if combiner not in ("sum", "prod", "max", "min"):
         return None
-    r = red.axes[0]
     outputs = {id(a): a for a in t.op.axes}
     movers = [a for a in t.op.axes if any(a is x for b in (r.lo, r.hi) for x in free_vars(b))]
     if len(movers) != 1:
@@ -53,7 +81,7 @@ def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], red: R
     in_lo, in_hi = (any(v is x for x in free_vars(b)) for b in (r.lo, r.hi))
     if in_lo == in_hi:
         return None  # a sliding window (both bounds move) is not a scan
-    if any(v is x for e in (red.body, cond) if e is not None for x in free_vars(e)):
+    if any(v is x for e in (value, cond) if e is not None for x in free_vars(e)):
         return None
     if any(id(x) not in outputs for b in (r.lo, r.hi) for x in free_vars(b)):
         return None
@@ -62,7 +90,7 @@ def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], red: R
         return None
 
     n = shape_of[id(v)]
-    identity = dsl.const(identity_of(red.combiner, t.dtype), t.dtype)
+    identity = dsl.const(identity_of(combiner, t.dtype), t.dtype)
     u = Var(v.name + "s")  # the scan step: v itself forward, n - 1 - v backward
     at_v = u if forward else dsl.const(n - 1) - u
     prev = u - 1 if forward else dsl.const(n) - u  # v - 1 forward, v + 1 backward, for u >= 1
@@ -85,7 +113,7 @@ def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], red: R
         lo = here(r.lo)
         hi = dsl.if_then_else(first, r.hi, dsl.minimum(r.hi, before(r.lo)))
     lo, hi, carried = normalize(lo), normalize(hi), normalize(carried)
-    store = Store(t, store_at, dsl.cast(t.dtype, red.body), combine=red.combiner)
+    store = Store(t, store_at, dsl.cast(t.dtype, value), combine=combiner)
     body = guarded(cond, store)
 
     full = {id(a): (dsl.const(0), dsl.const(shape_of[id(a)])) for a in order}

@@ -120,3 +120,30 @@ def test_plain_keeps_the_meaning_and_drops_every_kind():
     want, got = run(stages, feed), run(flat, feed)
     for t in simplified:
         np.testing.assert_array_equal(got[id(t)], want[id(t)])
+
+
+@pytest.mark.parametrize("machine", [AVX512, TINY], ids=["avx512", "tiny_caches"])
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_every_pass_keeps_the_meaning(name, machine):
+    """Each scheduling pass, on its own: the stage after every pass of
+    codegen.schedule.PASSES interprets to the evaluator's values of its tensor (its inputs
+    taken from the evaluator), so a wrong pass is named by the first step that fails."""
+    from codegen.schedule import schedule_steps, split_terms
+    from te_grad.graph import topo_order
+    from te_grad.ir import ComputeOp
+    from te_grad.lift import normalized_body
+    outs, feed = GRAPHS[name]
+    tensors = [t for t in topo_order(simplify(outs)) if isinstance(t.op, ComputeOp)]
+    steps = 0
+    for t in tensors:
+        body, lifted = (t.op.body, []) if split_terms(t.op.body) is not None else normalized_body(t)
+        for u, b in [(lt, lt.op.body) for lt in lifted] + [(t, body)]:
+            reads = [x for x in topo_order([u]) if x is not u]
+            known = dict(zip(map(id, reads), tg.evaluate(reads, feed))) if reads else {}
+            want = tg.evaluate([u], feed)[0]
+            for step, stage in schedule_steps(u, b, machine):
+                got = run([stage], {x: known[id(x)] for x in reads})[id(u)]
+                np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12,
+                                           err_msg=f"{name}: {u.name} after {step}")
+                steps += 1
+    assert steps >= 2 * len(tensors)

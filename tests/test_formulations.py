@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import te_grad as tg
-from codegen.schedule import loop_order
+from codegen.loop_order import loop_order
 from te_grad.formulations import FORMULATIONS
 from te_grad.testing import check_gradients
 

@@ -1,0 +1,156 @@
+"""Interior pieces: an output domain cut into boxes on which every reduce bound is constant.
+
+A padded convolution's reduce bounds depend on the output index near the borders
+only (``max(0, 1 - i) <= r < min(3, 33 - i)``): no loop order is legal for the whole
+domain (the bounds use the output loops) and the edges would decide for the interior.
+:func:`split_interior` finds boxes (the interior, edges, corners; each kernel position
+of a weight gradient) on which the bounds are constant, probing them at every output
+point, and :func:`split_pieces` rewrites each accumulating nest of a stage as one nest
+per box, with those constants as bounds.
+
+Promises: the boxes cover the output domain exactly once; on each, the bounds given are
+the original bounds' values at every one of its points (a box where they are not constant
+keeps the original expressions), so each element accumulates exactly the same terms.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Dict, Sequence, Tuple
+
+import numpy as np
+
+from te_grad import dsl
+from te_grad.evaluator import evaluate
+from te_grad.graph import free_vars
+from te_grad.ir import ComputeOp, Const, Expr, ReduceAxis, Tensor, Var
+from te_grad.transform import substitute
+
+from .loopir import Loop, Nest, Stage, rewrite_nests
+
+
+def constant_share(axes, shape, red_axes) -> float:
+    """The share of the output domain in pieces where every reduce bound is constant."""
+    total = int(np.prod(shape)) if shape else 1
+    covered = 0
+    for ranges, bounds in split_interior(axes, shape, red_axes):
+        if all(isinstance(b, Const) for lo_hi in bounds.values() for b in lo_hi):
+            covered += int(np.prod([hi - lo for lo, hi in ranges.values()]))
+    return covered / max(total, 1)
+
+
+def const_bounds(ranges: Dict[int, Tuple[int, int]]) -> Dict[int, Tuple[Expr, Expr]]:
+    return {k: (dsl.const(lo), dsl.const(hi)) for k, (lo, hi) in ranges.items()}
+
+
+def _with_bounds(r: ReduceAxis, lo: Expr, hi: Expr) -> ReduceAxis:
+    if lo is r.lo and hi is r.hi:
+        return r
+    return ReduceAxis(r.name, r.dtype, lo, hi)
+
+
+def split_interior(axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence[ReduceAxis]):
+    """Pieces ``(output ranges, reduce bounds)`` covering the output domain once.
+
+    When reduce bounds depend on output indices only near the borders (padding,
+    kernel overhang), the interior, where every bound is constant, is one piece
+    with constant bounds (so any loop order is legal there) and the borders are
+    slabs that keep the original bounds.
+    """
+    full = {id(a): (0, n) for a, n in zip(axes, shape)}
+    same = [(full, {id(r): (r.lo, r.hi) for r in red_axes})]
+    red_ids = {id(r) for r in red_axes}
+    used = {id(v) for r in red_axes for b in (r.lo, r.hi) for v in free_vars(b)}
+    if not used or used & red_ids:
+        return same
+    dep = [(a, n) for a, n in zip(axes, shape) if id(a) in used]
+    if int(np.prod([n for _, n in dep])) > (1 << 22):
+        return same
+    grid = Tensor("grid", tuple(n for _, n in dep), "bool", ComputeOp(tuple(a for a, _ in dep), dsl.const(True)))
+    values = []
+    for r in red_axes:
+        for b in (r.lo, r.hi):
+            probe = Tensor("bound", grid.shape, "int64", ComputeOp(grid.op.axes, dsl.cast("int64", b)))
+            values.append(evaluate([probe], {})[0])
+    uniform = _uniform_pieces(dep, values, red_axes, full)
+    if uniform is not None:
+        return uniform
+    typical = [int(np.bincount(v.ravel() - v.min()).argmax() + v.min()) for v in values]
+    inside = np.ones(grid.shape, dtype=bool)
+    for v, c in zip(values, typical):
+        inside &= v == c
+    where = np.nonzero(inside)
+    if not where[0].size:
+        return same
+    box = [(int(w.min()), int(w.max()) + 1) for w in where]
+    if not inside[tuple(slice(lo, hi) for lo, hi in box)].all():
+        return same  # constant bounds must hold at every point of the box (the slabs keep the rest exact)
+    const_bounds = {}
+    for n, r in enumerate(red_axes):
+        const_bounds[id(r)] = (dsl.const(typical[2 * n]), dsl.const(typical[2 * n + 1]))
+    interior = dict(full)
+    interior.update({id(a): b for (a, _), b in zip(dep, box)})
+    pieces = [(interior, const_bounds)]
+    for k, ((a, n), (lo, hi)) in enumerate(zip(dep, box)):  # slabs around the interior box
+        for rng in ((0, lo), (hi, n)):
+            if rng[0] >= rng[1]:
+                continue
+            slab = dict(full)
+            slab.update({id(b): box[m] for m, (b, _) in enumerate(dep[:k])})
+            slab[id(a)] = rng
+            pieces.append((slab, same[0][1]))
+    return pieces
+
+
+#: most pieces an output domain is cut into so that every piece has constant reduce bounds
+MAX_PIECES = 32
+
+
+def _uniform_pieces(dep, values, red_axes, full):
+    """The output domain cut into boxes on which every reduce bound is constant, or None.
+
+    Points are grouped by the values their bounds take (interior, edges and corners of
+    a padded convolution; each kernel position of its weight gradient); each group must
+    be a box, and there must be few of them."""
+    stacked = np.stack([v.ravel() for v in values], axis=1)
+    keys, labels = np.unique(stacked, axis=0, return_inverse=True)
+    if len(keys) > MAX_PIECES:
+        return None
+    labels = labels.reshape(values[0].shape)
+    pieces = []
+    for label, key in enumerate(keys):
+        mask = labels == label
+        where = np.nonzero(mask)
+        box = [(int(w.min()), int(w.max()) + 1) for w in where]
+        if mask[tuple(slice(lo, hi) for lo, hi in box)].sum() != mask.sum() or \
+                not mask[tuple(slice(lo, hi) for lo, hi in box)].all():
+            return None
+        ranges = dict(full)
+        ranges.update({id(a): b for (a, _), b in zip(dep, box)})
+        bounds = {id(r): (dsl.const(int(key[2 * n])), dsl.const(int(key[2 * n + 1])))
+                  for n, r in enumerate(red_axes)}
+        pieces.append((ranges, bounds))
+    return pieces
+
+
+def split_pieces(stage: Stage) -> Stage:
+    """Each accumulating nest over a whole output domain (output loops from 0) as one nest per
+    piece of :func:`split_interior`, its reduce axes bounded by the piece's constants."""
+    def split(n: Nest):
+        if not n.accumulates:
+            return None
+        outs = [lp for lp in n.loops if not isinstance(lp.var, ReduceAxis)]
+        if any(not (isinstance(lp.lo, Const) and lp.lo.value == 0 and isinstance(lp.hi, Const)) for lp in outs):
+            return None
+        axes, shape = [lp.var for lp in outs], [int(lp.hi.value) for lp in outs]
+        red_axes = n.reductions
+        out = []
+        for ranges, red_bounds in split_interior(axes, shape, red_axes):
+            here = [_with_bounds(r, *red_bounds[id(r)]) for r in red_axes]
+            rename = {r: a for r, a in zip(red_axes, here) if a is not r}
+            value = substitute(n.store.value, rename) if rename else n.store.value
+            cond = substitute(n.cond, rename) if (rename and n.cond is not None) else n.cond
+            loops = tuple(Loop(a, dsl.const(ranges[id(a)][0]), dsl.const(ranges[id(a)][1]), ()) for a in axes) + \
+                tuple(Loop(a, a.lo, a.hi, ()) for a in here)
+            out.append(Nest(loops, cond, replace(n.store, value=value)).stmt())
+        return out
+    return rewrite_nests(stage, split)
