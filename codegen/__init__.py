@@ -16,7 +16,7 @@ from te_grad.graph import topo_order
 from te_grad.ir import Tensor
 
 from . import disk_cache, packing
-from .jit import cached_module, compile_module
+from .jit import cached_module, compile_module, module_key
 from .kernel import CompiledStage, Kernel, default_threads
 from .llvm_module import RUN_REGION, RUN_STAGES, emit_module
 from .loopir import tensors_of
@@ -28,7 +28,7 @@ __all__ = ["build", "Kernel"]
 
 
 def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *, fast_math: bool = True,
-          threads: int = None, machine: Machine = None) -> Kernel:
+          threads: int = None, machine: Machine = None, wait: bool = True) -> Kernel:
     """Compile ``outputs`` as functions of the placeholders ``inputs`` into one kernel.
 
     ``fast_math`` lets reductions reassociate (so they vectorize) and products
@@ -36,7 +36,10 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     CPUs available (or ``TE_GRAD_NUM_THREADS``). ``machine`` (a
     :class:`codegen.machine.Machine`: vector width and registers, cache sizes)
     is what the loops are sized for; by default this machine's own
-    (:func:`codegen.machine.host_machine`).
+    (:func:`codegen.machine.host_machine`). With ``wait=False`` the kernel is returned as
+    soon as its LLVM module is handed to the compile worker (LLVM then runs in another
+    process while the caller prepares its next kernel); its first call, or
+    ``kernel.wait()``, waits for the machine code. LLVM's own errors then come from there.
     """
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     inputs = list(inputs)
@@ -69,10 +72,10 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
         if id(t) not in index:
             index[id(t)] = len(buffers)
             buffers.append(t)
-    text = emit_module(stages, index, fast_math)
-    compiled = compile_module(text, [RUN_STAGES, RUN_REGION])
-    compiled_stages = [CompiledStage(s, s.work if s.work is not None else tensor_iterations(s.tensor))
-                       for s in stages]
+    works = [s.work if s.work is not None else tensor_iterations(s.tensor) for s in stages]
+    text = emit_module(stages, index, fast_math, works=works)
+    compiled = compile_module(text, [RUN_STAGES, RUN_REGION], wait=wait)
+    compiled_stages = [CompiledStage(s, w) for s, w in zip(stages, works)]
     kernel = Kernel(simplified, inputs, buffers, compiled_stages, regions(stages), compiled,
                     threads if threads is not None else default_threads())
     kernel.fast_math = fast_math  # what Kernel.export re-emits the stages with
@@ -93,7 +96,7 @@ def _remember_build(outs, inputs, fast_math, machine, kernel, text):
         return
     entry = dict(outputs=kernel.outputs, inputs=kernel.inputs, buffers=kernel.buffers,
                  stages=[(cs.stage, cs.work) for cs in kernel.stages], regions=kernel.regions,
-                 module=kernel._compiled.key, text=text)
+                 module=module_key(text), text=text)
     disk_cache.store_pickle("build", _build_key(outs, inputs, fast_math, machine), entry)
 
 

@@ -11,8 +11,9 @@ objects. ``TE_GRAD_COMPILE_WORKER=0`` compiles in-process instead; so does a wor
 cannot be started.
 
 Protocol on the worker's stdin/stdout: an 8-byte little-endian length, then a pickle:
-``(text, triple, cpu, features)`` in, ``(object bytes, optimized IR)`` or
-``("error", message)`` out.
+``(text, triple, cpu, features)`` in, ``("object", object bytes)`` or ``("error", message)``
+out. (The optimized IR is not sent back: printing a large module costs as much as
+optimizing a small one, and a kernel shows it only when asked, by optimizing again.)
 
 The worker runs this file as a script, importing nothing of te_grad (a light process); so
 :func:`optimize`, the one optimization pipeline of the host kernels, lives here, and it
@@ -27,7 +28,7 @@ import struct
 import subprocess
 import sys
 import threading
-from typing import Optional, Tuple
+from typing import Optional
 
 #: modules a worker compiles before it is replaced (its memory only grows)
 MAX_JOBS = 400
@@ -72,8 +73,8 @@ def _stop(worker):
         worker.kill()
 
 
-def compile_remote(text: str, triple: str, cpu: str, features: str) -> Optional[Tuple[bytes, str]]:
-    """``(object, optimized IR)`` from the worker, or None when there is no working worker."""
+def compile_remote(text: str, triple: str, cpu: str, features: str) -> Optional[bytes]:
+    """The object file from the worker, or None when there is no working worker."""
     global _worker, _jobs
     with _lock:
         for attempt in range(2):
@@ -92,7 +93,7 @@ def compile_remote(text: str, triple: str, cpu: str, features: str) -> Optional[
                 continue
             if answer[0] == "error":
                 raise RuntimeError(answer[1])
-            return answer
+            return answer[1]
     return None
 
 
@@ -133,7 +134,7 @@ def _serve():
                 machines[key] = llvm.Target.from_triple(triple).create_target_machine(
                     cpu=cpu, features=features, opt=3, jit=True)
             mod = optimize(llvm, text, triple, machines[key])
-            answer = (machines[key].emit_object(mod), str(mod))
+            answer = ("object", machines[key].emit_object(mod))
         except Exception as err:  # noqa: BLE001 - reported to the process that asked
             answer = ("error", f"{type(err).__name__}: {err}")
         _send(stdout, answer)

@@ -113,9 +113,44 @@ def module_key(text: str) -> str:
     return disk_cache.key(target.triple, target.cpu, target.features, text)
 
 
-def compile_module(text: str, functions: List[str]) -> Compiled:
-    """Optimize and JIT-compile LLVM IR ``text`` (cached); return the addresses of ``functions``."""
+class Pending:
+    """A module being compiled by the worker process: :meth:`result` waits for it."""
+
+    def __init__(self, future):
+        self._future = future
+
+    def result(self) -> "Compiled":
+        return self._future.result()
+
+
+_background = None
+
+
+def _remote(text: str, key: str, functions: List[str]) -> Optional[Compiled]:
+    """The module compiled by the worker process and loaded, or None without a worker."""
     target = host_target()
+    try:
+        produced = compile_worker.compile_remote(text, target.triple, target.cpu, target.features)
+    except RuntimeError as err:
+        raise InternalError(f"LLVM rejected the generated module: {err}") from None
+    if produced is None:
+        return None
+    disk_cache.store_object(key, produced)
+    with _lock:
+        compiled = _load_object(produced, functions, text, key)
+        if compiled is not None:
+            _remember(key, compiled)
+    return compiled
+
+
+def compile_module(text: str, functions: List[str], wait: bool = True):
+    """Optimize and JIT-compile LLVM IR ``text`` (cached); return the addresses of ``functions``.
+
+    With ``wait=False`` a module that must be compiled goes to the worker process in the
+    background and a :class:`Pending` is returned at once (the caller goes on preparing
+    its next module while LLVM works on this one); a module found in a cache is returned
+    as it is."""
+    global _background
     key = module_key(text)
     with _lock:
         hit = _cache.get(key)
@@ -123,31 +158,43 @@ def compile_module(text: str, functions: List[str]) -> Compiled:
             _cache.move_to_end(key)
             return hit
         compiled = load_compiled(key, functions, text)
-        if compiled is None and compile_worker.enabled():
-            try:
-                produced = compile_worker.compile_remote(text, target.triple, target.cpu, target.features)
-            except RuntimeError as err:
-                raise InternalError(f"LLVM rejected the generated module: {err}") from None
-            if produced is not None:
-                obj, optimized = produced
-                disk_cache.store_object(key, obj)
-                compiled = _load_object(obj, functions, text, key)
-                if compiled is not None:
-                    compiled._optimized = optimized
-        if compiled is None:
-            context = llvm.create_context()
-            mod = _optimized_module(text, target, context)
-            optimized = str(mod)
-            # an engine owns the target machine it is given: each gets its own, so that freeing
-            # one engine (cache eviction) never frees a machine still in use
-            engine = llvm.create_mcjit_compiler(mod, _new_machine(target))
-            produced = {}
-            engine.set_object_cache(notify_func=lambda m, data: produced.setdefault("object", bytes(data)))
-            engine.finalize_object()
-            if "object" in produced:
-                disk_cache.store_object(key, produced["object"])
-            addresses = {name: engine.get_function_address(name) for name in functions}
-            compiled = Compiled(engine, addresses, text, optimized, key, context)
+        if compiled is not None:
+            _remember(key, compiled)
+            return compiled
+    if compile_worker.enabled():
+        if not wait:
+            if _background is None:
+                from concurrent.futures import ThreadPoolExecutor
+                _background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="te_grad-compile")
+            return Pending(_background.submit(_compile_or_here, text, key, functions))
+        compiled = _remote(text, key, functions)
+        if compiled is not None:
+            return compiled
+    return _compile_here(text, key, functions)
+
+
+def _compile_or_here(text: str, key: str, functions: List[str]) -> Compiled:
+    compiled = _remote(text, key, functions)
+    return compiled if compiled is not None else _compile_here(text, key, functions)
+
+
+def _compile_here(text: str, key: str, functions: List[str]) -> Compiled:
+    """The module optimized and compiled in this process."""
+    target = host_target()
+    with _lock:
+        context = llvm.create_context()
+        mod = _optimized_module(text, target, context)
+        optimized = str(mod)
+        # an engine owns the target machine it is given: each gets its own, so that freeing
+        # one engine (cache eviction) never frees a machine still in use
+        engine = llvm.create_mcjit_compiler(mod, _new_machine(target))
+        produced = {}
+        engine.set_object_cache(notify_func=lambda m, data: produced.setdefault("object", bytes(data)))
+        engine.finalize_object()
+        if "object" in produced:
+            disk_cache.store_object(key, produced["object"])
+        addresses = {name: engine.get_function_address(name) for name in functions}
+        compiled = Compiled(engine, addresses, text, optimized, key, context)
         _remember(key, compiled)
         return compiled
 

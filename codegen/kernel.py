@@ -13,6 +13,7 @@ from te_grad.evaluator import check_feed
 from te_grad.ir import Tensor
 
 from . import team_ir
+from .jit import Pending
 from .llvm_module import RUN_REGION, RUN_STAGES
 from .regions import plan, row_blocks
 from .loopir import Stage, program_text
@@ -67,10 +68,30 @@ class Kernel:
         self._intermediates = [n for n, t in enumerate(self.buffers) if id(t) not in given]
         self._scratch: List[Dict[int, np.ndarray]] = []
         self._lock = threading.Lock()
+        self._run_stages = None
+        if isinstance(compiled, Pending):  # the worker process is still compiling it
+            self._pending = compiled
+        else:
+            self._pending = None
+            self._take(compiled)
+
+    def _take(self, compiled):
+        self._compiled = compiled  # keeps the JIT engine (and so the machine code) alive
         self._stages_fn = compiled.addresses[RUN_STAGES]
         self._region_fn = compiled.addresses[RUN_REGION]
         self._run_stages = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                             ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)(self._stages_fn)
+
+    def wait(self) -> "Kernel":
+        """Wait until the machine code is there (a kernel built with ``wait=False`` gets it
+        from the compile worker in the background; every call waits by itself)."""
+        pending = self._pending
+        if pending is not None:
+            with self._lock:
+                if self._pending is not None:
+                    self._take(self._pending.result())
+                    self._pending = None
+        return self
 
     def plan(self, threads: Optional[int] = None, **options):
         """How a call runs on ``threads`` threads (default: the kernel's):
@@ -96,11 +117,11 @@ class Kernel:
 
     @property
     def llvm_ir(self) -> str:
-        return self._compiled.optimized_ir
+        return self.wait()._compiled.optimized_ir
 
     @property
     def asm(self) -> str:
-        return self._compiled.asm
+        return self.wait()._compiled.asm
 
     def _repr_html_(self):
         from te_grad.display import kernel_html
@@ -219,6 +240,8 @@ class Kernel:
         self._run_plan(table)
 
     def _run_plan(self, table):
+        if self._pending is not None:
+            self.wait()
         records = self._plan_records()
         crew = team(self.threads)
         if crew.sleepers:
@@ -244,6 +267,7 @@ class Kernel:
         return out
 
     def _run_range(self, table, first: int, last: int, lo: int, hi: int):
+        self.wait()
         err = (ctypes.c_int64 * 4)()
         rc = self._run_stages(table, first, last, lo, hi, ctypes.addressof(err))
         return (0, None) if rc == 0 else (rc, list(err))

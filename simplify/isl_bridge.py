@@ -10,6 +10,8 @@ strided loops, and gives tight (min/max/floordiv) bounds for the rest.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -62,6 +64,32 @@ class LoopNest:
     strided: int = 0  # how many of the loops step by more than one
 
 
+#: parsed domains kept for reuse (the bounds checks and the simplifier build the same ones
+#: many times over; isl sets are immutable values, so sharing them is safe)
+PARSED_DOMAINS = 4096
+
+
+@functools.lru_cache(maxsize=PARSED_DOMAINS)
+def _parsed(context_text: str, set_text: str):
+    """``(context, set)`` parsed from their isl texts, the set restricted to the context."""
+    context = isl.Set(context_text)
+    return context, isl.Set(set_text).intersect_params(context)
+
+
+@functools.lru_cache(maxsize=PARSED_DOMAINS)
+def _sample(context_text: str, set_text: str) -> Optional[Tuple[Tuple[str, int], ...]]:
+    """One point of the parsed set, its parameters then its dimensions, or None if empty."""
+    domain = _parsed(context_text, set_text)[1]
+    if domain.is_empty():
+        return None
+    n_params = domain.dim(isl.dim_type.param)
+    flat = domain.move_dims(isl.dim_type.set, 0, isl.dim_type.param, 0, n_params)
+    point = flat.sample_point()
+    names = [domain.get_dim_name(isl.dim_type.param, i) for i in range(n_params)] + \
+        [domain.get_dim_name(isl.dim_type.set, i) for i in range(domain.dim(isl.dim_type.set))]
+    return tuple((n, point.get_coordinate_val(isl.dim_type.set, i).to_python()) for i, n in enumerate(names))
+
+
 class Domain:
     """``{ [dims] : constraints }`` with parameters; see the module docstring."""
 
@@ -76,10 +104,11 @@ class Domain:
         pnames = ", ".join(p[0] for p in self.params)
         dnames = ", ".join(d[0] for d in self.dims)
         body = " and ".join(self.constraints) if self.constraints else "0 = 0"
-        self.context = isl.Set(f"[{pnames}] -> {{ : " + (" and ".join(
-            f"0 <= {p[0]} < {p[2]}" for p in self.params) or "0 = 0") + " }")
+        self._texts = (f"[{pnames}] -> {{ : " + (" and ".join(
+            f"0 <= {p[0]} < {p[2]}" for p in self.params) or "0 = 0") + " }",
+            f"[{pnames}] -> {{ S[{dnames}] : {body} }}")
         try:
-            self.set = isl.Set(f"[{pnames}] -> {{ S[{dnames}] : {body} }}").intersect_params(self.context)
+            self.context, self.set = _parsed(*self._texts)
         except isl.Error as err:
             raise InternalError(f"isl rejected the domain {body!r}: {err}") from None
 
@@ -88,12 +117,8 @@ class Domain:
 
     def sample(self) -> Optional[Dict[str, int]]:
         """One point of the domain (parameters and dimensions by isl name), or None if empty."""
-        if self.set.is_empty():
-            return None
-        flat = self.set.move_dims(isl.dim_type.set, 0, isl.dim_type.param, 0, len(self.params))
-        point = flat.sample_point()
-        names = [p[0] for p in self.params] + [d[0] for d in self.dims]
-        return {n: point.get_coordinate_val(isl.dim_type.set, i).to_python() for i, n in enumerate(names)}
+        point = _sample(*self._texts)
+        return dict(point) if point is not None else None
 
     def scan(self) -> List[LoopNest]:
         """Loop nests that together visit every point of the domain exactly once.

@@ -114,3 +114,42 @@ def test_memory_stays_flat_over_2000_distinct_builds(monkeypatch):
             samples.append(rss_mb())
     assert jit.cache_size() <= jit.cache_limit()
     assert samples[1] - samples[0] < 25, f"RSS grew from {samples[0]:.0f} MB to {samples[1]:.0f} MB"
+
+
+def test_kernels_built_without_waiting_compute_the_same(monkeypatch, tmp_path):
+    """wait=False hands the module to the compile worker and returns; the first call (or
+    wait()) takes the machine code. Several such builds in a row overlap with LLVM."""
+    monkeypatch.setenv("TE_GRAD_CACHE_DIR", str(tmp_path))  # nothing cached: every module compiles
+    rng = np.random.default_rng(7)
+    kernels, feeds = [], []
+    for n in (5, 6, 7):
+        x = tg.placeholder((n, 9), dtype="float64", name="X")
+        y = tg.nn.softmax(x)
+        kernels.append((tg.build([y], [x], wait=False), y, x))
+        feeds.append(rng.standard_normal((n, 9)))
+    assert any(k._pending is not None for k, _, _ in kernels)  # not all were ready at once
+    for (k, y, x), a in zip(kernels, feeds):
+        np.testing.assert_allclose(k(a), tg.evaluate([y], {x: a})[0], rtol=1e-12)
+        assert k.wait() is k and k._pending is None and "define" in k.llvm_ir
+
+
+def test_only_tiny_stages_skip_the_optimizer(monkeypatch, tmp_path):
+    """A stage of at most UNOPTIMIZED_WORK iterations is marked optnone in the module (its
+    compile time is LLVM's cost floor, its run time negligible); bigger ones are optimized."""
+    monkeypatch.setenv("TE_GRAD_CACHE_DIR", str(tmp_path))
+    from codegen.llvm_module import UNOPTIMIZED_WORK
+    small = tg.placeholder((4, 8), dtype="float64", name="S")
+    big = tg.placeholder((64, 64), dtype="float64", name="B")
+    tiny = tg.compute((4,), lambda i: small[i, 0] * 2.0, name="tiny")
+    large = tg.compute((64, 64), lambda i, j: big[j, i] + 1.0, name="large")
+    k = tg.build([tiny, large], [small, big])
+    works = {cs.stage.tensor.name: cs.work for cs in k.stages}
+    assert works["tiny"] <= UNOPTIMIZED_WORK < works["large"]
+    text = k._compiled.text
+    heads = {name: next(line for line in text.splitlines() if line.startswith("define") and f"_{name}\"(" in line)
+             for name in ("tiny", "large")}
+    assert "optnone" in heads["tiny"] and "optnone" not in heads["large"]
+    a, b = np.random.default_rng(1).standard_normal((4, 8)), np.random.default_rng(2).standard_normal((64, 64))
+    got_tiny, got_large = k(a, b)
+    np.testing.assert_array_equal(got_tiny, a[:, 0] * 2.0)
+    np.testing.assert_array_equal(got_large, b.T + 1.0)

@@ -215,3 +215,14 @@ def test_digits_match_pytorch_over_the_first_epoch():
     from te_grad.train import digits
     result = digits.run(epochs=1, compare=True, out=open("/dev/null", "w"))
     assert result["first_epoch_max_rel_diff"] < 1e-3
+
+
+def test_compile_builds_every_batch_size_asked_and_waits_for_all():
+    model, trainer = _regression(batch=8)
+    seconds = trainer.compile(8, 3)
+    assert seconds > 0
+    kernels = [step.kernel for step in trainer._steps.values()]
+    assert len(kernels) == 2 and all(k._pending is None for k in kernels)  # ready when compile returns
+    ragged = RNG.standard_normal((3, 5)).astype(np.float32), RNG.standard_normal((3, 3)).astype(np.float32)
+    assert np.isfinite(trainer.update(*ragged))
+    assert len(trainer._steps) == 2  # the ragged batch used the kernel compiled for it

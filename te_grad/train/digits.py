@@ -66,8 +66,7 @@ def run(epochs: int = 10, lr: float = 1e-2, batch: int = 64, seed: int = 0, thre
     trainer = Trainer(net, inputs=[x], targets=[y], loss=nn.softmax_cross_entropy, optimizer=Adam(lr=lr),
                       init=xavier_uniform(seed=seed), threads=threads, progress=False)
     initial = trainer.params
-    trainer.compile()
-    trainer.compile(len(x_tr) % batch or batch)  # the ragged last batch of an epoch
+    trainer.compile(batch, len(x_tr) % batch or batch)  # and the ragged last batch of an epoch
     setup = time.perf_counter() - t0
     print(f"te_grad: {len(x_tr)} training and {len(x_te)} test images; step kernel built in {setup:.2f} s",
           file=out)

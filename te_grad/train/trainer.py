@@ -183,7 +183,7 @@ class Trainer:
         return dsl.compute((), lambda: dsl.sum(dsl.if_then_else(out[r, y[r]] >= best[r], 1.0, 0.0), axis=r)
                            * (1.0 / n), name="accuracy")
 
-    def _build_step(self, shapes, apply: bool) -> _Step:
+    def _build_step(self, shapes, apply: bool, wait: bool = True) -> _Step:
         from .. import build, gradient
         xs, ys = self._batch_placeholders(shapes)
         seed = dsl.placeholder((), dtype="int64", name="seed")
@@ -233,7 +233,7 @@ class Trainer:
         batch = xs + ys
         hyper_in = [seed, lr, t]
         kernel = build(outputs, batch + hyper_in + [self._slots[k].placeholder for k in slot_inputs],
-                       threads=self.threads)
+                       threads=self.threads, wait=wait)
         # a slot not written by this kernel must still be carried to the other buffer set
         step = _Step(kernel, batch, len(extra), slot_inputs, slot_outputs, apply)
         step.carried = [k for k in range(len(self._slots)) if k not in set(slot_outputs)]
@@ -242,21 +242,27 @@ class Trainer:
     def _step_for(self, arrays, apply: bool) -> _Step:
         return self._step_for_shapes(tuple(a.shape for a in arrays), apply)
 
-    def _step_for_shapes(self, shapes, apply: bool) -> _Step:
+    def _step_for_shapes(self, shapes, apply: bool, wait: bool = True) -> _Step:
         key = (shapes, apply)
         step = self._steps.get(key)
         if step is None:
-            step = self._steps[key] = self._build_step(shapes, apply)
+            step = self._steps[key] = self._build_step(shapes, apply, wait)
         return step
 
-    def compile(self, batch_size: Optional[int] = None) -> float:
-        """Build the step kernel(s) for batches of ``batch_size`` (default: the placeholders'
-        batch) now rather than on the first :meth:`update`; returns the seconds it took."""
+    def compile(self, *batch_sizes: int) -> float:
+        """Build the step kernel(s) for batches of each of ``batch_sizes`` (default: the
+        placeholders' batch) now rather than on the first :meth:`update`; returns the seconds
+        it took, until every kernel is ready. LLVM compiles each kernel in the background
+        while the next one is prepared."""
         t0 = time.perf_counter()
-        shapes = tuple(t.shape if batch_size is None else (batch_size,) + t.shape[1:]
-                       for t in self.inputs + self.targets)
-        for apply in ((True,) if self.accumulate == 1 else (False, True)):
-            self._step_for_shapes(shapes, apply)
+        steps = []
+        for batch_size in batch_sizes or (None,):
+            shapes = tuple(t.shape if batch_size is None else (batch_size,) + t.shape[1:]
+                           for t in self.inputs + self.targets)
+            for apply in ((True,) if self.accumulate == 1 else (False, True)):
+                steps.append(self._step_for_shapes(shapes, apply, wait=False))
+        for step in steps:
+            step.kernel.wait()
         return time.perf_counter() - t0
 
     # -- training --------------------------------------------------------------------------------
