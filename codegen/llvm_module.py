@@ -43,6 +43,7 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
     module = ir.Module(name="te_grad")
     functions = []
     compared = compared_tensors(stages)
+    bodies: Dict[str, ir.Function] = {}  # a stage function's text, its name left out -> the function
     for n, s in enumerate(stages):
         name = f"{prefix}stage{n}_{s.tensor.name}"
         fn = StageEmitter(module, s, name, buffer_index, fast_math, id(s.tensor) in compared).emit()
@@ -54,7 +55,13 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
             _allow_vectors_of(fn, widest)
         if internal:
             fn.linkage = "internal"
-        functions.append(fn)
+        # stages that differ only in the buffers they touch (the steps of an unrolled stencil,
+        # the layers of a model repeating one shape) share one function: each is compiled once
+        body = str(fn).replace(f'@"{name}"', "@_", 1)
+        same = bodies.setdefault(body, fn)
+        if same is not fn:
+            del module.globals[name]
+        functions.append(same)
     run = _emit_run_stages(module, stages, functions, buffer_index, prefix + RUN_STAGES)
     region = _emit_run_region(module, run, prefix + RUN_REGION)
     if internal:  # an exported kernel runs its regions whole

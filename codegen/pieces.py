@@ -103,6 +103,11 @@ def split_interior(axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
 
 #: most pieces an output domain is cut into so that every piece has constant reduce bounds
 MAX_PIECES = 32
+#: a cut into more than FEW_PIECES pieces must leave each this many iterations on average:
+#: every piece is a loop nest of its own (its own code, its own register blocks), and one
+#: piece per output row of a resize gradient with three taps costs more to compile than the
+#: varying bounds cost to run
+FEW_PIECES, MIN_PIECE_WORK = 9, 4096
 
 
 def _uniform_pieces(dep, values, red_axes, full):
@@ -112,9 +117,15 @@ def _uniform_pieces(dep, values, red_axes, full):
     a padded convolution; each kernel position of its weight gradient); each group must
     be a box, and there must be few of them."""
     stacked = np.stack([v.ravel() for v in values], axis=1)
-    keys, labels = np.unique(stacked, axis=0, return_inverse=True)
+    keys, labels, counts = np.unique(stacked, axis=0, return_inverse=True, return_counts=True)
     if len(keys) > MAX_PIECES:
         return None
+    if len(keys) > FEW_PIECES:
+        dep_ids = {id(a) for a, _ in dep}
+        rest = int(np.prod([hi - lo for k, (lo, hi) in full.items() if k not in dep_ids]))
+        trips = np.prod(np.maximum(keys[:, 1::2] - keys[:, 0::2], 0), axis=1)
+        if float((counts * trips).sum()) * rest / len(keys) < MIN_PIECE_WORK:
+            return None
     labels = labels.reshape(values[0].shape)
     pieces = []
     for label, key in enumerate(keys):

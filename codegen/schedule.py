@@ -18,9 +18,11 @@ It then runs the scheduling passes in a fixed order (:data:`PASSES`), each a
    congruence classes when it is divided (pooling gradients);
 5. :func:`.congruence.split_classes`: reduction terms split into congruence classes;
 6. :func:`.pieces.split_pieces`: reduction terms cut into pieces with constant bounds;
-7. :func:`.loop_order.order_reductions`: each term nest's own best loop order;
-8. :func:`.register_blocking.block_registers`: register blocks sized for the machine;
-9. :func:`.cache_tiling.tile_stage`: cache tiles for the machine's L2.
+7. :func:`.guard_ranges.narrow_guarded_loops`: guards bounding an output loop by
+   constants moved into its range;
+8. :func:`.loop_order.order_reductions`: each term nest's own best loop order;
+9. :func:`.register_blocking.block_registers`: register blocks sized for the machine;
+10. :func:`.cache_tiling.tile_stage`: cache tiles for the machine's L2.
 
 Operands may first be replaced by copies in a better layout, stages of their own
 (:mod:`.packing`). A scatter becomes a zero-fill split among threads, then a serial
@@ -41,6 +43,7 @@ from te_grad.ir import Binary, Const, Expr, PlaceholderOp, Reduce, ScatterOp, Se
 
 from .cache_tiling import tile_stage
 from .congruence import interleave_classes, split_classes
+from .guard_ranges import narrow_guarded_loops
 from .loop_order import lane_var, order_elementwise, order_reductions, parallel_axis
 from .loopir import Stage, Store, guarded, nest
 from .machine import PORTABLE, Machine, host_machine
@@ -122,6 +125,7 @@ PASSES = (
     ("interleave_classes", lambda stage, machine: interleave_classes(stage), False),
     ("split_classes", lambda stage, machine: split_classes(stage), False),
     ("split_pieces", lambda stage, machine: split_pieces(stage), False),
+    ("narrow_guarded_loops", lambda stage, machine: narrow_guarded_loops(stage), False),
     ("order_reductions", lambda stage, machine: order_reductions(stage), False),
     ("block_registers", block_registers, False),
     ("tile_stage", tile_stage, False),
