@@ -4,11 +4,13 @@
 
 Each row is one formulation of one op (a convolution with a separate zero-padding stage,
 in NHWC, a dense layer with the weight transposed, a softmax or a layer norm in several
-stages, ...); te_grad's forward and backward (all float gradients, one kernel each) are
-timed next to PyTorch's equivalent (forward under no_grad; backward ``autograd.grad`` on a
-retained graph), in one process at the same thread count, and the ratio of each
-formulation to the best te_grad formulation of the same op is printed: equivalent
-formulations should run at about the same speed.
+stages, ...); te_grad's forward, its backward from the inputs (all float gradients, one
+kernel) and its backward from saved residuals (``tg.build_vjp``: what a model trained
+through ``te_grad.torch`` runs) are timed next to PyTorch's equivalent (forward under
+no_grad; backward ``autograd.grad`` on a retained graph, which reuses what its forward
+saved, so it is compared with the backward from residuals), in one process at the same
+thread count, and the ratio of each formulation to the best te_grad formulation of the
+same op is printed: equivalent formulations should run at about the same speed.
 """
 import math
 import time
@@ -49,7 +51,13 @@ def measure(name, threads, timer, torch):
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(x.shape).astype(np.float32) for x in xs]
     h = rng.standard_normal(y.shape).astype(np.float32)
-    fns = {"tg_fwd": lambda: fwd(*arrays), "tg_bwd": lambda: bwd(*arrays, h)}
+    vjp = tg.build_vjp([y], xs, threads=threads)
+    _, residuals = vjp.run_forward(*arrays)
+    by_input = {id(x): a for x, a in zip(xs, arrays)}
+    res_args = list(residuals) + [by_input[id(x)] for x in vjp.needed_inputs] + ([h] if vjp.head_used[0] else [])
+    for got, want in zip(vjp.run_backward(residuals, arrays, [h]), bwd(*arrays, h) if len(xs) > 1 else [bwd(*arrays, h)]):
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+    fns = {"tg_fwd": lambda: fwd(*arrays), "tg_bwd": lambda: bwd(*arrays, h), "tg_res": lambda: vjp.backward(*res_args)}
     if torch is not None:
         ts = [torch.from_numpy(a.copy()).requires_grad_() for a in arrays]
         fn = torch_fns(torch)[name]
@@ -69,19 +77,21 @@ def measure(name, threads, timer, torch):
 def main(argv=None):
     args, torch, timer = script_options(argv, __doc__.split("\n\n")[0], FORMULATIONS, Timer(2, 10, 1.0))
     print(f"# formulations, {args.threads} threads, {cpu_name()}")
-    print(f"{'op':12s} {'formulation':18s} {'tg fwd ms':>9s} {'tg bwd ms':>9s} {'fwd/best':>8s} {'bwd/best':>8s} "
-          f"{'fwd/torch':>9s} {'bwd/torch':>9s} {'build s':>7s}")
+    print(f"{'op':12s} {'formulation':18s} {'tg fwd ms':>9s} {'tg bwd ms':>9s} {'tg res ms':>9s} {'fwd/best':>8s} "
+          f"{'bwd/best':>8s} {'res/best':>8s} {'fwd/torch':>9s} {'res/torch':>9s} {'build s':>7s}")
     for op, names in FORMULATIONS.items():
         if args.ops and op not in args.ops:
             continue
         rows = {n: measure(n, args.threads, timer, torch) for n in names}
         best_f = min(r["tg_fwd"] for r in rows.values())
         best_b = min(r["tg_bwd"] for r in rows.values())
+        best_r = min(r["tg_res"] for r in rows.values())
         for n, r in rows.items():
             tf = r["tg_fwd"] / r["torch_fwd"] if "torch_fwd" in r else math.nan
-            tb = r["tg_bwd"] / r["torch_bwd"] if "torch_bwd" in r else math.nan
-            print(f"{op:12s} {n:18s} {r['tg_fwd']:9.3f} {r['tg_bwd']:9.3f} {r['tg_fwd'] / best_f:8.2f} "
-                  f"{r['tg_bwd'] / best_b:8.2f} {tf:9.2f} {tb:9.2f} {r['build_s']:7.2f}", flush=True)
+            tr = r["tg_res"] / r["torch_bwd"] if "torch_bwd" in r else math.nan
+            print(f"{op:12s} {n:18s} {r['tg_fwd']:9.3f} {r['tg_bwd']:9.3f} {r['tg_res']:9.3f} "
+                  f"{r['tg_fwd'] / best_f:8.2f} {r['tg_bwd'] / best_b:8.2f} {r['tg_res'] / best_r:8.2f} "
+                  f"{tf:9.2f} {tr:9.2f} {r['build_s']:7.2f}", flush=True)
 
 
 if __name__ == "__main__":
