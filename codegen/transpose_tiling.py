@@ -8,7 +8,8 @@ one of them a cache line per element. :func:`tile_transposes` cuts ``u`` and ``v
 crossing read, a transpose in registers, eight vector stores).
 
 Promises: every element is stored once with its own value (the tiles and blocks
-partition the domain); threads take ranges of tiles of ``u``.
+partition the domain); threads take ranges of the stage's parallel axis when it is an
+outer loop of the nest (a batch), else ranges of tiles of ``u``.
 """
 from __future__ import annotations
 
@@ -20,19 +21,21 @@ from te_grad.graph import reads_in
 from te_grad.ir import Read, Tensor, Var
 from te_grad.transform import substitute
 
-from .loopir import Loop, Nest, Parallel, Stage, Store, transpose_block
+from .loopir import SERIAL, Loop, Nest, Parallel, Stage, Store, transpose_block
 
 
 TILE = 32
 
 
-def _tile_transposed(t: Tensor, order, store: Store):
+def _tile_transposed(t: Tensor, order, store: Store, parallel=None):
     """Tile the two loops of a transposing element-wise nest, or None if it does not transpose.
 
     With ``v`` innermost (unit stride for the store) and a read unit-stride in
     another variable ``u``, ``TILE x TILE`` blocks keep both in cache:
     ``for uo, vo: for ui < TILE, vi < TILE`` with ``u = uo*TILE + ui``.
-    Returns (statements, number of parallel tiles).
+    Threads split ``parallel`` (the stage's own axis) when it is one of the other, outer
+    loops (a batch: a reader splitting the same axis then shares the region), else ``uo``.
+    Returns (statements, extent of the parallel loop, its variable when it is ``parallel``).
     """
     if len(order) < 2:
         return None
@@ -61,11 +64,12 @@ def _tile_transposed(t: Tensor, order, store: Store):
         body = [Store(t, tuple(substitute(i, rename) for i in store.indices), substitute(store.value, rename))]
         body = [Loop(vi, c(0), dsl.minimum(c(TILE), nv - vo * TILE), body)]
         body = [Loop(ui, c(0), dsl.minimum(c(TILE), nu - uo * TILE), body)]
+    by_outer = parallel is not None and any(parallel is x for x in outer)
     body = [Loop(vo, c(0), c(-(-nv // TILE)), body)]
-    body = [Loop(uo, c(0), c(-(-nu // TILE)), body, Parallel())]
+    body = [Loop(uo, c(0), c(-(-nu // TILE)), body, SERIAL if by_outer else Parallel())]
     for x in reversed(outer):
-        body = [Loop(x, c(0), c(extent[id(x)]), body)]
-    return body, -(-nu // TILE)
+        body = [Loop(x, c(0), c(extent[id(x)]), body, Parallel() if by_outer and x is parallel else SERIAL)]
+    return body, (extent[id(parallel)] if by_outer else -(-nu // TILE)), (parallel if by_outer else None)
 
 
 def _blocks_of_eight(t: Tensor, store: Store, read: Read, u: Var, v: Var, nu: int, nv: int) -> bool:
@@ -87,7 +91,7 @@ def tile_transposes(stage: Stage) -> Stage:
     n = Nest.of(stage.body[0]) if len(stage.body) == 1 else None
     if n is None or n.accumulates or n.reductions or n.cond is not None:
         return stage
-    tiled = _tile_transposed(stage.tensor, n.order, n.store)
+    tiled = _tile_transposed(stage.tensor, n.order, n.store, stage.parallel_axis)
     if tiled is None:
         return stage
-    return replace(stage, body=tuple(tiled[0]), parallel_extent=tiled[1], parallel_axis=None)
+    return replace(stage, body=tuple(tiled[0]), parallel_extent=tiled[1], parallel_axis=tiled[2])

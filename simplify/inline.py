@@ -1,4 +1,4 @@
-"""Element-wise chains fused: a producer computed where its one reader uses it.
+"""Producers computed where their one reader uses them: element-wise chains, and copies.
 
 ``E[i, j] = H[i, j] / s[i] + d[i]`` read once, by ``dX[i, j] = E[i, j] * e[i, j]``, at
 ``dX``'s own index: ``dX[i, j] = (H[i, j] / s[i] + d[i]) * e[i, j]``. Each element of
@@ -7,22 +7,45 @@ so the values are unchanged; the compiled kernel no longer stores ``E`` and load
 back (one pass over memory fewer: softmax's backward, a layer norm's, an activation
 after a bias).
 
-Promises: only tensors that are not protected (outputs, kept forward tensors), have
-no reduction, are read exactly once in the whole graph, by a compute without
-reductions, at exactly that compute's own indices with the same shape, are inlined,
-and a fused body stays shallower than :data:`INLINE_DEPTH`.
+A producer of any kind (a reduction too) read once by a *copy*, a reader whose body is
+that one read at an index that takes each reader axis once with coefficient 1 (a slice,
+a shift, a transpose: pure data movement), is computed in the copy:
+``dP[y, v] = sum(...)`` over a padded domain and ``dX[i, j] = dP[i + 1, j + 1]`` become
+``dX[i, j] = sum(...)[y = i + 1, v = j + 1]``. Each element the copy reads is computed
+once, by the same expression; the elements it does not read (a padding border) are not
+computed at all, and nothing is stored and loaded back.
+
+A *cheap* element-wise producer (no function call, no division by a variable, at most
+:data:`CHEAP_NODES` nodes: a centering ``x[i, j] - mu[i]``, a scaling) read up to :data:`CHEAP_READS` times, each read
+touching each of its elements once (its indices distinct loop variables of the reader,
+reduce axes included, plus constants), is computed in every reader: a layer norm written
+in stages reads its centered input twice, and recomputing one subtraction per read costs
+less than storing the tensor and loading it back twice.
+
+Promises: only tensors that are not protected (outputs, kept forward tensors) are
+inlined: element-wise ones (no reduction) read exactly once in the whole graph by a
+compute without reductions at exactly its own indices with the same shape, any read
+exactly once by a copy as above, cheap ones as above; and a fused body stays shallower
+than :data:`INLINE_DEPTH`. The values are unchanged: each inlined read computes the
+element it read, with the same expression.
 """
 from __future__ import annotations
 
 from typing import Dict, Iterable, List, Set, Tuple
 
-from te_grad.graph import reads_in, reductions_in, topo_order
-from te_grad.ir import ComputeOp, PlaceholderOp, Read, ScatterOp, Tensor
+from te_grad.graph import free_vars, reads_in, reductions_in, topo_order
+from te_grad.ir import Binary, Call, Cast, ComputeOp, Const, PlaceholderOp, Read, Reduce, ScatterOp, Tensor
+
+from .linear import coefficient
 from te_grad.transform import replace_tensors, substitute
 from te_grad.visitor import Mutator
 
 #: a fused body is never deeper than this (expressions are emitted recursively)
 INLINE_DEPTH = 48
+#: an element-wise body of at most this many nodes, without calls, is cheap to recompute
+CHEAP_NODES = 8
+#: the most reads of a cheap producer that are each given its body
+CHEAP_READS = 3
 
 
 class Redirect(Mutator):
@@ -42,10 +65,9 @@ class Redirect(Mutator):
         return node if target is node.tensor else Read(target, node.indices)
 
 
-def _readers(order: List[Tensor]) -> Tuple[Dict[int, int], Dict[int, Tuple[Tensor, Read]]]:
-    """Reads of each tensor across the graph, and its first reader with that read."""
-    counts: Dict[int, int] = {}
-    first: Dict[int, Tuple[Tensor, Read]] = {}
+def _readers(order: List[Tensor]) -> Dict[int, List[Tuple[Tensor, Read]]]:
+    """Every read of each tensor across the graph, with its reader, in order (by tensor id)."""
+    every: Dict[int, List[Tuple[Tensor, Read]]] = {}
     for c in order:
         if isinstance(c.op, ComputeOp):
             exprs = [c.op.body]
@@ -56,17 +78,82 @@ def _readers(order: List[Tensor]) -> Tuple[Dict[int, int], Dict[int, Tuple[Tenso
             continue
         for e in exprs:
             for r in reads_in(e):
-                counts[id(r.tensor)] = counts.get(id(r.tensor), 0) + 1
-                first.setdefault(id(r.tensor), (c, r))
-    return counts, first
+                every.setdefault(id(r.tensor), []).append((c, r))
+    return every
 
 
-def _fusable(p: Tensor, counts, first) -> bool:
-    if not isinstance(p.op, ComputeOp) or counts.get(id(p), 0) != 1 or reductions_in(p.op.body):
+#: operators too slow to repeat in a reader's inner loop (a division only by a variable)
+_COSTLY = ("div", "pow", "floordiv", "floormod")
+
+
+def _cheap(p: Tensor) -> bool:
+    """True if ``p``'s body is small, without reductions, calls or divisions by a variable
+    (softmax's ``exp / sum`` in a contraction's inner loop would cost a division per
+    multiply-add)."""
+    nodes = 0
+    pending = [p.op.body]
+    while pending:
+        e = pending.pop()
+        nodes += 1
+        if nodes > CHEAP_NODES or isinstance(e, (Call, Reduce)):
+            return False
+        if isinstance(e, Binary) and e.op in _COSTLY and not (e.op == "div" and isinstance(e.b, Const)):
+            return False
+        pending.extend(e.children())
+    return True
+
+
+def _each_element_once(c: Tensor, read: Read) -> bool:
+    """True if ``read``'s indices are each one loop variable of ``c`` plus a constant (or a
+    constant), every loop variable of ``c`` (its axes and the axes of its reductions) used
+    exactly once: each iteration of ``c`` reads another element."""
+    loop_vars = {id(a) for a in c.op.axes} | {id(r) for red, _, _ in reductions_in(c.op.body) for r in red.axes}
+    seen = set()
+    for ix in read.indices:
+        vars_ = free_vars(ix)
+        if len(vars_) > 1 or (vars_ and (coefficient(ix, vars_[0]) != 1 or id(vars_[0]) in seen)):
+            return False
+        seen.update(id(v) for v in vars_)
+    return seen == loop_vars
+
+
+def _recomputable(p: Tensor, reads: List[Tuple[Tensor, Read]]) -> bool:
+    """A cheap element-wise producer read at most CHEAP_READS times, each read touching each
+    element once, by computes."""
+    return (isinstance(p.op, ComputeOp) and 1 < len(reads) <= CHEAP_READS and _cheap(p)
+            and all(isinstance(c.op, ComputeOp) and _each_element_once(c, r) for c, r in reads))
+
+
+def _fusable(p: Tensor, reads: List[Tuple[Tensor, Read]]) -> bool:
+    """Read once, by a copy or element-wise at the reader's own indices."""
+    if not isinstance(p.op, ComputeOp) or len(reads) != 1:
         return False
-    c, read = first[id(p)]
-    return (isinstance(c.op, ComputeOp) and not reductions_in(c.op.body) and c.shape == p.shape
+    c, read = reads[0]
+    if not isinstance(c.op, ComputeOp):
+        return False
+    if _copies(c, read):
+        return True
+    return (not reductions_in(p.op.body) and not reductions_in(c.op.body) and c.shape == p.shape
             and len(read.indices) == len(c.op.axes) and all(i is a for i, a in zip(read.indices, c.op.axes)))
+
+
+def _copies(c: Tensor, read: Read) -> bool:
+    """True if ``c``'s body is ``read`` alone (maybe cast) and each index of the read is one
+    of ``c``'s axes plus a constant, each axis used once: a slice, a shift or a transpose."""
+    body = c.op.body
+    while isinstance(body, Cast):
+        body = body.a
+    if body is not read:
+        return False
+    used = []
+    for ix in read.indices:
+        axes = [a for a in c.op.axes if coefficient(ix, a) != 0]
+        if len(axes) > 1 or (axes and coefficient(ix, axes[0]) != 1):
+            return False
+        if any(v not in axes for v in free_vars(ix)) or (not axes and free_vars(ix)):
+            return False
+        used += [id(a) for a in axes]
+    return len(used) == len(set(used)) == len(c.op.axes)
 
 
 def inline_elementwise(roots: Iterable[Tensor], protected: Set[int] = frozenset()) -> Dict[int, Tensor]:
@@ -76,8 +163,11 @@ def inline_elementwise(roots: Iterable[Tensor], protected: Set[int] = frozenset(
     roots = list(roots)
     order = topo_order(roots)
     protected = set(protected) | {id(t) for t in roots}
-    counts, first = _readers(order)
-    candidates = {id(p) for p in order if id(p) not in protected and _fusable(p, counts, first)}
+    reads = _readers(order)
+    fused = {id(p) for p in order if id(p) not in protected and _fusable(p, reads.get(id(p), []))}
+    recomputed = {id(p) for p in order if id(p) not in protected and id(p) not in fused
+                  and _recomputable(p, reads.get(id(p), []))}
+    candidates = fused | recomputed
     new: Dict[int, Tensor] = {}
     inline: Dict[int, Tensor] = {}
     if not candidates:
@@ -93,7 +183,9 @@ def inline_elementwise(roots: Iterable[Tensor], protected: Set[int] = frozenset(
         out = t if body is t.op.body else Tensor(t.name, t.shape, t.dtype, ComputeOp(t.op.axes, body, t.op.note))
         new[id(t)] = out
         if id(t) in candidates:
-            reader = first[id(t)][0]
-            if out.op.body.depth + reader.op.body.depth <= INLINE_DEPTH:
+            readers = [c for c, _ in reads.get(id(t), [])]
+            if id(t) in recomputed and not _cheap(out):
+                continue  # cheap as written, not once its own producers were fused into it
+            if all(out.op.body.depth + reader.op.body.depth <= INLINE_DEPTH for reader in readers):
                 inline[id(out)] = out
     return new

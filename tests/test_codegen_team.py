@@ -152,3 +152,19 @@ def test_plans_merge_small_runs_and_share_big_ones():
     small = tg.build([u], [s], threads=2)
     assert len(small.regions) >= 2
     assert [(run.first, run.last, run.chunks) for run in small.plan()] == [(0, len(small.stages), 0)]
+
+
+def test_a_transposed_copy_splits_the_batch_like_its_reader():
+    """A.T @ B.T reads a transposed copy of B; the copy is split among threads by batch, as the
+    product is, so the two are one region (each thread copies the batches it multiplies)."""
+    from te_grad.formulations import bmm_transposed
+    w = bmm_transposed("float32")
+    kern = tg.build([w.output], w.inputs, threads=2)
+    names = [cs.stage.tensor.name for cs in kern.stages]
+    assert names == ["B_packed", "batch_matmul"]
+    assert [(run.first, run.last, run.chunks) for run in kern.plan()] == [(0, 2, 2)]
+    assert kern.stages[0].stage.parallel_axis is kern.stages[0].stage.tensor.op.axes[0]
+    rng = np.random.default_rng(6)
+    a, b = (rng.standard_normal(t.shape).astype("float32") for t in w.inputs)
+    np.testing.assert_allclose(kern(a, b), tg.evaluate([w.output], {w.inputs[0]: a, w.inputs[1]: b})[0],
+                               rtol=1e-4, atol=1e-4)

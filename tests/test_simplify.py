@@ -259,3 +259,69 @@ def test_a_producer_read_twice_or_by_a_reduction_or_asked_for_is_not_fused():
     want = tg.evaluate([twice, rowsum, shifted, fused_here, e3], feed)
     for got, w in zip(tg.evaluate(outs, feed), want):
         np.testing.assert_allclose(got, w, rtol=1e-13, atol=1e-15)
+
+
+def test_a_producer_read_once_by_a_copy_is_computed_in_the_copy():
+    """A convolution over a separate padding stage: its input gradient was computed over the
+    padded domain (dP, 34 x 34) and sliced (dX = dP[.., i + 1, j + 1]); the slice now computes
+    the sum itself, over its own domain only. A broadcast or strided read is no copy."""
+    from te_grad.graph import topo_order
+    from te_grad.formulations import conv_pad_stage
+    w = conv_pad_stage("float64", small=True)
+    h = tg.placeholder(w.output.shape, dtype="float64", name="h")
+    grads = tg.gradient(w.output, w.inputs, head=h)
+    assert "dP" in {t.name for t in topo_order(grads)}
+    fused = tg.simplify(grads)
+    assert "dP" not in {t.name for t in topo_order(fused)}
+    rng = np.random.default_rng(2)
+    feed = {t: rng.standard_normal(t.shape) for t in w.inputs + [h]}
+    for got, want in zip(tg.evaluate(fused, feed), tg.evaluate(grads, feed)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+
+    x = tg.placeholder((6, 5), dtype="float64", name="X")
+    k = tg.reduce_axis((0, 5), "k")
+    rows = [tg.compute((6,), lambda i: tg.sum(x[i, k] * x[i, k], axis=k), name=f"rows{n}") for n in range(3)]
+    sliced = tg.compute((4,), lambda i: rows[0][i + 1], name="sliced")
+    spread = tg.compute((6, 2), lambda i, j: rows[1][i], name="spread")  # each element read twice
+    strided = tg.compute((3,), lambda i: rows[2][2 * i], name="strided")
+    outs = tg.simplify([sliced, spread, strided])
+    names = {t.name for t in topo_order(outs)}
+    assert "rows0" not in names and {"rows1", "rows2"} <= names
+    feed = {x: rng.standard_normal(x.shape)}
+    for got, want in zip(tg.evaluate(outs, feed), tg.evaluate([sliced, spread, strided], feed)):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+
+
+def test_cheap_producers_are_recomputed_by_their_few_readers():
+    """A layer norm in stages reads its centered input twice: the subtraction is computed in
+    both readers instead of stored. Not recomputed: a producer read more than CHEAP_READS
+    times, one dividing by a variable, one that is cheap only before what it reads was
+    fused into it, one read twice by the same iteration."""
+    from te_grad.graph import topo_order
+    from simplify.inline import CHEAP_READS
+    from te_grad.formulations import layer_norm_stages
+    w = layer_norm_stages("float64", small=True)
+    assert "c" in {t.name for t in topo_order([w.output])}
+    fused = tg.simplify([w.output])
+    assert "c" not in {t.name for t in topo_order(fused)}
+    x = tg.placeholder((4, 6), dtype="float64", name="X")
+    s = tg.placeholder((4,), dtype="float64", name="s")
+    many = tg.compute((4, 6), lambda i, j: x[i, j] + 1.0, name="many")
+    readers = [tg.compute((4, 6), lambda i, j, n=n: many[i, j] * float(n + 2), name=f"r{n}")
+               for n in range(CHEAP_READS + 1)]
+    ratio = tg.compute((4, 6), lambda i, j: x[i, j] / s[i], name="ratio")
+    by_ratio = [tg.compute((4, 6), lambda i, j, n=n: ratio[i, j] + float(n), name=f"q{n}") for n in range(2)]
+    pre = tg.compute((4, 6), lambda i, j: tg.exp(x[i, j]), name="pre")  # fused into `late` (read once)
+    late = tg.compute((4, 6), lambda i, j: pre[i, j] * 0.5, name="late")
+    by_late = [tg.compute((4, 6), lambda i, j, n=n: late[i, j] - float(n), name=f"l{n}") for n in range(2)]
+    sq = tg.compute((4, 6), lambda i, j: x[i, j] * 3.0, name="sq")
+    kk = tg.reduce_axis((0, 6), "kk")
+    pair = tg.compute((4, 6), lambda i, j: tg.sum(sq[i, kk] * sq[i, j], axis=kk), name="pair")
+    outs = readers + by_ratio + by_late + [pair]
+    got_graph = tg.simplify(outs)
+    names = {t.name for t in topo_order(got_graph)}
+    assert {"many", "ratio", "late", "sq"} <= names
+    rng = np.random.default_rng(3)
+    feed = {x: rng.standard_normal(x.shape), s: rng.random(4) + 1.0}
+    for got, want in zip(tg.evaluate(got_graph, feed), tg.evaluate(outs, feed)):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
