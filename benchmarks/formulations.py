@@ -27,6 +27,10 @@ def torch_fns(torch):
     return {
         "conv_guards": lambda x, w: F.conv2d(x, w, padding=1),
         "conv_pad_stage": lambda x, w: F.conv2d(F.pad(x, (1, 1, 1, 1)), w),
+        "conv_guards_s2": lambda x, w: F.conv2d(x, w, stride=2, padding=1),
+        "conv_pad_stage_s2": lambda x, w: F.conv2d(F.pad(x, (1, 1, 1, 1)), w, stride=2),
+        "conv_guards_d2": lambda x, w: F.conv2d(x, w, padding=2, dilation=2),
+        "conv_pad_stage_d2": lambda x, w: F.conv2d(F.pad(x, (2, 2, 2, 2)), w, dilation=2),
         "conv_nhwc": lambda x, w: F.conv2d(x.permute(0, 3, 1, 2), w.permute(3, 2, 0, 1), padding=1).permute(0, 2, 3, 1),
         "dense_oi": lambda x, w: F.linear(x, w),
         "dense_io": lambda x, w: x @ w,
@@ -77,7 +81,7 @@ def measure(name, threads, timer, torch):
 def main(argv=None):
     args, torch, timer = script_options(argv, __doc__.split("\n\n")[0], FORMULATIONS, Timer(2, 10, 1.0))
     print(f"# formulations, {args.threads} threads, {cpu_name()}")
-    print(f"{'op':12s} {'formulation':18s} {'tg fwd ms':>9s} {'tg bwd ms':>9s} {'tg res ms':>9s} {'fwd/best':>8s} "
+    print(f"{'op':17s} {'formulation':18s} {'tg fwd ms':>9s} {'tg bwd ms':>9s} {'tg res ms':>9s} {'fwd/best':>8s} "
           f"{'bwd/best':>8s} {'res/best':>8s} {'fwd/torch':>9s} {'res/torch':>9s} {'build s':>7s}")
     for op, names in FORMULATIONS.items():
         if args.ops and op not in args.ops:
@@ -89,7 +93,7 @@ def main(argv=None):
         for n, r in rows.items():
             tf = r["tg_fwd"] / r["torch_fwd"] if "torch_fwd" in r else math.nan
             tr = r["tg_res"] / r["torch_bwd"] if "torch_bwd" in r else math.nan
-            print(f"{op:12s} {n:18s} {r['tg_fwd']:9.3f} {r['tg_bwd']:9.3f} {r['tg_res']:9.3f} "
+            print(f"{op:17s} {n:18s} {r['tg_fwd']:9.3f} {r['tg_bwd']:9.3f} {r['tg_res']:9.3f} "
                   f"{r['tg_fwd'] / best_f:8.2f} {r['tg_bwd'] / best_b:8.2f} {r['tg_res'] / best_r:8.2f} "
                   f"{tf:9.2f} {tr:9.2f} {r['build_s']:7.2f}", flush=True)
 

@@ -25,7 +25,8 @@ from te_grad import dsl
 from te_grad.graph import free_vars
 from te_grad.ir import Binary, Const, Expr, ReduceAxis, Var
 from te_grad.transform import substitute
-from te_grad.visitor import Visitor
+from te_grad.intervals import interval
+from te_grad.visitor import Mutator, Visitor
 
 from .loopir import Loop, Nest, Stage, nest, rewrite_nests
 from .pieces import constant_share
@@ -117,11 +118,12 @@ def reduce_axes_in_class(red_axes: Sequence[ReduceAxis], value: Expr, cond: Opti
     linear function of the output loops shifted to start at 0 (so that reads step with
     the output loops and the bounds become constant inside the domain)."""
     loop_ids = {id(a) for a in view.axes}
+    ranges = {id(a): (0, n - 1) for a, n in zip(view.axes, view.shape)}
     rename: Dict[Var, Expr] = dict(view.mapping)
     axes: List[ReduceAxis] = []
     for r in red_axes:
-        lo = normalize(substitute(r.lo, rename))
-        hi = normalize(substitute(r.hi, rename))
+        lo = _decided(normalize(substitute(r.lo, rename)), ranges)
+        hi = _decided(normalize(substitute(r.hi, rename)), ranges)
         if not isinstance(lo, Const) and _linear_in(lo, loop_ids):
             shifted = ReduceAxis(r.name, r.dtype, dsl.const(0, r.lo.dtype), normalize(hi - lo))
             rename[r] = lo + shifted
@@ -135,6 +137,32 @@ def reduce_axes_in_class(red_axes: Sequence[ReduceAxis], value: Expr, cond: Opti
     value = normalize(substitute(value, rename))
     cond = normalize(substitute(cond, rename)) if cond is not None else None
     return axes, value, cond
+
+
+class _Decided(Mutator):
+    """``maximum``/``minimum`` replaced by the operand that wins wherever the loops run."""
+
+    def __init__(self, ranges):
+        super().__init__()
+        self.ranges = ranges
+
+    def visit_Binary(self, node: Binary):
+        node = self.generic_visit(node)
+        if node.op not in ("max", "min"):
+            return node
+        a, b = interval(node.a, self.ranges), interval(node.b, self.ranges)
+        if a is None or b is None:
+            return node
+        if node.op == "max":
+            return node.a if a[0] >= b[1] else node.b if b[0] >= a[1] else node
+        return node.a if a[1] <= b[0] else node.b if b[1] <= a[0] else node
+
+
+def _decided(e: Expr, ranges) -> Expr:
+    """``e`` with each ``maximum``/``minimum`` whose winner the output ``ranges`` decide
+    replaced by that operand (a padded convolution's bounds, once a copy of its gradient
+    is inlined, keep ``maximum(0, a)`` with ``a >= 0`` everywhere: linear, in fact)."""
+    return _Decided(ranges).visit(e)
 
 
 def _linear_in(e: Expr, loop_ids) -> bool:

@@ -40,6 +40,38 @@ def conv_pad_stage(dt, small=False):
     return Workload("conv_pad_stage", y, [x, k])
 
 
+def _strided(stride, dilation):
+    """The guarded and the padding-stage 3x3 convolution with ``stride`` and ``dilation``
+    (padding ``dilation``, so that stride 1 keeps the size)."""
+    def guards(dt, small=False):
+        n, c, h, w, f = _conv_sizes(small)
+        x = dsl.placeholder((n, c, h, w), dtype=dt, name="X")
+        k = dsl.placeholder((f, c, 3, 3), dtype=dt, name="W")
+        y = nn.conv2d(x, k, stride=stride, padding=dilation, dilation=dilation)
+        return Workload(f"conv_guards_s{stride}d{dilation}", y, [x, k])
+
+    def pad_stage(dt, small=False):
+        n, c, h, w, f = _conv_sizes(small)
+        d = dilation
+        x = dsl.placeholder((n, c, h, w), dtype=dt, name="X")
+        k = dsl.placeholder((f, c, 3, 3), dtype=dt, name="W")
+        p = dsl.compute((n, c, h + 2 * d, w + 2 * d), lambda b, ch, y, v: dsl.if_then_else(
+            dsl.all(y >= d, y < h + d, v >= d, v < w + d), x[b, ch, y - d, v - d], 0.0), name="P")
+        rc, ry, rx = dsl.reduce_axis(c, "c"), dsl.reduce_axis(3, "ry"), dsl.reduce_axis(3, "rx")
+        oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
+        y = dsl.compute((n, f, oh, ow), lambda b, o, i, j: dsl.sum(
+            p[b, rc, stride * i + d * ry, stride * j + d * rx] * k[o, rc, ry, rx], axis=[rc, ry, rx]), name="Y")
+        return Workload(f"conv_pad_stage_s{stride}d{dilation}", y, [x, k])
+    guards.__doc__ = f"``nn.conv2d(stride={stride}, dilation={dilation}, padding={dilation})``: guards."
+    pad_stage.__doc__ = (f"The same convolution (stride {stride}, dilation {dilation}) reading a separate "
+                         "zero-padding stage.")
+    return guards, pad_stage
+
+
+conv_guards_s2, conv_pad_stage_s2 = _strided(2, 1)
+conv_guards_d2, conv_pad_stage_d2 = _strided(1, 2)
+
+
 def conv_nhwc(dt, small=False):
     """Channels last: NHWC images, HWIO weights, guards for the padding."""
     n, c, h, w, f = _conv_sizes(small)
@@ -134,6 +166,8 @@ def bmm_transposed(dt, small=False):
 
 FORMULATIONS: Dict[str, Dict[str, Callable[..., Workload]]] = {
     "conv3x3": {"conv_guards": conv_guards, "conv_pad_stage": conv_pad_stage, "conv_nhwc": conv_nhwc},
+    "conv3x3_stride2": {"conv_guards_s2": conv_guards_s2, "conv_pad_stage_s2": conv_pad_stage_s2},
+    "conv3x3_dilation2": {"conv_guards_d2": conv_guards_d2, "conv_pad_stage_d2": conv_pad_stage_d2},
     "dense": {"dense_oi": dense_oi, "dense_io": dense_io},
     "softmax": {"softmax_one": softmax_one, "softmax_stages": softmax_stages},
     "layer_norm": {"layer_norm_one": layer_norm_one, "layer_norm_stages": layer_norm_stages},

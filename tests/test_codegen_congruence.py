@@ -72,3 +72,34 @@ def test_classes_with_negative_offsets_and_modulus():
     rng = np.random.default_rng(1)
     assert_kernel_matches([y], [x], _feed(rng, [x], "float64"))
     _gradient_kernel(y, [x], "float64")
+
+
+def test_bounds_linear_on_the_class_domain_are_shifted_to_constants():
+    """A stride-2 convolution over a separate padding stage: once its input gradient is
+    computed in the slice that reads it, each class's reduce bounds read
+    ``maximum(0, a) <= i < minimum(15, a) + 1``, whose max and min the loop ranges decide:
+    they are linear, the axis is shifted to start at 0, and every bound is a constant (the
+    direct form ran 17x slower, its lanes on a strided axis)."""
+    from codegen.loopir import Nest
+    from codegen.schedule import stages_for
+    from codegen.machine import Machine
+    from simplify import simplify
+    from te_grad.formulations import conv_pad_stage_s2
+    from te_grad.ir import Const, ReduceAxis
+    w = conv_pad_stage_s2("float64")
+    h = tg.placeholder(w.output.shape, dtype="float64", name="h")
+    dx = tg.gradient(w.output, w.inputs, head=h)[0]
+    (stage,) = [s for s in stages_for(simplify([dx]), Machine(512, 32)) if s.tensor.name == dx.name]
+    reduce_bounds = [b for s in stage.body for n in [Nest.of(s)] if n is not None
+                     for lp in n.loops if isinstance(lp.var, ReduceAxis) for b in (lp.lo, lp.hi)]
+    from codegen.loopir import loops
+    reduce_bounds += [b for lp in loops(stage.body) if isinstance(lp.var, ReduceAxis) for b in (lp.lo, lp.hi)]
+    assert reduce_bounds and all(isinstance(b, Const) for b in reduce_bounds)
+    small = conv_pad_stage_s2("float64", small=True)
+    hs = tg.placeholder(small.output.shape, dtype="float64", name="h")
+    grads = tg.gradient(small.output, small.inputs, head=hs)
+    rng = np.random.default_rng(4)
+    feed = {t: rng.standard_normal(t.shape) for t in small.inputs + [hs]}
+    got = tg.build(grads, small.inputs + [hs])(*[feed[t] for t in small.inputs + [hs]])
+    for g, want in zip(got, tg.evaluate(grads, feed)):
+        np.testing.assert_allclose(g, want, rtol=1e-12, atol=1e-12)

@@ -265,6 +265,12 @@ class Trainer:
             step.kernel.wait()
         return time.perf_counter() - t0
 
+    @property
+    def kernels(self) -> list:
+        """The step kernels built so far, one per batch shape (and per kind of step with
+        gradient accumulation), for inspection: ``kern.loops``, ``kern.llvm_ir``."""
+        return [step.kernel for step in self._steps.values()]
+
     # -- training --------------------------------------------------------------------------------
     def _check_batch(self, arrays):
         if len(arrays) != len(self.inputs) + len(self.targets):

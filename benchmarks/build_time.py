@@ -1,0 +1,138 @@
+"""Cold build times and code sizes of models and of ops written in ways that once blew up.
+
+    python benchmarks/build_time.py [--repeat 3]
+
+Each case is built in a process of its own with the disk cache off (``TE_GRAD_CACHE=0``),
+after one small warm-up build there (so the compile worker and the thread team already
+run, as in any process that has built something); the time is the fastest of
+``--repeat`` such processes, from ``tg.gradient`` (where there is one) to a kernel whose
+machine code is ready. Printed per case: seconds, stages, lines of ``kern.loops``,
+kilobytes of the optimized LLVM module (``kern.llvm_ir``) and its functions.
+
+- ``digits_step``: the digits CNN's training step (forward, loss, gradients, Adam) for
+  batches of 64 and the ragged last batch of 30, both compiled (``Trainer.compile``), as
+  ``python -m te_grad train-digits`` reports it;
+- ``resize_64_100`` / ``resize_32_100``: a bilinear resize with exact integer coordinates
+  (``//`` and ``%``, the last row and column clamped), forward and input gradient;
+- ``stencil_16``: 16 unrolled steps of a 5-point Jacobi stencil on 256 x 256, forward and
+  gradient with respect to the initial grid;
+- ``conv_s2_pad_stage``: a stride-2 convolution over a separate zero-padding stage,
+  forward and both gradients.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+os.environ["TE_GRAD_CACHE"] = "0"
+
+import numpy as np  # noqa: E402
+
+import te_grad as tg  # noqa: E402
+from te_grad import nn, train  # noqa: E402
+from te_grad.train import digits  # noqa: E402
+
+
+def resize(x, oh, ow):
+    n, c, h, w = x.shape
+
+    def body(b, ch, oy, ox):
+        y0, x0 = (oy * (h - 1)) // (oh - 1), (ox * (w - 1)) // (ow - 1)
+        y1, x1 = tg.minimum(y0 + 1, h - 1), tg.minimum(x0 + 1, w - 1)
+        wy, wx = ((oy * (h - 1)) % (oh - 1)) / float(oh - 1), ((ox * (w - 1)) % (ow - 1)) / float(ow - 1)
+        return ((1.0 - wy) * ((1.0 - wx) * x[b, ch, y0, x0] + wx * x[b, ch, y0, x1])
+                + wy * ((1.0 - wx) * x[b, ch, y1, x0] + wx * x[b, ch, y1, x1]))
+    return tg.compute((n, c, oh, ow), body, name="resize")
+
+
+def with_gradient(y, xs):
+    h = tg.placeholder(y.shape, name="head")
+    return [y] + list(tg.gradient(y, xs, head=h)), xs + [h]
+
+
+def case_resize(size, out):
+    def build():
+        x = tg.placeholder((1, 8, size, size), name="X")
+        outs, ins = with_gradient(resize(x, out, out), [x])
+        return [tg.build(outs, ins)]
+    return build
+
+
+def case_stencil():
+    u = tg.placeholder((256, 256), name="U")
+    steps = [u]
+    for k in range(16):
+        p = steps[-1]
+        steps.append(tg.compute((256, 256), lambda i, j, p=p: tg.if_then_else(
+            (i > 0) & (i < 255) & (j > 0) & (j < 255),
+            0.25 * (p[i - 1, j] + p[i + 1, j] + p[i, j - 1] + p[i, j + 1]), p[i, j]), name=f"step{k}"))
+    outs, ins = with_gradient(steps[-1], [u])
+    return [tg.build(outs, ins)]
+
+
+def case_conv_pad_stage():
+    x, w = tg.placeholder((4, 32, 32, 32), name="X"), tg.placeholder((32, 32, 3, 3), name="W")
+    p = tg.compute((4, 32, 34, 34), lambda b, c, y, v: tg.if_then_else(
+        (y >= 1) & (y < 33) & (v >= 1) & (v < 33), x[b, c, y - 1, v - 1], 0.0), name="P")
+    rc, ry, rx = tg.reduce_axis(32, "c"), tg.reduce_axis(3, "ry"), tg.reduce_axis(3, "rx")
+    y = tg.compute((4, 32, 16, 16), lambda b, o, i, j: tg.sum(p[b, rc, 2 * i + ry, 2 * j + rx] * w[o, rc, ry, rx],
+                                                            axis=[rc, ry, rx]), name="Y")
+    outs, ins = with_gradient(y, [x, w])
+    return [tg.build(outs, ins)]
+
+
+def case_digits():
+    x = tg.placeholder((64, 1, 8, 8), name="x")
+    y = tg.placeholder((64,), dtype="int64", name="y")
+    trainer = train.Trainer(digits.model(), inputs=[x], targets=[y], loss=nn.softmax_cross_entropy,
+                            optimizer=train.Adam(lr=1e-2), init=train.xavier_uniform(seed=0), threads=1,
+                            progress=False)
+    trainer.compile(64, 1438 % 64)
+    return trainer.kernels
+
+
+CASES = {
+    "digits_step": case_digits,
+    "resize_64_100": case_resize(64, 100),
+    "resize_32_100": case_resize(32, 100),
+    "stencil_16": case_stencil,
+    "conv_s2_pad_stage": case_conv_pad_stage,
+}
+
+
+def measure(name: str) -> str:
+    """Build one case here (this process is fresh) and return its result line."""
+    warm = tg.placeholder((8,), name="w")
+    tg.build([tg.compute((8,), lambda i: warm[i] * 2.0, name="warm")], [warm], threads=2)(np.ones(8, np.float32))
+    t0 = time.perf_counter()
+    kernels = CASES[name]()
+    for k in kernels:
+        k.wait()
+    seconds = time.perf_counter() - t0
+    text = [k.llvm_ir for k in kernels]
+    return (f"{seconds} {sum(len(k.stages) for k in kernels)} {sum(len(k.loops.splitlines()) for k in kernels)} "
+            f"{sum(map(len, text)) / 1024:.0f} {sum(t.count('define ') for t in text)}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="fresh processes per case; the fastest is reported")
+    parser.add_argument("--case", choices=sorted(CASES), help=argparse.SUPPRESS)  # one measurement, in this process
+    args = parser.parse_args(argv)
+    if args.case:
+        print(measure(args.case))
+        return
+    print(f"{'case':20s} {'cold build s':>12s} {'stages':>7s} {'loop lines':>10s} {'LLVM KiB':>9s} {'functions':>9s}")
+    for name in CASES:
+        runs = []
+        for _ in range(max(1, args.repeat)):
+            done = subprocess.run([sys.executable, os.path.abspath(__file__), "--case", name], capture_output=True,
+                                  text=True, check=True)
+            runs.append(done.stdout.split())
+        best = min(runs, key=lambda r: float(r[0]))
+        print(f"{name:20s} {float(best[0]):12.2f} {best[1]:>7s} {best[2]:>10s} {best[3]:>9s} {best[4]:>9s}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
