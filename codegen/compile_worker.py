@@ -118,6 +118,10 @@ def optimize(llvm, text: str, triple: str, machine, context=None):
 
 
 def _serve():
+    import signal
+    # Ctrl-C in a terminal (or a notebook kernel's shutdown) reaches the whole process group:
+    # the process that asked handles it, and this worker ends when its input closes
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import llvmlite.binding as llvm  # this process is the worker: nothing else of codegen runs here
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()

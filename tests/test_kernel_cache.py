@@ -171,3 +171,20 @@ def test_stages_that_differ_only_in_their_buffers_share_one_function(monkeypatch
     assert k._compiled.text.count("define") == 3  # one stage function, run_stages, run_region
     a = np.random.default_rng(3).standard_normal((20, 24))
     np.testing.assert_allclose(k(a), tg.evaluate([steps[-1]], {u: a})[0], rtol=1e-13)
+
+
+def test_the_compile_worker_leaves_interrupts_to_its_parent():
+    """Ctrl-C reaches the whole process group; the worker ignores it (no traceback, still
+    serving) and ends cleanly when its input closes."""
+    import signal
+    import time
+    from codegen import compile_worker
+    worker = subprocess.Popen([sys.executable, compile_worker.__file__], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # past its imports
+    worker.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    assert worker.poll() is None
+    worker.stdin.close()
+    assert worker.wait(timeout=10) == 0
+    assert b"KeyboardInterrupt" not in worker.stderr.read()
