@@ -31,19 +31,8 @@ import numpy as np  # noqa: E402
 
 import te_grad as tg  # noqa: E402
 from te_grad import nn, train  # noqa: E402
+from te_grad.formulations import jacobi_steps, resize_exact  # noqa: E402
 from te_grad.train import digits  # noqa: E402
-
-
-def resize(x, oh, ow):
-    n, c, h, w = x.shape
-
-    def body(b, ch, oy, ox):
-        y0, x0 = (oy * (h - 1)) // (oh - 1), (ox * (w - 1)) // (ow - 1)
-        y1, x1 = tg.minimum(y0 + 1, h - 1), tg.minimum(x0 + 1, w - 1)
-        wy, wx = ((oy * (h - 1)) % (oh - 1)) / float(oh - 1), ((ox * (w - 1)) % (ow - 1)) / float(ow - 1)
-        return ((1.0 - wy) * ((1.0 - wx) * x[b, ch, y0, x0] + wx * x[b, ch, y0, x1])
-                + wy * ((1.0 - wx) * x[b, ch, y1, x0] + wx * x[b, ch, y1, x1]))
-    return tg.compute((n, c, oh, ow), body, name="resize")
 
 
 def with_gradient(y, xs):
@@ -54,20 +43,14 @@ def with_gradient(y, xs):
 def case_resize(size, out):
     def build():
         x = tg.placeholder((1, 8, size, size), name="X")
-        outs, ins = with_gradient(resize(x, out, out), [x])
+        outs, ins = with_gradient(resize_exact(x, out, out), [x])
         return [tg.build(outs, ins)]
     return build
 
 
 def case_stencil():
     u = tg.placeholder((256, 256), name="U")
-    steps = [u]
-    for k in range(16):
-        p = steps[-1]
-        steps.append(tg.compute((256, 256), lambda i, j, p=p: tg.if_then_else(
-            (i > 0) & (i < 255) & (j > 0) & (j < 255),
-            0.25 * (p[i - 1, j] + p[i + 1, j] + p[i, j - 1] + p[i, j + 1]), p[i, j]), name=f"step{k}"))
-    outs, ins = with_gradient(steps[-1], [u])
+    outs, ins = with_gradient(jacobi_steps(u, 16), [u])
     return [tg.build(outs, ins)]
 
 

@@ -164,6 +164,36 @@ def bmm_transposed(dt, small=False):
     return Workload("bmm_transposed", nn.batch_matmul(x, y, transpose_a=True, transpose_b=True), [x, y])
 
 
+def resize_exact(x, oh: int, ow: int):
+    """A bilinear resize of ``x`` (N, C, H, W) to (N, C, oh, ow), corners aligned, written with
+    exact integer coordinates: ``//`` and ``%`` by the output size, the last row and column
+    clamped (their weight is zero there). Its gradient once compiled to thousands of lines
+    of loops (one piece per row of each clamped tap); ``benchmarks/build_time.py`` keeps
+    its build time in view."""
+    n, c, h, w = x.shape
+
+    def body(b, ch, oy, ox):
+        y0, x0 = (oy * (h - 1)) // (oh - 1), (ox * (w - 1)) // (ow - 1)
+        y1, x1 = dsl.minimum(y0 + 1, h - 1), dsl.minimum(x0 + 1, w - 1)
+        wy, wx = ((oy * (h - 1)) % (oh - 1)) / float(oh - 1), ((ox * (w - 1)) % (ow - 1)) / float(ow - 1)
+        return ((1.0 - wy) * ((1.0 - wx) * x[b, ch, y0, x0] + wx * x[b, ch, y0, x1])
+                + wy * ((1.0 - wx) * x[b, ch, y1, x0] + wx * x[b, ch, y1, x1]))
+    return dsl.compute((n, c, oh, ow), body, name="resize")
+
+
+def jacobi_steps(u, steps: int):
+    """``steps`` unrolled steps of a 5-point Jacobi stencil on the 2-D grid ``u`` (the border
+    kept), each a tensor of its own: the same stage ``steps`` times over other buffers."""
+    rows, cols = u.shape
+    out = u
+    for k in range(steps):
+        p = out
+        out = dsl.compute((rows, cols), lambda i, j, p=p: dsl.if_then_else(
+            (i > 0) & (i < rows - 1) & (j > 0) & (j < cols - 1),
+            0.25 * (p[i - 1, j] + p[i + 1, j] + p[i, j - 1] + p[i, j + 1]), p[i, j]), name=f"step{k}")
+    return out
+
+
 FORMULATIONS: Dict[str, Dict[str, Callable[..., Workload]]] = {
     "conv3x3": {"conv_guards": conv_guards, "conv_pad_stage": conv_pad_stage, "conv_nhwc": conv_nhwc},
     "conv3x3_stride2": {"conv_guards_s2": conv_guards_s2, "conv_pad_stage_s2": conv_pad_stage_s2},

@@ -12,6 +12,7 @@ from codegen.interpret import run
 from codegen.loopir import Carried, RegisterBlocked, Transposed, loops_of_kind, plain
 from codegen.machine import Machine
 from codegen.schedule import stages_for
+from te_grad.formulations import resize_exact
 from simplify import simplify
 
 AVX512 = Machine(vector_bits=512, vector_registers=32, l1_bytes=48 * 1024, l2_bytes=2 << 20)
@@ -61,20 +62,6 @@ def _graphs():
     outs, feed = _with_gradient(emb, [table], 11)
     feed[ids] = np.array([3, 0, 3, 8, 1], dtype="int32")
     yield "embedding", (outs, feed)
-
-
-def resize_exact(x, oh, ow):
-    """Bilinear resize (corners aligned) with exact integer coordinates: ``//`` and ``%`` by the
-    output size, the last row and column clamped (their weight is zero there)."""
-    n, c, h, w = x.shape
-
-    def body(b, ch, oy, ox):
-        y0, x0 = (oy * (h - 1)) // (oh - 1), (ox * (w - 1)) // (ow - 1)
-        y1, x1 = tg.minimum(y0 + 1, h - 1), tg.minimum(x0 + 1, w - 1)
-        wy, wx = ((oy * (h - 1)) % (oh - 1)) / float(oh - 1), ((ox * (w - 1)) % (ow - 1)) / float(ow - 1)
-        return ((1.0 - wy) * ((1.0 - wx) * x[b, ch, y0, x0] + wx * x[b, ch, y0, x1])
-                + wy * ((1.0 - wx) * x[b, ch, y1, x0] + wx * x[b, ch, y1, x1]))
-    return tg.compute((n, c, oh, ow), body, name="resize")
 
 
 GRAPHS = dict(_graphs())

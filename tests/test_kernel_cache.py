@@ -159,18 +159,14 @@ def test_stages_that_differ_only_in_their_buffers_share_one_function(monkeypatch
     """Four steps of a stencil: four stages, one stage function in the module (each step reads
     and writes other buffers through the same code), and the values of four steps."""
     monkeypatch.setenv("TE_GRAD_CACHE_DIR", str(tmp_path))
+    from te_grad.formulations import jacobi_steps
     u = tg.placeholder((20, 24), dtype="float64", name="U")
-    steps = [u]
-    for k in range(4):
-        p = steps[-1]
-        steps.append(tg.compute((20, 24), lambda i, j, p=p: tg.if_then_else(
-            (i > 0) & (i < 19) & (j > 0) & (j < 23),
-            0.25 * (p[i - 1, j] + p[i + 1, j] + p[i, j - 1] + p[i, j + 1]), p[i, j]), name=f"step{k}"))
-    k = tg.build([steps[-1]], [u])
+    last = jacobi_steps(u, 4)
+    k = tg.build([last], [u])
     assert len(k.stages) == 4
     assert k._compiled.text.count("define") == 3  # one stage function, run_stages, run_region
     a = np.random.default_rng(3).standard_normal((20, 24))
-    np.testing.assert_allclose(k(a), tg.evaluate([steps[-1]], {u: a})[0], rtol=1e-13)
+    np.testing.assert_allclose(k(a), tg.evaluate([last], {u: a})[0], rtol=1e-13)
 
 
 def test_the_compile_worker_leaves_interrupts_to_its_parent():
