@@ -79,7 +79,7 @@ def gemm_rate(torch, timer, n=2048):
     108 GFLOP/s on one core where XLA's ran at 240."""
     rng = np.random.default_rng(1)
     a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
-    fns, names = {}, []
+    fns = {}
     if torch is not None:
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
         fns.update({"torch.mm": lambda: torch.mm(ta, tb), "torch's linear": lambda: torch.nn.functional.linear(ta, tb)})

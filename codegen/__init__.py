@@ -7,6 +7,7 @@ a callable :class:`~codegen.kernel.Kernel`.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Sequence, Union
 
 from simplify import simplify
@@ -49,6 +50,10 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     for t in inputs:
         if not t.is_placeholder:
             raise UserError(f"input {t.name} of tg.build is not a placeholder")
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
+            raise UserError(f"tg.build: threads must be a positive int, got {threads!r}")
+        threads = int(threads)
     if len({id(t) for t in inputs}) != len(inputs):
         raise UserError("tg.build lists the same input twice")
     needed = [t for t in topo_order(outs) if t.is_placeholder and not any(t is x for x in inputs)]

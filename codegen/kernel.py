@@ -29,7 +29,10 @@ def default_threads() -> int:
     """``TE_GRAD_NUM_THREADS`` if set, else the number of CPUs this process may use."""
     env = os.environ.get("TE_GRAD_NUM_THREADS")
     if env:
-        return max(1, int(env))
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise UserError(f"TE_GRAD_NUM_THREADS must be a whole number of threads, got {env!r}") from None
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
@@ -105,9 +108,10 @@ class Kernel:
         if records is None:
             runs = self.plan()
             records = np.zeros((len(runs), team_ir.RECORD), dtype=np.int64)
+            width = min(self.threads, team_ir.MAX_WIDTH)  # what the team's claim word holds
             for row, r in zip(records, runs):
-                row[:team_ir.REC_GRANULE + 1] = (r.first, r.last, r.block, r.extent, r.chunks,
-                                                 self.threads, r.granule)
+                row[:team_ir.REC_GRANULE + 1] = (r.first, r.last, r.block, r.extent,
+                                                 min(r.chunks, team_ir.MAX_CHUNKS), width, r.granule)
             self._plans[self.threads] = records
         return records
 

@@ -168,3 +168,28 @@ def test_a_transposed_copy_splits_the_batch_like_its_reader():
     a, b = (rng.standard_normal(t.shape).astype("float32") for t in w.inputs)
     np.testing.assert_allclose(kern(a, b), tg.evaluate([w.output], {w.inputs[0]: a, w.inputs[1]: b})[0],
                                rtol=1e-4, atol=1e-4)
+
+
+def test_thread_counts_are_checked_and_any_count_is_safe(monkeypatch):
+    """A thread count that is not a positive int is a UserError; one beyond what the team's
+    claim word holds (255 threads) runs with that many at most, never hangs."""
+    x = tg.placeholder((512, 40), name="X")
+    y = nn.softmax(x)
+    for bad in (0, -1, 2.5, "2", True):
+        with pytest.raises(tg.UserError, match="threads must be a positive int"):
+            tg.build([y], [x], threads=bad)
+    assert tg.build([y], [x], threads=np.int64(2)).threads == 2
+    monkeypatch.setenv("TE_GRAD_SPIN_US", "0")
+    crew = team_module.Team()
+    monkeypatch.setattr(team_module, "_team", crew)
+    try:
+        kern = tg.build([y], [x], threads=300)
+        assert kern.plan()[0].chunks == 300
+        a = np.random.default_rng(8).standard_normal(x.shape).astype("float32")
+        np.testing.assert_allclose(kern(a), tg.evaluate([y], {x: a})[0], rtol=1e-5, atol=1e-7)
+        assert crew.workers == 254
+    finally:
+        crew.stop()
+    monkeypatch.setenv("TE_GRAD_NUM_THREADS", "lots")
+    with pytest.raises(tg.UserError, match="TE_GRAD_NUM_THREADS"):
+        tg.build([y], [x])
