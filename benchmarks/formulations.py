@@ -57,8 +57,7 @@ def measure(name, threads, timer, torch):
     h = rng.standard_normal(y.shape).astype(np.float32)
     vjp = tg.build_vjp([y], xs, threads=threads)
     _, residuals = vjp.run_forward(*arrays)
-    by_input = {id(x): a for x, a in zip(xs, arrays)}
-    res_args = list(residuals) + [by_input[id(x)] for x in vjp.needed_inputs] + ([h] if vjp.head_used[0] else [])
+    res_args = vjp.backward_arguments(residuals, arrays, [h])
     for got, want in zip(vjp.run_backward(residuals, arrays, [h]), bwd(*arrays, h) if len(xs) > 1 else [bwd(*arrays, h)]):
         np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
     fns = {"tg_fwd": lambda: fwd(*arrays), "tg_bwd": lambda: bwd(*arrays, h), "tg_res": lambda: vjp.backward(*res_args)}

@@ -174,14 +174,6 @@ def _linear_in(e: Expr, loop_ids) -> bool:
 
 
 # -- the passes -------------------------------------------------------------------------------
-def _full_outputs(n: Nest):
-    """``(axes, shape)`` of ``n``'s output loops when each runs over ``[0, extent)``, else None."""
-    outs = [lp for lp in n.loops if not isinstance(lp.var, ReduceAxis)]
-    if any(not (isinstance(lp.lo, Const) and lp.lo.value == 0 and isinstance(lp.hi, Const)) for lp in outs):
-        return None
-    return [lp.var for lp in outs], [int(lp.hi.value) for lp in outs]
-
-
 def class_moduli(axes, shape, red_axes: Sequence[ReduceAxis], body: Expr, cond: Optional[Expr],
                  parallel: Optional[Var]) -> Dict[int, int]:
     """The congruence classes to split a reduction term into: axes entering ``//`` or ``%``
@@ -201,7 +193,7 @@ def split_classes(stage: Stage) -> Stage:
     Promises: the classes partition the output domain and each element's terms are the
     same (``j = m*a + p`` substituted and folded exactly, see :mod:`simplify.linear`)."""
     def split(n: Nest):
-        full = _full_outputs(n) if n.accumulates else None
+        full = n.whole_outputs() if n.accumulates else None
         if full is None:
             return None
         axes, shape = full

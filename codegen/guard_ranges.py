@@ -47,8 +47,8 @@ def narrow_guarded_loops(stage: Stage) -> Stage:
         outs = {id(lp.var): lp for lp in n.loops if not isinstance(lp.var, ReduceAxis)
                 and isinstance(lp.lo, Const) and isinstance(lp.hi, Const)}
         ranges = {k: (int(lp.lo.value), int(lp.hi.value)) for k, lp in outs.items()}
-        rest = []
-        for c in conjuncts(n.cond):
+        rest, every = [], conjuncts(n.cond)
+        for c in every:
             b = _bound(c, outs)
             if b is None:
                 rest.append(c)
@@ -58,7 +58,7 @@ def narrow_guarded_loops(stage: Stage) -> Stage:
             lo = max(lo, k) if op in ("eq", "ge") else max(lo, k + 1) if op == "gt" else lo
             hi = min(hi, k + 1) if op in ("eq", "le") else min(hi, k) if op == "lt" else hi
             ranges[var] = (lo, hi)
-        if len(rest) == len(conjuncts(n.cond)):
+        if len(rest) == len(every):
             return None
         if any(lo >= hi for lo, hi in ranges.values()):
             return []  # the guard holds nowhere in this piece

@@ -35,7 +35,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from te_grad import dsl
 from te_grad.graph import reads_in
-from te_grad.ir import Expr, Read, ReduceAxis, Tensor, Var
+from te_grad.ir import Const, Expr, Read, ReduceAxis, Tensor, Var
 from te_grad.printer import ExprPrinter, Namer
 
 
@@ -386,6 +386,14 @@ class Nest:
     @property
     def accumulates(self) -> bool:
         return self.store.combine is not None
+
+    def whole_outputs(self) -> Optional[Tuple[List[Var], List[int]]]:
+        """``(axes, extents)`` of the output loops when each runs over ``[0, extent)`` (a whole
+        output domain, before it is cut into pieces), else None."""
+        outs = [lp for lp in self.loops if not isinstance(lp.var, ReduceAxis)]
+        if any(not (isinstance(lp.lo, Const) and lp.lo.value == 0 and isinstance(lp.hi, Const)) for lp in outs):
+            return None
+        return [lp.var for lp in outs], [int(lp.hi.value) for lp in outs]
 
     def stmt(self, order: Optional[Sequence[Var]] = None, bounds=None, parallel: Optional[Var] = None) -> Stmt:
         """The nest as one statement: its loops in ``order`` (default: as they are) with

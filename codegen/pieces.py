@@ -149,10 +149,10 @@ def split_pieces(stage: Stage) -> Stage:
     def split(n: Nest):
         if not n.accumulates:
             return None
-        outs = [lp for lp in n.loops if not isinstance(lp.var, ReduceAxis)]
-        if any(not (isinstance(lp.lo, Const) and lp.lo.value == 0 and isinstance(lp.hi, Const)) for lp in outs):
+        whole = n.whole_outputs()
+        if whole is None:
             return None
-        axes, shape = [lp.var for lp in outs], [int(lp.hi.value) for lp in outs]
+        axes, shape = whole
         red_axes = n.reductions
         out = []
         for ranges, red_bounds in split_interior(axes, shape, red_axes):

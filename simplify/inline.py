@@ -143,17 +143,7 @@ def _copies(c: Tensor, read: Read) -> bool:
     body = c.op.body
     while isinstance(body, Cast):
         body = body.a
-    if body is not read:
-        return False
-    used = []
-    for ix in read.indices:
-        axes = [a for a in c.op.axes if coefficient(ix, a) != 0]
-        if len(axes) > 1 or (axes and coefficient(ix, axes[0]) != 1):
-            return False
-        if any(v not in axes for v in free_vars(ix)) or (not axes and free_vars(ix)):
-            return False
-        used += [id(a) for a in axes]
-    return len(used) == len(set(used)) == len(c.op.axes)
+    return body is read and _each_element_once(c, read)
 
 
 def inline_elementwise(roots: Iterable[Tensor], protected: Set[int] = frozenset()) -> Dict[int, Tensor]:

@@ -175,8 +175,7 @@ def prepare_te_grad(w, arrays, head, threads):
     # the backward kernel alone on what it saved
     vjp = tg.build_vjp([w.output], floats + data, wrt=floats, threads=threads)
     _, residuals = vjp.run_forward(*arrays)
-    by_input = {id(x): a for x, a in zip(floats + data, arrays)}
-    res_args = list(residuals) + [by_input[id(x)] for x in vjp.needed_inputs] + ([head] if vjp.head_used[0] else [])
+    res_args = vjp.backward_arguments(residuals, arrays, [head])
     for got, want in zip(vjp.run_backward(residuals, arrays, [head]), values[1:]):
         if rel_err(got, want) > RTOL:
             raise AssertionError("te_grad's backward from residuals disagrees with its backward")

@@ -78,13 +78,19 @@ class VJP:
         values = {id(t): v for t, v in zip(self.outputs + self.residuals, got)}
         return list(got[:len(self.outputs)]), [values[id(t)] for t in self.saved]
 
-    def run_backward(self, residual_values, input_values, head_values):
-        """The gradients, from the saved values (``saved`` order), the values of ``inputs``
-        (all of them; those the backward needs are picked) and one head per output."""
+    def backward_arguments(self, residual_values, input_values, head_values) -> list:
+        """The backward kernel's arguments from the saved values (``saved`` order), the values
+        of ``inputs`` (all of them; those the backward needs are picked) and one head per
+        output (those it reads are picked): ``vjp.backward(*args)``."""
         by_input = {id(x): v for x, v in zip(self.inputs, input_values)}
         needed = [by_input[id(x)] for x in self.needed_inputs]
         used_heads = [h for h, used in zip(head_values, self.head_used) if used]
-        got = self.backward(*residual_values, *needed, *used_heads)
+        return list(residual_values) + needed + used_heads
+
+    def run_backward(self, residual_values, input_values, head_values):
+        """The gradients, from the saved values (``saved`` order), the values of ``inputs``
+        (all of them; those the backward needs are picked) and one head per output."""
+        got = self.backward(*self.backward_arguments(residual_values, input_values, head_values))
         return list(got) if isinstance(got, tuple) else [got]
 
     def __repr__(self):
