@@ -3,7 +3,11 @@
 ``python -m te_grad fuzz --programs N --seed S`` generates ``N`` random valid programs
 (:mod:`.program`), runs every check on each (:mod:`.check`: raw gradients against
 finite differences, simplified against raw, compiled float64 and float32 against the
-evaluator), prints the count of each outcome, and prints every failing program,
+evaluator; second order through the simplified gradients' scatters against finite
+differences of the first order; ``out=`` overlapping an input or another output refused;
+reads out of bounds under data conditions refused by the kernel wherever the evaluator
+refuses them), prints the count of each outcome and of the programs that exercised each
+construct, and prints every failing program,
 shrunk (:mod:`.shrink`), as a script that reproduces it. ``tests/test_fuzz.py`` runs a
 fixed budget of programs through hypothesis, which shrinks failures the same way.
 """
@@ -43,12 +47,14 @@ def run(programs: int, seed: int = 0, out: Optional[TextIO] = None, compile_: bo
     counts: Counter = Counter()
     failures: List[tuple] = []
     fallbacks = 0
+    constructs: Counter = Counter()
     start = time.monotonic()
 
     def record(index, program, outcome):
         nonlocal fallbacks
         counts[outcome.kind] += 1
         fallbacks += outcome.fallbacks
+        constructs.update(set(outcome.notes))
         if outcome.failed:
             failures.append((index, program, outcome))
         done = sum(counts.values())
@@ -70,6 +76,8 @@ def run(programs: int, seed: int = 0, out: Optional[TextIO] = None, compile_: bo
     for kind in sorted(counts):
         print(f"  {kind:28s} {counts[kind]}", file=out)
     print(f"  simplifications that fell back (exact, not failures): {fallbacks}", file=out)
+    for note in sorted(constructs):
+        print(f"  programs with {note}: {constructs[note]}", file=out)
     for index, program, outcome in sorted(failures, key=lambda f: f[0]):
         if shrink_failures:
             program = shrink(program, lambda p: check(p, seed=index, compile_=compile_).kind == outcome.kind)

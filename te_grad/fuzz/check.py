@@ -6,8 +6,18 @@ simplified gradient (isl) against the raw one, both by the reference
 evaluator; the compiled kernels (LLVM), forward and gradients, in float64 and
 in float32, against the evaluator; and in float64 once more, built with every
 operand copy made whatever its size and for a machine with tiny caches, so that
-the copies and cache tiles that large operands get are exercised as well. :func:`check` returns the first disagreement
-as an :class:`Outcome` (``kind`` says which witnesses disagree), or ``ok``.
+the copies and cache tiles that large operands get are exercised as well.
+
+Second order (programs with ``SECOND``): ``D = <V, g>`` over the simplified first-order
+gradients ``g``, differentiated again; the raw second order against central differences
+of ``<V, raw g>``, the simplified against the raw, the compiled against the evaluator.
+Every compiled kernel is also called with ``out=`` naming an input, a view overlapping an
+input in part, and one array for two outputs: each must be refused. An invalid program
+(``INVALID``: a read out of bounds under a condition on data) must be refused by the
+kernel wherever the evaluator refuses it, and computed alike where the data never take
+the read. :func:`check` returns the first disagreement as an :class:`Outcome` (``kind``
+says which witnesses disagree), or ``ok`` / ``rejected``; ``notes`` name the constructs
+the program exercised.
 """
 from __future__ import annotations
 
@@ -20,10 +30,12 @@ import numpy as np
 
 from .. import dsl
 from ..errors import InternalError, SimplificationWarning, UserError
+from ..graph import topo_order
+from ..ir import ScatterOp
 from .program import Program
 
-#: outcomes that are not failures
-PASSING = ("ok", "fd-unstable")
+#: outcomes that are not failures ("rejected": an invalid program that every stage refused)
+PASSING = ("ok", "fd-unstable", "rejected")
 
 
 @dataclass
@@ -115,6 +127,7 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
     import te_grad as tg
     rng = np.random.default_rng(seed)
     fallbacks = 0
+    notes: List[str] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", SimplificationWarning)
@@ -125,6 +138,9 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
             head = dsl.placeholder(out.shape, dtype="float64", name="head")
             head_value = rng.standard_normal(out.shape)
             feed[head] = head_value
+            if ns.get("INVALID") is not None:
+                return Outcome(_check_refused(out, inputs, ids, head, feed, compile_),
+                               notes=["a read out of bounds under a data condition"])
             y = tg.evaluate([out], feed)[0]
             if not np.all(np.isfinite(y)):
                 raise _Mismatch("generator", "the forward value is not finite")
@@ -152,8 +168,15 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
                     _close(c, s, 1e-8, f"compiled d{x.name} (every copy, small caches) vs evaluator",
                            "mismatch-compiled-f64", 1e-12)
                 _check_float32(program, feed, head_value, y, simp_values)
+                if _check_aliasing(kern, order, feed):
+                    notes.append("out= aliasing refused")
+            if ns.get("SECOND"):
+                status = _worse(status, _second_order(out, inputs, ids, head, feed, res, rng, compile_))
+                notes.append("second order")
+                if any(isinstance(t.op, ScatterOp) for t in topo_order(list(res))):
+                    notes.append("second order through a scatter")
         fallbacks = sum(1 for w in caught if issubclass(w.category, SimplificationWarning))
-        return Outcome(status, fallbacks=fallbacks)
+        return Outcome(status, fallbacks=fallbacks, notes=notes)
     except _Mismatch as m:
         return Outcome(m.kind, m.detail, fallbacks)
     except InternalError:
@@ -162,6 +185,175 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
         return Outcome("user-error", traceback.format_exc(limit=-6), fallbacks)
     except Exception:  # noqa: BLE001 - a crash of any kind is what this looks for
         return Outcome("crash", traceback.format_exc(limit=-6), fallbacks)
+
+
+def _out_of_bounds(e: UserError) -> bool:
+    text = str(e)
+    return any(w in text for w in ("bound", "outside", "out of range", "leave"))
+
+
+def _refused(run):
+    """``(True, None)`` if ``run`` refused with an out-of-bounds UserError, else ``(False,
+    its result)``; any other error is a failure."""
+    try:
+        return False, run()
+    except UserError as e:
+        if _out_of_bounds(e):
+            return True, None
+        raise _Mismatch("invalid-accepted", f"refused for another reason: {e}") from None
+
+
+def _check_refused(out, inputs, ids, head, feed, compile_) -> str:
+    """A program with a read that leaves its tensor at some point of the domain, under a
+    condition on data. Where the read is taken, the evaluator refuses the program; then the
+    compiler (statically) or the kernel (at run time) must refuse it too: a kernel never
+    reads outside a buffer. Where the data never take it, the evaluator computes values,
+    and the kernel gives the same ones (or the compiler refused the read statically).
+    Forward and gradient alike. Returns "rejected" or "ok"."""
+    import te_grad as tg
+    order = inputs + ids + [head]
+    grad_refused, res = _refused(lambda: tg.differentiate(out, inputs, head=head))  # the bounds proof
+    rejected = grad_refused
+    for what, tensors in (("forward", [out]), ("gradient", [] if grad_refused else list(res))):
+        if not tensors:
+            continue
+        refused, want = _refused(lambda: tg.evaluate(tensors, feed))
+        if not compile_:
+            rejected |= refused
+            continue
+        kernel_refused, got = _refused(lambda: tg.build(tensors, inputs=order)(*[feed[t] for t in order]))
+        if refused and not kernel_refused:
+            raise _Mismatch("invalid-accepted", f"the compiled {what} read out of bounds where the "
+                                                f"evaluator refused the read")
+        if not kernel_refused:
+            got = got if isinstance(got, tuple) else (got,)
+            for t, g, w in zip(tensors, got, want):
+                _close(g, w, 1e-8, f"compiled {t.name} vs evaluator (a read out of bounds never "
+                                   f"taken)", "mismatch-compiled-f64", 1e-12)
+        rejected |= refused or kernel_refused
+    return "rejected" if rejected else "ok"
+
+
+def _worse(a: str, b: str) -> str:
+    return a if a != "ok" else b
+
+
+def _inner(g, v):
+    """``sum(g * v)`` over every element, as a 0-d expression."""
+    if not g.shape:
+        return g[()] * v[()]
+    axes = [dsl.reduce_axis((0, n), name=f"v{d}") for d, n in enumerate(g.shape)]
+    return dsl.sum(g[tuple(axes)] * v[tuple(axes)], axis=axes)
+
+
+def _second_order(out, inputs, ids, head, feed, first, rng, compile_) -> str:
+    """Second order: ``D = <V, gradient>`` over the *simplified* first-order gradients
+    (scatters, gathers, folded forms: each must be differentiable again), and its gradient
+    with respect to the inputs (a Hessian-vector product), raw and simplified. The raw
+    second order is checked against central finite differences of the *raw* first-order
+    gradient (itself checked against finite differences of the forward); the simplified
+    against the raw, both by the evaluator; the compiled kernel against the evaluator."""
+    import te_grad as tg
+    from ..evaluator import evaluate
+    vs = [dsl.placeholder(x.shape, dtype="float64", name=f"V{k}") for k, x in enumerate(inputs)]
+    for v in vs:
+        feed[v] = rng.standard_normal(v.shape)
+
+    def contraction(grads):
+        def body():
+            total = None
+            for g, v in zip(grads, vs):
+                term = _inner(g, v)
+                total = term if total is None else total + term
+            return total
+        return dsl.compute((), body, name="D")
+
+    d = contraction(list(first))
+    raw_first = tg.differentiate(out, inputs, head=head, simplify=False)
+    d_raw_first = contraction(list(raw_first))
+    raw = tg.differentiate(d, inputs, simplify=False)
+    raw_values = evaluate(list(raw), feed)
+    unstable = False
+    for x, h in zip(inputs, raw_values):
+        base = feed[x]
+        directions = [rng.standard_normal(x.shape) for _ in range(2)]
+        if x.size <= 4:
+            for idx in np.ndindex(*x.shape):
+                e = np.zeros(x.shape)
+                e[idx] = 1.0
+                directions.append(e)
+        for u in directions:
+            def fd(eps):
+                plus, minus = dict(feed), dict(feed)
+                plus[x], minus[x] = base + eps * u, base - eps * u
+                return float(evaluate([d_raw_first], plus)[0] - evaluate([d_raw_first], minus)[0]) / (2 * eps)
+            want = fd(1e-5)
+            got = float(np.sum(h * u))
+            tol = 1e-6 + 1e-5 * (abs(want) + float(np.sum(np.abs(h * u))))
+            if not np.isfinite(got) or abs(got - want) > tol:
+                coarse, fine = fd(1e-4), fd(1e-6)
+                if abs(coarse - want) > 10 * tol or abs(fine - want) > 10 * tol:
+                    unstable = True
+                    continue
+                raise _Mismatch("mismatch-second-order-fd", f"d<V, d<head, {out.name}>/dX>/d{x.name} along "
+                                f"{'e' + str(list(np.argwhere(u)[0])) if np.count_nonzero(u) == 1 else 'a random direction'}: "
+                                f"raw second order gives {got:.12g}, finite differences of the first "
+                                f"order {want:.12g}")
+    simp = tg.differentiate(d, inputs)
+    simp_values = evaluate(list(simp), feed)
+    for x, r, s in zip(inputs, raw_values, simp_values):
+        _close(s, r, 1e-9, f"simplified second-order d{x.name} vs raw", "mismatch-second-order-simplified", 1e-12)
+    if compile_:
+        order = inputs + ids + [head] + vs
+        got = tg.build([d] + list(simp), inputs=order)(*[feed[t] for t in order])
+        dv = evaluate([d], feed)[0]
+        _close(got[0], dv, 1e-9, "compiled <V, gradient> vs evaluator", "mismatch-second-order-compiled", 1e-12)
+        for x, c, s in zip(inputs, got[1:], simp_values):
+            _close(c, s, 1e-8, f"compiled second-order d{x.name} vs evaluator", "mismatch-second-order-compiled",
+                   1e-12)
+    return "fd-unstable" if unstable else "ok"
+
+
+def _check_aliasing(kern, order, feed) -> bool:
+    """A kernel's outputs must not overlap its inputs or each other (its stage functions
+    assume they do not): ``out=`` naming an input, a view of one, or one array twice, is
+    refused with a UserError, never computed into. True if some overlap was tried."""
+    arrays = [np.array(feed[t], order="C") for t in order]  # 0-d stays 0-d
+    shapes = [(tuple(o.shape), np.dtype(o.dtype)) for o in kern.outputs]
+    tried = False
+    for k, t in enumerate(order):
+        if t.shape and (tuple(t.shape), np.dtype(t.dtype)) == shapes[0]:
+            out = [arrays[k]] + [np.empty(s, d) for s, d in shapes[1:]]
+            _expect_refusal(kern, arrays, tuple(out) if len(out) > 1 else out[0], f"out= naming input {t.name}")
+            tried = True
+            break
+    for k, t in enumerate(order):  # a view that overlaps an input in part
+        if t.shape and np.dtype(t.dtype) == shapes[0][1] and t.size > 1 and 1 <= int(np.prod(shapes[0][0])) < t.size:
+            view = arrays[k].reshape(-1)[1:1 + int(np.prod(shapes[0][0]))].reshape(shapes[0][0])
+            out = [view] + [np.empty(s, d) for s, d in shapes[1:]]
+            _expect_refusal(kern, arrays, tuple(out) if len(out) > 1 else out[0],
+                            f"out= overlapping input {t.name} in part")
+            tried = True
+            break
+    for a in range(len(shapes)):
+        for b in range(a + 1, len(shapes)):
+            if shapes[a] == shapes[b] and shapes[a][0]:
+                shared = np.empty(shapes[a][0], shapes[a][1])
+                out = [np.empty(s, d) for s, d in shapes]
+                out[a] = out[b] = shared
+                _expect_refusal(kern, arrays, tuple(out), f"out= with outputs {a} and {b} one array")
+                return True
+    return tried
+
+
+def _expect_refusal(kern, arrays, out, what):
+    try:
+        kern(*arrays, out=out)
+    except UserError as e:
+        if "overlap" in str(e):
+            return
+        raise _Mismatch("aliasing-accepted", f"{what}: refused for another reason: {e}") from None
+    raise _Mismatch("aliasing-accepted", f"{what}: the kernel accepted it")
 
 
 #: a machine whose caches are small enough for the loops of small programs to be tiled

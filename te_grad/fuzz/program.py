@@ -17,6 +17,14 @@ constant multiples of variables, transposes and diagonals, clamps (``minimum`` /
 ``maximum``), ``//`` and ``%`` by small constants, and reads through ids; an
 index that could leave its tensor is wrapped (``% n``), clamped or guarded.
 
+Three more constructs are drawn last (so the earlier choices keep their meaning): a
+*gather stage*, whose reads mostly go through ids (its gradient is a scatter; products
+and maxima through it have second-order terms of their own); ``SECOND = True``, which
+asks for the second order as well (the gradient of ``<V, gradient>``, through the
+simplified first-order gradient's scatters and folded forms); and an *invalid* last stage
+(``INVALID``), a read that leaves its tensor at some point of the domain under a condition
+on data, which every stage must refuse where the data take it.
+
 Conventions excluded by construction: a ``max`` / ``min`` reduction that may be
 empty (its value is -inf / inf) is combined with a finite constant, so no
 program differentiates through an infinite value; tied elements of a max, where
@@ -47,7 +55,9 @@ class Program:
 
     Executing ``source`` (with ``DT`` bound to a float dtype) defines ``OUT`` (the last
     stage), ``INPUTS`` (float placeholders), ``IDS`` (``{id placeholder: high}``: values
-    in ``[0, high)``) and ``STAGES``."""
+    in ``[0, high)``) and ``STAGES``; ``SECOND = True`` where the second order is to be
+    checked too, ``INVALID`` (the stage that reads out of bounds) where every stage must
+    refuse the program."""
     source: str
     choices: List[int] = field(default_factory=list)
 
@@ -65,6 +75,8 @@ class _Gen:
         self.sources: List[Tuple[str, Tuple[int, ...]]] = []  # (name, shape) of float tensors
         self.ids: List[Tuple[str, Tuple[int, ...], int]] = []  # (name, shape, high)
         self.n_axes = 0
+        self.prefer_ids = False  # the gather stage: most indices read through ids
+        self.extra_inputs: List[str] = []
 
     def pick(self, options):
         return options[self.draw(len(options))]
@@ -81,10 +93,11 @@ class _Gen:
     def index(self, vars_: List[Tuple[str, int, int]], n: int) -> str:
         """An index into a dimension of extent ``n``, in range at every point of ``vars_``
         (``(name, lo, hi)``: the variable takes values in ``[lo, hi)``)."""
-        if not vars_ or self.chance(8):
+        prefer = self.prefer_ids and self.ids and vars_ and self.chance(2)
+        if not prefer and (not vars_ or self.chance(8)):
             return str(self.draw(n))
         v, lo, hi = self.pick(vars_)
-        kind = self.draw(9)
+        kind = 8 if prefer else self.draw(9)
         if kind == 0:
             e, elo, ehi = v, lo, hi - 1
         elif kind == 1:
@@ -256,11 +269,66 @@ class _Gen:
             self.lines.append(f"S{s} = tg.compute({shape!r}, lambda {params}: tg.cast(DT, {body}), name='S{s}')")
             self.sources.append((f"S{s}", shape))
             stages.append(f"S{s}")
+        if self.chance(3):  # a gather stage: products, maxima and chains through data-dependent reads
+            stages.append(self.gather_stage(len(stages)))
+        second = self.chance(2)
+        invalid = self.chance(8)
+        if invalid:  # the last stage reads out of bounds, under a condition on data
+            stages.append(self.out_of_bounds_stage(len(stages)))
         self.lines.append(f"OUT = {stages[-1]}")
         self.lines.append(f"STAGES = [{', '.join(stages)}]")
-        self.lines.append(f"INPUTS = [{', '.join(f'X{k}' for k in range(n_inputs))}]")
+        self.lines.append(f"INPUTS = [{', '.join([f'X{k}' for k in range(n_inputs)] + self.extra_inputs)}]")
         self.lines.append("IDS = {" + ", ".join(f"{n}: {h}" for n, _, h in self.ids) + "}")
+        if second and not invalid:
+            self.lines.append("SECOND = True  # check second order too: the gradient of <V, gradient>")
+        if invalid:
+            self.lines.append(f"INVALID = {stages[-1]}  # reads out of bounds: every stage must refuse it")
         return "\n".join(self.lines) + "\n"
+
+    def out_of_bounds_stage(self, s: int) -> str:
+        """An invalid last stage: a read whose index leaves its tensor at some point of the
+        domain, under a condition on data (``if_then_else(X[..] > c, .., X[i + n])``), so no
+        analysis of the indices alone can show that the read is never taken."""
+        name, shape = self.pick([src for src in self.sources if src[1]] or [("X0", ())])
+        if not shape:
+            self.lines.append(f"XB = tg.placeholder((3,), dtype=DT, name='XB')")
+            self.extra_inputs.append("XB")
+            name, shape = "XB", (3,)
+        out_shape = tuple(shape[:1]) + self.shape(1)
+        names = [f"i{d}" for d in range(len(out_shape))]
+        vars_ = [(v, 0, n) for v, n in zip(names, out_shape)]
+        d = self.draw(len(shape))
+        idx = [self.index(vars_[:1], n) for n in shape]
+        over = self.draw(3)  # how far past the end (or before the start) the index goes
+        idx[d] = self.pick([f"i0 + {shape[d] - out_shape[0] + 1 + over}", f"i0 - {1 + over}"])
+        bad = f"{name}[{', '.join(idx)}]"
+        cond = f"{self.expr(vars_, 1)} > {self.const()}"
+        other = self.expr(vars_, 1)
+        body = f"tg.if_then_else({cond}, {other}, {bad})" if self.chance(2) else \
+            f"tg.if_then_else({cond}, {bad}, {other})"
+        params = ", ".join(names)
+        self.lines.append(f"S{s} = tg.compute({out_shape!r}, lambda {params}: tg.cast(DT, {body}), name='S{s}')")
+        return f"S{s}"
+
+    def gather_stage(self, s: int) -> str:
+        """A last stage whose reads mostly go through ids (declared here if the program has
+        none): its gradient is a scatter, its second order the gradient of a scatter."""
+        if not self.ids:
+            n, high = 1 + self.draw(4), 1 + self.draw(4)
+            self.lines.append(f"I1 = tg.placeholder(({n},), dtype='int64', name='I1')")
+            self.ids.append(("I1", (n,), high))
+        shape = self.shape(2)
+        names = [f"i{d}" for d in range(len(shape))]
+        vars_ = [(v, 0, n) for v, n in zip(names, shape)]
+        self.prefer_ids = True
+        a = self.expr(vars_, 1 + self.draw(2))
+        b = self.expr(vars_, 1 + self.draw(2))
+        self.prefer_ids = False
+        body = self.pick([f"({a} * {b})", f"tg.maximum({a}, {b})", f"tg.tanh({a}) * {b}", a])
+        params = ", ".join(names)
+        self.lines.append(f"S{s} = tg.compute({shape!r}, lambda {params}: tg.cast(DT, {body}), name='S{s}')")
+        self.sources.append((f"S{s}", shape))
+        return f"S{s}"
 
 
 def generate(draw: Draw) -> Program:
