@@ -196,3 +196,26 @@ def test_programs_the_fuzzer_found(name):
         # a reciprocal multiply
         outcome = check(Program(FOUND[name]), seed=seed)
         assert not outcome.failed, f"{outcome.kind}: {outcome.detail}"
+
+
+def test_the_generator_draws_every_construct():
+    """A fuzzer that never generates a construct cannot find its bugs: among the first
+    seeds there are second-order programs, gather stages whose gradients are scatters,
+    and invalid programs (reads out of bounds under a condition on data)."""
+    sources = [from_seed(s).source for s in range(300)]
+    second = [src for src in sources if "SECOND = True" in src]
+    assert len(second) > 60
+    assert sum("I1 = tg.placeholder" in src for src in sources) > 30  # gather stages of their own
+    invalid = [src for src in sources if "INVALID = " in src]
+    assert len(invalid) > 15 and not any("SECOND = True" in src for src in invalid)
+    for src in invalid[:5]:
+        ns = Program(src).build("float64")
+        assert ns["INVALID"] is ns["OUT"]
+
+
+def test_the_run_counts_the_constructs_it_exercised():
+    out = io.StringIO()
+    fuzz.run(40, seed=7, out=out, progress_every=0, shrink_failures=False)
+    text = out.getvalue()
+    assert "programs with second order:" in text and "programs with out= aliasing refused:" in text
+    assert "programs with a read out of bounds under a data condition:" in text
