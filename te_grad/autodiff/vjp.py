@@ -23,6 +23,11 @@ A contribution iterates only over the part of ``dom(Y)`` inside the box of
 ``0 * inf`` (the gradient of ``sqrt`` at 0, reached only through elements the
 output does not use) cannot turn a zero gradient into NaN. The box of a
 contribution is the interval hull of ``g`` over that part.
+
+A scatter ``Y = 0; Y[d(p)] += v(p)`` (a simplified gradient, differentiated again) is
+linear in ``v``; its transpose is the gather ``dv(p) = dY[d(p)]``, so it is
+differentiated as the sum over its points of ``v(p)`` seeded with ``dY[d(p)]``
+(:func:`vjp_of_scatter`).
 """
 from __future__ import annotations
 
