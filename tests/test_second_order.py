@@ -112,6 +112,7 @@ def test_hessian_vector_product_through_a_scattered_gradient():
         compiled = tg.build([h], inputs=[X, I, V])(x, ids, np.ones(6))
         np.testing.assert_allclose(compiled, analytic, rtol=1e-10, atol=1e-12)
         values[simplify] = got
+    np.testing.assert_allclose(values[False], values[True], rtol=1e-12, atol=1e-14)
     # a general direction, through the helper that builds the second-order program
     _check_both_forms([dX], [X], [X, I], {X: x, I: ids}, _fd_want([dX], [X], {X: x, I: ids}))
 
@@ -177,6 +178,38 @@ def test_second_order_through_a_running_sum_of_a_gather():
     want = _fd_want([dX], [X], feed)
     assert np.abs(want[0]).max() > 0.1
     _check_both_forms([dX], [X], [X, I], feed, want)
+
+
+def test_second_order_where_only_part_of_the_scattered_gradient_is_used():
+    """The adjoint of the scatter is zero outside rows 2..4: points scattering elsewhere are
+    left out of the gather (and the answer is still right)."""
+    from te_grad.testing import check_gradients
+    X, I, Y = _tanh_gather()
+    dX, = tg.differentiate(Y, [X])
+    V = tg.placeholder((3,), dtype="float64", name="V")
+    k = tg.reduce_axis((0, 3), "k")
+    D = tg.compute((), lambda: tg.sum(dX[k + 2] * V[k], axis=k), name="D")
+    feed = {X: np.linspace(-1, 1, 6), I: np.array([0, 2, 4, 5]), V: np.array([1.0, 2.0, 3.0])}
+    for simplify in (False, True):
+        got, = check_gradients(D, [X], feed, simplify=simplify)
+        assert got[0] == 0 and got[5] == 0 and abs(got[4]) > 0.1  # rows 0 and 5: outside what D reads
+
+
+def test_a_scatter_with_a_reduction_in_its_value():
+    """out[dst[e]] += exp(sum over c of W[e, c] tanh(x[c])), written as a ScatterOp: the nested
+    reduction is lifted as in a compute's body."""
+    from te_grad.testing import check_gradients
+    x = tg.placeholder((3,), dtype="float64", name="x")
+    W = tg.placeholder((4, 3), dtype="float64", name="W")
+    dst = tg.placeholder((4,), dtype="int64", name="dst")
+    e, c = tg.reduce_axis((0, 4), "e"), tg.reduce_axis((0, 3), "c")
+    value = tg.exp(tg.sum(W[e, c] * tg.tanh(x[c]), axis=c))
+    S = ir.Tensor("S", (5,), "float64", ir.ScatterOp((e,), (dst[e],), value))
+    feed = {x: np.array([0.3, -0.2, 0.5]), W: np.random.default_rng(0).standard_normal((4, 3)),
+            dst: np.array([1, 4, 1, 0])}
+    for simplify in (False, True):
+        gx, gW = check_gradients(S, [x, W], feed, simplify=simplify)
+        assert np.abs(gx).max() > 0.1 and np.abs(gW).max() > 0.1
 
 
 # -- every op kind has a reverse rule -------------------------------------------------------
