@@ -6,10 +6,13 @@ with central finite differences of ``<head, output>``: element by element for
 small inputs, and along random directions (the dot-product identity
 ``<head, J v> == <J^T head, v>``) for every input. It raises AssertionError
 with the worst element on a mismatch.
+
+:func:`second_order` builds the program of a Hessian-vector product from
+first-order gradients (the gradient of ``<grads, v>``), raw or simplified.
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -31,6 +34,37 @@ def random_feed(tensors: Sequence[Tensor], rng: np.random.Generator, low=-1.0, h
         else:
             feed[t] = rng.integers(0, 2, size=t.shape).astype(t.dtype)
     return feed
+
+
+def second_order(grads: Sequence[Tensor], wrt: Sequence[Tensor], simplify: bool = True,
+                 name: str = "v") -> Tuple[List[Tensor], Tensor, Sequence[Tensor]]:
+    """The second-order program of first-order gradients ``grads``: ``(directions, D, result)``.
+
+    ``directions`` are new placeholders ``v_a`` shaped like each ``grads[a]``, ``D`` the 0-d
+    ``sum over a, j of grads[a][j] * v_a[j]``, and ``result`` ``tg.differentiate(D, wrt,
+    simplify=simplify)``: with ``grads`` the gradients of ``f`` with respect to ``xs``
+    (simplified or raw) and ``wrt = xs``, ``result[b]`` is the Hessian-vector product
+    ``sum over a of d2f / dxs[b] dxs[a] . v_a``. Check it against central finite
+    differences of the evaluated ``grads`` (:func:`te_grad.evaluate`) along ``wrt``."""
+    grads = list(grads)
+    if not grads:
+        raise UserError("second_order needs at least one gradient")
+    directions, terms = [], []
+    for a, g in enumerate(grads):
+        if not isinstance(g, Tensor) or not g.dtype.startswith("float"):
+            raise UserError(f"second_order: {g!r} is not a float gradient tensor")
+        v = dsl.placeholder(g.shape, dtype=g.dtype, name=f"{name}{a}" if len(grads) > 1 else name)
+        directions.append(v)
+        if g.ndim == 0:
+            terms.append(g[()] * v[()])
+        else:
+            axes = [dsl.reduce_axis((0, n), name=f"k{d}") for d, n in enumerate(g.shape)]
+            terms.append(dsl.sum(g[tuple(axes)] * v[tuple(axes)], axes))
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + dsl.cast(total.dtype, t)
+    objective = dsl.compute((), lambda: total, name="D")
+    return directions, objective, differentiate(objective, list(wrt), simplify=simplify)
 
 
 def _objective(output: Tensor, head_value: np.ndarray, feed: Dict) -> float:

@@ -10,10 +10,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 from .. import dtypes
 from ..deep import deep_entry
 from ..verify import verify_if_enabled
-from ..errors import UserError
+from ..errors import InternalError, UserError
 from ..graph import topo_order
-from ..ir import ComputeOp, Tensor
-from .vjp import full_box, hull, ones_like, sum_contributions, vjp_of_compute, zeros_like
+from ..ir import ComputeOp, PlaceholderOp, ScatterOp, Tensor
+from .vjp import (full_box, hull, ones_like, sum_contributions, vjp_of_compute, vjp_of_scatter,
+                  zeros_like)
 
 __all__ = ["differentiate", "gradient", "DifferentiationResult"]
 
@@ -105,6 +106,26 @@ def _apply_override(y: Tensor, adj: Tensor, rule: Override, ancestors) -> Dict[T
     return got
 
 
+#: the reverse rule of each kind of tensor op: ``rule(t, adjoint of t, box) -> contributions``.
+#: A placeholder is a leaf. Every op class of :mod:`te_grad.ir` must have an entry: an op
+#: without one would silently pass nothing back, so :func:`vjp_of_op` refuses it.
+VJP_RULES = {
+    PlaceholderOp: lambda t, adj, box: [],
+    ComputeOp: vjp_of_compute,
+    ScatterOp: vjp_of_scatter,
+}
+
+
+def vjp_of_op(t: Tensor, adj: Tensor, box=None):
+    """The raw contributions of ``t``'s op, given ``t``'s adjoint (zero outside ``box``), to the
+    tensors it reads: ``[(tensor, contribution, box)]``."""
+    rule = VJP_RULES.get(type(t.op))
+    if rule is None:
+        raise InternalError(f"no reverse rule for {t.name}, defined by a {type(t.op).__name__}: "
+                            "its inputs would get no gradient")
+    return rule(t, adj, box)
+
+
 @deep_entry
 def differentiate(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor],
                   head=None, override: Optional[Dict[Tensor, Override]] = None,
@@ -152,8 +173,8 @@ def differentiate(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Ten
             anc = {id(a) for a in topo_order([t]) if a is not t}
             for x, c in _apply_override(t, adj, override[t], anc).items():
                 pending.setdefault(id(x), []).append((c, full_box(x)))
-        elif isinstance(t.op, ComputeOp):
-            for x, c, box in vjp_of_compute(t, adj, hull([b for _, b in contribs])):
+        else:
+            for x, c, box in vjp_of_op(t, adj, hull([b for _, b in contribs])):
                 pending.setdefault(id(x), []).append((c, box))
     grads = [adjoints[x] if x in adjoints else zeros_like(x, f"d{x.name}") for x in inputs]
     raw = list(grads)

@@ -23,6 +23,11 @@ A contribution iterates only over the part of ``dom(Y)`` inside the box of
 ``0 * inf`` (the gradient of ``sqrt`` at 0, reached only through elements the
 output does not use) cannot turn a zero gradient into NaN. The box of a
 contribution is the interval hull of ``g`` over that part.
+
+A scatter ``Y = 0; Y[d(p)] += v(p)`` (a simplified gradient, differentiated again) is
+linear in ``v``; its transpose is the gather ``dv(p) = dY[d(p)]``, so it is
+differentiated as the sum over its points of ``v(p)`` seeded with ``dY[d(p)]``
+(:func:`vjp_of_scatter`).
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .. import dsl, dtypes
 from ..errors import UserError
 from ..intervals import interval
-from ..ir import ComputeOp, Expr, Read, Reduce, ReduceAxis, Tensor, Var
+from ..ir import ComputeOp, Expr, Read, Reduce, ReduceAxis, ScatterOp, Tensor, Var
 from ..lift import normalized_body
 from ..transform import substitute
 from .rules import backprop
@@ -154,6 +159,52 @@ def vjp_of_compute(y: Tensor, adj: Tensor, box: Optional[Box] = None) -> List[Co
         conds = ([where] if where is not None else []) + [substitute(g, rename) for g in guards]
         out.append((x, _contribution(x, y, indices, substitute(partial, rename), domain,
                                      dsl.all(conds) if conds else None), x_box))
+    if lifted:
+        out = _resolve_lifted(out, lifted)
+    return out
+
+
+def vjp_of_scatter(y: Tensor, adj: Tensor, box: Optional[Box] = None) -> List[Contribution]:
+    """The raw contributions of scatter ``y`` with adjoint ``adj`` (zero outside ``box``) to the
+    tensors its value reads.
+
+    ``y = 0; y[d(p)] += v(p)`` for the points ``p`` of its axes where its ``where`` holds is
+    linear in ``v``, and its transpose is a gather: the adjoint of ``v(p)`` is ``dy[d(p)]``.
+    So the scatter is differentiated as the sum ``R_p v(p)`` seeded with ``dy[d(p)]`` at each
+    point; the reads of ``v`` (the tensor the scatter's value reads, a forward input among
+    them) then get their contributions by the ordinary rules:
+
+        dX[j] += sum over {p : where(p) and g(p) == j} of dy[d(p)] * dv/dX[g](p)
+
+    The indices ``d`` (integer: index tensors have no gradient) are read, never
+    differentiated. Points whose ``d(p)`` lies outside ``box`` are left out (``dy`` is zero
+    there), so a partial is never evaluated where nothing flows back."""
+    op: ScatterOp = y.op
+    box = full_box(y) if box is None else box
+    if any(lo >= hi for lo, hi in box):
+        return []
+    # the scatter's value as the body of a 0-d sum, so nested reductions (and deep
+    # pieces) are lifted exactly as for a compute's reduction
+    as_sum = Tensor(y.name, (), y.dtype, ComputeOp((), Reduce("sum", op.value, op.axes, op.where)))
+    body, lifted = normalized_body(as_sum, PIECE_DEPTH)
+    conds = [] if body.where is None else [body.where]
+    for ix, (lo, hi), n in zip(op.indices, box, y.shape):
+        if lo > 0:
+            conds.append(ix >= lo)
+        if hi < n:
+            conds.append(ix < hi)
+    seed = Read(adj, tuple(op.indices))
+    out: List[Contribution] = []
+    for read, guards, partial in backprop(body.body, seed):
+        x = read.tensor
+        if not dtypes.is_float(x.dtype):
+            continue
+        x_box = _box_of(x, read.indices, {})
+        if any(lo >= hi for lo, hi in x_box):
+            continue
+        where = conds + list(guards)
+        out.append((x, _contribution(x, y, read.indices, partial, list(body.axes),
+                                     dsl.all(where) if where else None), x_box))
     if lifted:
         out = _resolve_lifted(out, lifted)
     return out
