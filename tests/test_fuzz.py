@@ -219,3 +219,20 @@ def test_the_run_counts_the_constructs_it_exercised():
     text = out.getvalue()
     assert "programs with second order:" in text and "programs with out= aliasing refused:" in text
     assert "programs with a read out of bounds under a data condition:" in text
+
+
+def test_the_second_order_check_catches_a_missing_scatter_rule(monkeypatch):
+    """Second order through a scatter, with the scatter's reverse rule dropped on purpose
+    (its inputs get nothing, as before scatters had a rule), is reported against finite
+    differences of the first order, not passed."""
+    from te_grad import autodiff
+    from te_grad.ir import ScatterOp
+    source = ("C = lambda value: tg.const(value, DT)\nX0 = tg.placeholder((6,), dtype=DT, name='X0')\n"
+              "I0 = tg.placeholder((4,), dtype='int64', name='I0')\n"
+              "S0 = tg.compute((4,), lambda i0: tg.tanh(X0[I0[i0]]), name='S0')\n"
+              "OUT = S0\nSTAGES = [S0]\nINPUTS = [X0]\nIDS = {I0: 6}\nSECOND = True\n")
+    outcome = check(Program(source), seed=0)
+    assert outcome.kind == "ok" and "second order through a scatter" in outcome.notes, outcome
+    monkeypatch.setitem(autodiff.VJP_RULES, ScatterOp, lambda t, adj, box: [])
+    outcome = check(Program(source), seed=0)
+    assert outcome.kind == "mismatch-second-order-fd", outcome
