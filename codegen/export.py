@@ -12,9 +12,9 @@ pthreads for a threaded build). Its calling convention, written into the header:
 - 0-d inputs listed as scalars are passed by value instead (``float lr``);
 - a group packs several buffers in one blob at stated byte offsets (a model's state);
 - the return value is ``0``, or an error code: ``1`` an index out of range, computed from
-  data or read under a condition on data (the bad index is never read), ``2`` an integer division by zero, ``3`` no memory for
-  the intermediates (``malloc``); ``NAME_ex`` takes a last ``int64_t info[4]`` receiving
-  (buffer, dimension, value, stage) of the error;
+  data or read under a condition on data (the bad index is never read), ``2`` an integer
+  division by zero, ``3`` no memory for the intermediates (``malloc``); ``NAME_ex`` takes a
+  last ``int64_t info[4]`` receiving (buffer, dimension, value, stage) of the error;
 - intermediates live in one ``malloc`` per call, freed before returning; with
   ``threads > 1`` the parallel regions of the kernel run on that many pthreads.
 

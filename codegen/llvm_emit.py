@@ -26,6 +26,7 @@ kernel is built with ``fast_math=False``.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Dict, List, Sequence
 
 from .llvm import ir
@@ -46,7 +47,7 @@ from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
 _VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
 
-def decided(cond: Expr) -> bool:
+def _decided(cond: Expr) -> bool:
     """True if ``cond`` is quasi-affine in its variables: the static bounds proof
     (:mod:`simplify.bounds`) used it, so the reads it guards were proven there."""
     names = {id(v): f"v{n}" for n, v in enumerate(free_vars(cond))}
@@ -201,18 +202,15 @@ class StageEmitter(RegisterBlockEmitter):
         self.b.cbranch(self.b.icmp_signed("<", nxt, hi), head, done)
         self.b.position_at_end(done)
 
+    @contextmanager
     def guarded_by(self, cond: Expr):
-        """A context for code that runs only where ``cond`` (or its negation) holds."""
-        emitter, opaque = self, not decided(cond)
-
-        class Guard:
-            def __enter__(self):
-                emitter.undecided += opaque
-
-            def __exit__(self, *exc):
-                emitter.undecided -= opaque
-                return False
-        return Guard()
+        """Around code that runs only where ``cond`` (or its negation) holds."""
+        opaque = not _decided(cond)
+        self.undecided += opaque
+        try:
+            yield
+        finally:
+            self.undecided -= opaque
 
     def splat(self, value, width: int):
         if isinstance(value.type, ir.VectorType):
