@@ -13,7 +13,7 @@ from typing import Sequence, Union
 from simplify import simplify
 from simplify.count import tensor_iterations
 from te_grad.errors import UserError
-from te_grad.graph import topo_order
+from te_grad.graph import reads_in, topo_order
 from te_grad.ir import Tensor
 
 from . import disk_cache, packing
@@ -64,7 +64,12 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     cached = _cached_build(outs, inputs, fast_math, threads, machine)
     if cached is not None:
         return cached
-    simplified = simplify(outs)
+    undecided = []  # reads simplify.check_bounds could not prove in bounds
+    simplified = simplify(outs, runtime=undecided)
+    # a read whose index is data is always checked; one under a condition on data, or with an
+    # index that is not quasi-affine, in kernels that have such a read (proven graphs keep
+    # their code as it was)
+    bound_checks = any(not any(reads_in(i) for i in c.read.indices) for c in undecided)
     stages = stages_for(simplified, machine)
     buffers = list(inputs)
     index = {id(t): n for n, t in enumerate(buffers)}
@@ -78,12 +83,13 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
             index[id(t)] = len(buffers)
             buffers.append(t)
     works = [s.work if s.work is not None else tensor_iterations(s.tensor) for s in stages]
-    text = emit_module(stages, index, fast_math, works=works)
+    text = emit_module(stages, index, fast_math, works=works, bound_checks=bound_checks)
     compiled = compile_module(text, [RUN_STAGES, RUN_REGION], wait=wait)
     compiled_stages = [CompiledStage(s, w) for s, w in zip(stages, works)]
     kernel = Kernel(simplified, inputs, buffers, compiled_stages, regions(stages), compiled,
                     threads if threads is not None else default_threads())
     kernel.fast_math = fast_math  # what Kernel.export re-emits the stages with
+    kernel.bound_checks = bound_checks
     _remember_build(outs, inputs, fast_math, machine, kernel, text)
     return kernel
 
@@ -101,7 +107,7 @@ def _remember_build(outs, inputs, fast_math, machine, kernel, text):
         return
     entry = dict(outputs=kernel.outputs, inputs=kernel.inputs, buffers=kernel.buffers,
                  stages=[(cs.stage, cs.work) for cs in kernel.stages], regions=kernel.regions,
-                 module=module_key(text), text=text)
+                 module=module_key(text), text=text, bound_checks=kernel.bound_checks)
     disk_cache.store_pickle("build", _build_key(outs, inputs, fast_math, machine), entry)
 
 
@@ -124,4 +130,5 @@ def _cached_build(outs, inputs, fast_math, threads, machine):
     for o, n in zip(old_inputs, inputs):  # the stages read the cached placeholders
         kernel._index[id(o)] = kernel._index[id(n)]
     kernel.fast_math = fast_math
+    kernel.bound_checks = entry.get("bound_checks", True)
     return kernel

@@ -11,10 +11,10 @@ pthreads for a threaded build). Its calling convention, written into the header:
   inputs and from each other;
 - 0-d inputs listed as scalars are passed by value instead (``float lr``);
 - a group packs several buffers in one blob at stated byte offsets (a model's state);
-- the return value is ``0``, or an error code: ``1`` a data-dependent index out of range
-  (the bad index is never read), ``2`` an integer division by zero, ``3`` no memory for
-  the intermediates (``malloc``); ``NAME_ex`` takes a last ``int64_t info[4]`` receiving
-  (buffer, dimension, value, stage) of the error;
+- the return value is ``0``, or an error code: ``1`` an index out of range, computed from
+  data or read under a condition on data (the bad index is never read), ``2`` an integer
+  division by zero, ``3`` no memory for the intermediates (``malloc``); ``NAME_ex`` takes a
+  last ``int64_t info[4]`` receiving (buffer, dimension, value, stage) of the error;
 - intermediates live in one ``malloc`` per call, freed before returning; with
   ``threads > 1`` the parallel regions of the kernel run on that many pthreads.
 
@@ -159,7 +159,8 @@ def export(entries: Sequence[Entry], path: str, target: str = "host", cpu: Optio
         kernel = e.kernel
         stages = [cs.stage for cs in kernel.stages]
         text = emit_module(stages, kernel._index, getattr(kernel, "fast_math", True),
-                           prefix=f"{e.name}__", internal=True)
+                           prefix=f"{e.name}__", internal=True,
+                           bound_checks=getattr(kernel, "bound_checks", True))
         modules.append(llvm.parse_assembly(text))
     wrapper = _wrappers(entries, pointer_bits, threads, constants or {})
     main = llvm.parse_assembly(str(wrapper))
@@ -299,7 +300,7 @@ def header(entries: Sequence[Entry], base: str, spec: TargetSpec, threads: int, 
              " * must not overlap inputs or each other. Scalars are passed by value; a group is one blob",
              " * holding several buffers at the byte offsets given below. Each function returns",
              f" * {base.upper()}_OK (0) or an error code; the _ex variant also fills info[4] with the",
-             " * buffer, dimension, value and stage of the error. A bad data-dependent index is never read.",
+             " * buffer, dimension, value and stage of the error. An out-of-range index is never read.",
              f" * Threads: {'single-threaded' if threads == 1 else f'{threads} pthreads per parallel region'}"
              "; intermediates: one malloc per call.",
              " * Link with -lm" + (" -lpthread." if threads > 1 else "."),

@@ -10,13 +10,14 @@ import numpy as np
 
 from te_grad.errors import InternalError, UserError
 from te_grad.evaluator import check_feed
+from te_grad.graph import reads_in
 from te_grad.ir import Tensor
 
 from . import team_ir
 from .jit import Pending
 from .llvm_module import RUN_REGION, RUN_STAGES
 from .regions import plan, row_blocks
-from .loopir import Stage, program_text
+from .loopir import Stage, program_text, stmt_reads, stmt_stores
 from .team import team
 
 #: the parallel range given to stages run whole (each clamps it to its own loop)
@@ -36,6 +37,18 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def refuse_overlaps(inputs: Sequence[Tuple[str, np.ndarray]], outputs: Sequence[Tuple[str, np.ndarray]]):
+    """A ``UserError`` naming the first output array that shares memory with an input array
+    or another output (``(description, array)`` pairs): a kernel reads and writes its
+    buffers as distinct memory (``noalias``), and an overlap would give wrong values.
+    ``np.may_share_memory`` (bounds only) first, the exact test only when it says maybe."""
+    for n, (what, a) in enumerate(outputs):
+        for other, b in list(inputs) + list(outputs[:n]):
+            if isinstance(b, np.ndarray) and np.may_share_memory(a, b) and np.shares_memory(a, b):
+                raise UserError(f"out array for {what} shares memory with the array of {other}; the kernel "
+                                "needs distinct buffers (write into a fresh array, then copy)")
+
+
 class CompiledStage:
     """A stage of a kernel: its loops and its innermost iterations."""
 
@@ -45,10 +58,20 @@ class CompiledStage:
 
 
 class Kernel:
-    """A compiled graph: ``kernel(*inputs, out=None)`` returns the outputs as numpy arrays.
+    """A compiled graph: ``kernel(*inputs, out=None, **named)`` returns the outputs as numpy
+    arrays (one array, or a tuple for several outputs).
 
-    Inputs are checked (shape and dtype exactly; non-contiguous arrays are
-    copied); ``out`` may give C-contiguous arrays to write the outputs into.
+    The call binds its arrays to the placeholders ``inputs`` (the order given to
+    ``tg.build``) as Python binds arguments: positionally first, then by placeholder name
+    (``kern(x, W=w)``, ``kern(W=w, X=x)``); every input exactly once. An unknown name, an
+    input given twice (by position and by name), a missing one or a name shared by two
+    inputs (pass those by position) is a ``UserError`` naming them; an input named ``out``
+    can only be given by position. Inputs are checked (shape and dtype exactly;
+    non-contiguous arrays are copied). ``out`` may give C-contiguous, writeable arrays to
+    write the outputs into (one array, or a sequence of one per output): they must not
+    share memory with any input array or with each other (the stages are compiled for
+    distinct buffers, ``noalias``), a ``UserError`` names the pair that does. Use fresh
+    arrays and copy back to update an input in place.
     ``loops`` is the C-like loop program, ``llvm_ir`` the optimized LLVM IR,
     ``asm`` the host assembly.
     """
@@ -137,14 +160,18 @@ class Kernel:
         return f"Kernel(({ins}) -> ({outs}), {len(self.stages)} stages, {self.threads} threads)"
 
     # -- calling ----------------------------------------------------------------------------
-    def __call__(self, *arrays, out=None):
-        if len(arrays) != len(self.inputs):
-            names = ", ".join(t.name for t in self.inputs)
-            raise UserError(f"kernel expects {len(self.inputs)} arrays ({names}), got {len(arrays)}")
+    def __call__(self, *arrays, out=None, **named):
+        arrays = self._bind(arrays, named)
         values: List[Optional[np.ndarray]] = [None] * len(self.buffers)
+        given = []
         for t, a in zip(self.inputs, arrays):
-            values[self._index[id(t)]] = np.ascontiguousarray(check_feed(t, a))
+            a = check_feed(t, a)
+            given.append(a)
+            values[self._index[id(t)]] = np.ascontiguousarray(a)
         outs = self._out_arrays(out)
+        if out is not None:
+            refuse_overlaps([(f"input {t.name}", a) for t, a in zip(self.inputs, given)],
+                            [(f"output {t.name}", a) for t, a in zip(self.outputs, outs)])
         for t, a in zip(self.outputs, outs):
             if values[self._index[id(t)]] is None:
                 values[self._index[id(t)]] = a
@@ -162,11 +189,43 @@ class Kernel:
             results.append(a)
         return results[0] if len(results) == 1 else tuple(results)
 
+    def _bind(self, arrays: tuple, named: dict) -> list:
+        """One array per input, from positional and named arguments (see the class docstring)."""
+        n = len(self.inputs)
+        names = ", ".join(t.name for t in self.inputs)
+        if len(arrays) > n or (not named and len(arrays) != n):
+            raise UserError(f"kernel expects {n} arrays ({names}), got {len(arrays)}")
+        if not named:
+            return list(arrays)
+        slots: Dict[str, List[int]] = {}
+        for k, t in enumerate(self.inputs):
+            slots.setdefault(t.name, []).append(k)
+        unknown = [name for name in named if name not in slots]
+        if unknown:
+            raise UserError(f"kernel has no input named {', '.join(map(repr, unknown))}; its inputs are ({names})")
+        shared = [name for name in named if len(slots[name]) > 1]
+        if shared:
+            raise UserError(f"kernel inputs {', '.join(map(repr, shared))} name more than one placeholder: "
+                            "pass them by position")
+        twice = [name for name in named if slots[name][0] < len(arrays)]
+        if twice:
+            raise UserError(f"kernel input(s) {', '.join(map(repr, twice))} given both by position and by name")
+        bound = list(arrays) + [None] * (n - len(arrays))
+        for name, a in named.items():
+            bound[slots[name][0]] = a
+        missing = [t.name for t, a in zip(self.inputs, bound) if a is None]
+        if missing:
+            raise UserError(f"kernel call is missing input(s) {', '.join(missing)} (expects {names})")
+        return bound
+
     def run(self, arrays: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """The lean call for framework bridges: ``arrays`` (one per input) and ``outs`` (one
         per output) must already be C-contiguous numpy arrays of exactly the right shapes
         and dtypes (the bridge checked them once, when it chose this kernel), and every
-        output distinct from the inputs. The results are written into ``outs``."""
+        output distinct from the inputs and the other outputs (an overlap is a
+        ``UserError``). The results are written into ``outs``."""
+        refuse_overlaps([(f"input {t.name}", a) for t, a in zip(self.inputs, arrays)],
+                        [(f"output {t.name}", a) for t, a in zip(self.outputs, outs)])
         self.run_pointers([a.ctypes.data for a in arrays], [a.ctypes.data for a in outs])
 
     def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int]) -> None:
@@ -201,6 +260,8 @@ class Kernel:
         kernel), with the arguments of :meth:`run`: ``[{stage, tensor, ms, work}]`` in order."""
         import statistics
         import time
+        refuse_overlaps([(f"input {t.name}", a) for t, a in zip(self.inputs, arrays)],
+                        [(f"output {t.name}", a) for t, a in zip(self.outputs, outs)])
         samples = [[] for _ in self.stages]
         for _ in range(max(1, repeat)):
             scratch = self._take_scratch()
@@ -276,6 +337,14 @@ class Kernel:
         rc = self._run_stages(table, first, last, lo, hi, ctypes.addressof(err))
         return (0, None) if rc == 0 else (rc, list(err))
 
+    def _indexed_by_data(self, stage: Stage, buffer: int) -> bool:
+        """True if ``stage`` reads buffer number ``buffer`` at an index computed from data, or
+        scatters into it."""
+        def mine(t):
+            return self._index.get(id(t)) == buffer
+        return any(mine(r.tensor) and any(reads_in(i) for i in r.indices) for r in stmt_reads(stage.body)) or \
+            any(st.checked and mine(st.tensor) for st in stmt_stores(stage.body))
+
     def _check(self, result):
         """Raise the error a run of stages returned, if any (``err[3]`` is the failing stage)."""
         rc, err = result
@@ -285,9 +354,10 @@ class Kernel:
         tensor = self.buffers[err[0]] if 0 <= err[0] < len(self.buffers) else None
         name = tensor.name if tensor is not None else "?"
         if rc == 1:
+            why = "a data-dependent index" if self._indexed_by_data(self.stages[err[3]].stage, err[0]) else \
+                "a read under a condition on the data or with a non-affine index"
             raise UserError(f"index {err[2]} is out of range [0, {tensor.shape[err[1]]}) for "
-                            f"dimension {err[1]} of tensor {name} (a data-dependent index, "
-                            f"while computing {stage})")
+                            f"dimension {err[1]} of tensor {name} ({why}, while computing {stage})")
         if rc == 2:
             raise UserError(f"integer division by zero while computing {name}")
         raise InternalError(f"stage {stage} returned code {rc}")

@@ -4,9 +4,17 @@ Each stage becomes ``i32 stage(T* noalias buf0, ..., i64 lo, i64 hi, i64* err)``
 the buffers it touches (distinct allocations, hence ``noalias``, which lets
 LLVM keep accumulators in registers and vectorize), the range of its parallel
 loop, and an error record. It returns 0, or 1 after writing
-``err = [buffer, dimension, index]`` when a run-time checked index (a
-data-dependent read or scatter) is out of range, or 2 for an integer division
-by zero; it never touches memory out of bounds.
+``err = [buffer, dimension, index]`` when a run-time checked index is out of
+range, or 2 for an integer division by zero; it never touches memory out of
+bounds. Checked at run time: every index computed from data (a gather, a
+scatter) and, in a stage emitted with ``bound_checks`` (the kernel has reads
+that :mod:`simplify.bounds` could not decide), every read evaluated under a
+condition or in a loop whose bounds are not quasi-affine (a condition on data:
+the taken branch of an ``if_then_else``, a reduction's ``where``, the right
+operand of ``&``/``|``) or whose index is not quasi-affine (``X[i * k]``), in
+each dimension interval analysis does not keep inside the tensor. Such a read
+is evaluated exactly where the reference evaluator evaluates it, so the kernel
+fails where the evaluator raises.
 
 Semantics match the reference evaluator: ``//`` and ``%`` floor like Python;
 ``if_then_else`` and ``&``/``|`` evaluate only what is needed (branches),
@@ -18,6 +26,7 @@ kernel is built with ``fast_math=False``.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Dict, List, Sequence
 
 from .llvm import ir
@@ -29,6 +38,7 @@ from te_grad.graph import free_vars, reads_in
 from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, Select, Tensor, Unary, Var)
 
 from te_grad.intervals import interval, speculatable
+from simplify.affine import isl_cond, isl_expr
 from .llvm_blocks import RegisterBlockEmitter
 from .llvm_types import FCMP, I1, I8, I32, I64, MEMORY, SCALAR, SIZE, lowering, strides, vectorizable
 from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, Stage, Store, TransposeBlock, Transposed,
@@ -36,6 +46,22 @@ from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, St
 from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
 _VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
+
+def _decided(cond: Expr) -> bool:
+    """True if ``cond`` is quasi-affine in its variables: the static bounds proof
+    (:mod:`simplify.bounds`) used it, so the reads it guards were proven there."""
+    names = {id(v): f"v{n}" for n, v in enumerate(free_vars(cond))}
+    return isl_cond(cond, names) is not None
+
+
+def _decided_bound(e: Expr) -> bool:
+    names = {id(v): f"v{n}" for n, v in enumerate(free_vars(e))}
+    return isl_expr(e, names) is not None
+
+
+def _inside(iv, n: int) -> bool:
+    return iv is not None and iv[0] >= 0 and iv[1] < n
+
 
 def _keeps_a_max(s: Store) -> bool:
     """True if ``s`` stores a float max or min reduction's value: accumulated, or stored
@@ -73,8 +99,11 @@ class StageEmitter(RegisterBlockEmitter):
     """Emits one stage as one LLVM function into ``module``."""
 
     def __init__(self, module: ir.Module, stage: Stage, name: str, buffer_index: Dict[int, int],
-                 fast_math: bool = True, compared: bool = False):
+                 fast_math: bool = True, compared: bool = False, bound_checks: bool = True):
         self.module = module
+        # reads the static bounds proof could not decide are checked at run time (module docstring)
+        self.bound_checks = bound_checks
+        self.undecided = 0  # > 0: inside a condition or loop the static bounds proof could not use
         self.stage = stage
         self.fast = fast_math
         self.compared = compared  # an equality test reads this stage's tensor: store it exactly
@@ -112,7 +141,7 @@ class StageEmitter(RegisterBlockEmitter):
                 if self.filtered_accumulation(s):
                     continue
                 cond = self.expr(s.cond)
-                with self.b.if_then(cond):
+                with self.b.if_then(cond), self.guarded_by(s.cond):
                     self.stmts(s.body)
             elif isinstance(s, Store):
                 self.store(s)
@@ -141,12 +170,15 @@ class StageEmitter(RegisterBlockEmitter):
             lo = self.b.select(self.b.icmp_signed(">", first, lo), first, lo)
             hi = self.b.select(self.b.icmp_signed("<", end, hi), end, hi)
         lo_iv, hi_iv = interval(s.lo, self.ranges), interval(s.hi, self.ranges)
+        opaque = not (_decided_bound(s.lo) and _decided_bound(s.hi))
 
         def body(i):
             self.env[id(s.var)] = i
             if lo_iv is not None and hi_iv is not None:
                 self.ranges[id(s.var)] = (lo_iv[0], hi_iv[1] - 1)
+            self.undecided += opaque
             self.stmts(s.body)
+            self.undecided -= opaque
             self.ranges.pop(id(s.var), None)
             del self.env[id(s.var)]
 
@@ -169,6 +201,16 @@ class StageEmitter(RegisterBlockEmitter):
         i.add_incoming(nxt, self.b.block)
         self.b.cbranch(self.b.icmp_signed("<", nxt, hi), head, done)
         self.b.position_at_end(done)
+
+    @contextmanager
+    def guarded_by(self, cond: Expr):
+        """Around code that runs only where ``cond`` (or its negation) holds."""
+        opaque = not _decided(cond)
+        self.undecided += opaque
+        try:
+            yield
+        finally:
+            self.undecided -= opaque
 
     def splat(self, value, width: int):
         if isinstance(value.type, ir.VectorType):
@@ -210,7 +252,12 @@ class StageEmitter(RegisterBlockEmitter):
         """Eight vector loads of the crossing read, an 8 x 8 transpose in registers (three
         rounds of shuffles), then each of the eight store rows computed as one vector."""
         st, rd = blk.store, blk.read
-        if not vectorizable(st.value, st.tensor.dtype):
+        # the blocks load whole rows and evaluate both sides of every select: only where
+        # every read is in bounds at every point of the stage's domain
+        axes = self.stage.tensor.op.axes
+        ranges = dict(self.ranges)
+        ranges.update({id(a): (0, n - 1) for a, n in zip(axes, self.stage.tensor.shape)})
+        if not vectorizable(st.value, st.tensor.dtype) or not speculatable(st.value, ranges):
             self.stmts(blk.plain())
             return
         u0, v0 = self.expr(blk.u0), self.expr(blk.v0)
@@ -270,11 +317,14 @@ class StageEmitter(RegisterBlockEmitter):
                 if s.cond is None:
                     self.b.store(self.combine(st.combine, dt, self.b.load(acc), self.stored_value(st)), acc)
                 else:
-                    with self.b.if_then(self.expr(s.cond)):
+                    with self.b.if_then(self.expr(s.cond)), self.guarded_by(s.cond):
                         self.b.store(self.combine(st.combine, dt, self.b.load(acc), self.stored_value(st)), acc)
                 del self.env[id(s.axis)]
 
+            opaque = not (_decided_bound(s.lo) and _decided_bound(s.hi))
+            self.undecided += opaque
             self.counted(self.expr(s.lo), self.expr(s.hi), s.axis.name, add)
+            self.undecided -= opaque
             self.store_scalar(st.tensor, self.b.load(acc), self.address(st.tensor, [self.expr(i) for i in st.indices]))
             del self.env[id(s.var)]
 
@@ -340,8 +390,10 @@ class StageEmitter(RegisterBlockEmitter):
     def store_scalar(self, t: Tensor, v, ptr):
         self.b.store(self.b.zext(v, I8) if t.dtype == "bool" else v, ptr)
 
-    def check_indices(self, t: Tensor, idx):
+    def check_indices(self, t: Tensor, idx, dims=None):
         for d, (ix, n) in enumerate(zip(idx, t.shape)):
+            if dims is not None and d not in dims:
+                continue
             bad = self.b.icmp_unsigned(">=", ix, ir.Constant(I64, n))  # negatives wrap to huge
             with self.b.if_then(bad, likely=False):
                 self.fail(1, [self.buffer_index[id(t)], d], ix)
@@ -380,6 +432,11 @@ class StageEmitter(RegisterBlockEmitter):
         idx = [self.expr(i) for i in e.indices]
         if any(reads_in(i) for i in e.indices):  # data-dependent index: checked at run time
             self.check_indices(e.tensor, idx)
+        elif self.bound_checks:  # under a condition on data, or not quasi-affine: unless intervals prove it
+            dims = [d for d, (i, n) in enumerate(zip(e.indices, e.tensor.shape))
+                    if (self.undecided or not _decided_bound(i)) and not _inside(interval(i, self.ranges), n)]
+            if dims:
+                self.check_indices(e.tensor, idx, dims)
         return self.load_scalar(e.tensor, self.address(e.tensor, idx))
 
     def e_Unary(self, e: Unary):
@@ -481,7 +538,8 @@ class StageEmitter(RegisterBlockEmitter):
         else:
             self.b.cbranch(a, join, rhs)
         self.b.position_at_end(rhs)
-        b = self.expr(e.b)
+        with self.guarded_by(e.a):
+            b = self.expr(e.b)
         rhs_end = self.b.block
         self.b.branch(join)
         self.b.position_at_end(join)
@@ -501,10 +559,10 @@ class StageEmitter(RegisterBlockEmitter):
                     (self.as_vector(t), self.as_vector(f))
             return self.b.select(cond, t, f)
         with self.b.if_else(cond) as (then, otherwise):
-            with then:
+            with then, self.guarded_by(e.cond):
                 t = self.expr(e.t)
                 t_end = self.b.block
-            with otherwise:
+            with otherwise, self.guarded_by(e.cond):
                 f = self.expr(e.f)
                 f_end = self.b.block
         phi = self.b.phi(t.type)

@@ -25,7 +25,8 @@ UNOPTIMIZED_WORK = 256
 
 
 def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math: bool = True,
-                prefix: str = "", internal: bool = False, works: Sequence[int] = None):
+                prefix: str = "", internal: bool = False, works: Sequence[int] = None,
+                bound_checks: bool = True):
     """One LLVM module with a function per stage, as text.
 
     It also defines :data:`RUN_STAGES`, ``i32 run_stages(i8** buffers, i64 first,
@@ -38,7 +39,9 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
     ``prefix`` starts every function name (so that several kernels can share one object
     file) and ``internal`` gives the stage functions internal linkage (:mod:`.export`).
     ``works`` (each stage's innermost iterations), when given, marks the stages of at most
-    :data:`UNOPTIMIZED_WORK` iterations ``optnone``.
+    :data:`UNOPTIMIZED_WORK` iterations ``optnone``. ``bound_checks`` checks at run time the
+    reads whose bounds the static proof cannot decide (:mod:`.llvm_emit`); ``tg.build`` turns
+    it off when :func:`simplify.check_bounds` decided every read of the graph.
     """
     module = ir.Module(name="te_grad")
     functions = []
@@ -46,7 +49,8 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
     bodies: Dict[str, ir.Function] = {}  # a stage function's text, its name left out -> the function
     for n, s in enumerate(stages):
         name = f"{prefix}stage{n}_{s.tensor.name}"
-        fn = StageEmitter(module, s, name, buffer_index, fast_math, id(s.tensor) in compared).emit()
+        fn = StageEmitter(module, s, name, buffer_index, fast_math, id(s.tensor) in compared,
+                          bound_checks).emit()
         fn.attributes.add("noinline")  # called from run_stages too: one copy of the code
         if works is not None and works[n] <= UNOPTIMIZED_WORK:
             fn.attributes.add("optnone")

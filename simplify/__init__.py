@@ -8,7 +8,7 @@
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Set, Union
+from typing import Iterable, List, Optional, Set, Union
 
 from te_grad.ir import Tensor
 from te_grad.verify import verify_if_enabled
@@ -21,15 +21,21 @@ from .rewrite import simplify_graph
 __all__ = ["simplify", "simplify_graph", "iterations", "check_bounds", "RuntimeCheck"]
 
 
-def simplify(tensors: Union[Tensor, Iterable[Tensor]], keep: Set[int] = frozenset()):
+def simplify(tensors: Union[Tensor, Iterable[Tensor]], keep: Set[int] = frozenset(),
+             runtime: Optional[List[RuntimeCheck]] = None):
     """Simplified equivalents of ``tensors`` (same structure: a tensor or a list).
 
     Every read of the graph is first proven in bounds (a UserError otherwise). Element-wise
     chains behind ``tensors`` are then fused (:mod:`.inline`): what a kernel computes.
+    The reads that cannot be decided statically (:func:`check_bounds`) are appended to
+    ``runtime`` when it is given: a backend must check them where they run (``tg.build``
+    does, see :mod:`codegen.llvm_emit`).
     """
     single = isinstance(tensors, Tensor)
     ts: List[Tensor] = [tensors] if single else list(tensors)
-    check_bounds(ts)
+    undecided = check_bounds(ts)
+    if runtime is not None:
+        runtime.extend(undecided)
     new = simplify_graph(ts, keep)
     out = [new[id(t)] for t in ts]
     fused = inline_elementwise(out, {id(new[k]) for k in keep if k in new})

@@ -7,8 +7,11 @@ small inputs, and along random directions (the dot-product identity
 ``<head, J v> == <J^T head, v>``) for every input. It raises AssertionError
 with the worst element on a mismatch.
 
+
 :func:`second_order` builds the program of a Hessian-vector product from
 first-order gradients (the gradient of ``<grads, v>``), raw or simplified.
+:func:`check_out_overlaps_refused` checks that a compiled kernel refuses ``out=``
+arrays that share memory with its inputs or with each other.
 """
 from __future__ import annotations
 
@@ -138,3 +141,71 @@ def _assert_close(got, want, rtol, atol, what):
         where = [int(i) for i in worst]
         raise AssertionError(f"{what}: te_grad gives {float(got[worst]):.10g} at {where} but finite "
                              f"differences give {float(want[worst]):.10g} (|error| {float(err[worst]):.3g})")
+
+
+def _overlapping(first, second, shift: int):
+    """Two C-contiguous arrays ``(shape, dtype)`` in one byte buffer, the second starting
+    ``shift`` bytes after the first (so they overlap when ``shift`` is below the first's size)."""
+    (shape_a, dt_a), (shape_b, dt_b) = first, second
+    size_a = int(np.prod(shape_a, dtype=np.int64)) * np.dtype(dt_a).itemsize
+    size_b = int(np.prod(shape_b, dtype=np.int64)) * np.dtype(dt_b).itemsize
+    raw = np.zeros(shift + max(size_a, size_b) + 64, dtype=np.uint8)
+    base = -raw.ctypes.data % 64  # 64-byte aligned, shift a multiple of both itemsizes
+    a = raw[base:base + size_a].view(dt_a).reshape(shape_a)
+    b = raw[base + shift:base + shift + size_b].view(dt_b).reshape(shape_b)
+    return a, b
+
+
+def check_out_overlaps_refused(kernel, arrays: Sequence[np.ndarray]) -> int:
+    """Check that ``kernel`` (from ``tg.build``), called with valid input ``arrays`` (one per
+    input, in order), refuses every ``out=`` that shares memory with an input or with another
+    out array: whole and partial overlaps (an out array starting inside the other buffer).
+    Raises AssertionError naming the case the kernel accepted or answered with anything but
+    a UserError; returns the number of cases checked. The kernel is never run on overlapping
+    buffers unless it fails to refuse them."""
+    arrays = [np.asarray(a) for a in arrays]
+    outputs = list(kernel.outputs)
+    cases = 0
+
+    def fresh():
+        return [np.empty(t.shape, dtype=t.dtype) for t in outputs]
+
+    def expect_refusal(what, args, outs):
+        try:
+            kernel(*args, out=outs)
+        except UserError:
+            return
+        except Exception as err:  # noqa: BLE001 - anything but a UserError is the failure reported
+            raise AssertionError(f"out= overlapping {what}: {type(err).__name__}: {err}") from err
+        raise AssertionError(f"out= overlapping {what} was accepted")
+
+    for k, t in enumerate(outputs):
+        spec_t = (t.shape, t.dtype)
+        size_t = t.size * np.dtype(t.dtype).itemsize
+        for j, x in enumerate(kernel.inputs):
+            size_x = x.size * np.dtype(x.dtype).itemsize
+            if not size_t or not size_x:
+                continue
+            step = np.dtype(x.dtype).itemsize * np.dtype(t.dtype).itemsize
+            for shift in sorted({0, (size_x // 2) // step * step}):
+                given, out = _overlapping((x.shape, x.dtype), spec_t, shift)
+                given[...] = arrays[j]
+                outs = fresh()
+                outs[k] = out
+                args = list(arrays)
+                args[j] = given
+                expect_refusal(f"input {x.name} (output {t.name}, {shift} bytes in)", args, outs)
+                cases += 1
+        for m in range(k):
+            u = outputs[m]
+            size_u = u.size * np.dtype(u.dtype).itemsize
+            if not size_t or not size_u:
+                continue
+            step = np.dtype(u.dtype).itemsize * np.dtype(t.dtype).itemsize
+            for shift in sorted({0, (size_u // 2) // step * step}):
+                first, second = _overlapping((u.shape, u.dtype), spec_t, shift)
+                outs = fresh()
+                outs[m], outs[k] = first, second
+                expect_refusal(f"outputs {u.name} and {t.name} ({shift} bytes in)", arrays, outs)
+                cases += 1
+    return cases
