@@ -29,16 +29,20 @@ def simplify(tensors: Union[Tensor, Iterable[Tensor]], keep: Set[int] = frozense
     chains behind ``tensors`` are then fused (:mod:`.inline`): what a kernel computes.
     The reads that cannot be decided statically (:func:`check_bounds`) are appended to
     ``runtime`` when it is given: a backend must check them where they run (``tg.build``
-    does, see :mod:`codegen.llvm_emit`).
+    does, see :mod:`codegen.llvm_emit`). A tensor read by such a read is kept as it is and
+    never fused into its reader: the read stays a read of a buffer, so the check stays
+    where it runs (a fused or folded producer would be computed at the index, out of
+    bounds or not, where the evaluator refuses the read).
     """
     single = isinstance(tensors, Tensor)
     ts: List[Tensor] = [tensors] if single else list(tensors)
     undecided = check_bounds(ts)
     if runtime is not None:
         runtime.extend(undecided)
-    new = simplify_graph(ts, keep)
+    protected = set(keep) | {id(c.read.tensor) for c in undecided}
+    new = simplify_graph(ts, protected)
     out = [new[id(t)] for t in ts]
-    fused = inline_elementwise(out, {id(new[k]) for k in keep if k in new})
+    fused = inline_elementwise(out, {id(new[k]) for k in protected if k in new})
     out = [fused[id(t)] for t in out]
     verify_if_enabled(out, "simplify")
     return out[0] if single else out

@@ -246,3 +246,21 @@ def test_inputs_sharing_a_name_go_by_position():
     with pytest.raises(tg.UserError, match="pass them by position"):
         kern(np.ones(2, np.float32), A=np.ones(2, np.float32))
     np.testing.assert_array_equal(kern(np.ones(2, np.float32), np.zeros(2, np.float32)), [1, 1])
+
+
+def test_a_constant_producer_read_out_of_bounds_is_not_folded_away():
+    """A producer read by an undecided read stays a buffer: folded into its reader (its
+    value is the same at every index), the read would vanish with its check, and the
+    kernel would answer where the evaluator refuses the read."""
+    S0 = tg.compute((3, 2), lambda i, j: tg.const(1.5, "float64"), name="S0")
+    X = tg.placeholder((3,), dtype="float64", name="X")
+    S2 = tg.compute((3,), lambda i: tg.if_then_else(X[i] > 0.0, S0[i - 1, 0], tg.const(0.25, "float64")),
+                    name="S2")
+    kern = tg.build([S2], inputs=[X])
+    taken = np.ones(3)
+    with pytest.raises(tg.UserError, match="outside tensor S0"):
+        tg.evaluate([S2], {X: taken})
+    with pytest.raises(tg.UserError):
+        kern(taken)
+    never = -np.ones(3)  # the read is never taken: both compute the other branch
+    np.testing.assert_array_equal(kern(never), tg.evaluate([S2], {X: never})[0])
