@@ -15,7 +15,9 @@ default are fixed attributes (``custom_op(..., dilation=4)`` overrides one). For
 combination of input shapes and dtypes, te_grad builds the graph once (placeholders
 of those shapes and dtypes, ``fn``), and compiles, on first use, a forward kernel that
 also returns the residuals the backward needs and a backward kernel that reads them
-(:func:`te_grad.build_vjp`); both are cached on the op.
+(:func:`te_grad.build_vjp`); both are cached on the op, for the ``max_shapes``
+(default 64) most recently used combinations: the others are dropped, their kernels
+freed, and rebuilt if seen again, so memory stays flat over ever new shapes.
 
 Two operators are registered: ``NAME_fwd`` (inputs -> outputs + residuals) and
 ``NAME_bwd`` (inputs, residuals, output gradients -> input gradients), each with a
@@ -42,7 +44,7 @@ import numpy as np
 import torch
 
 from . import dsl, dtypes
-from .bridge import tensor_params
+from .bridge import MAX_SHAPES, SpecCache, tensor_params
 from .errors import UserError
 from .ir import Tensor
 
@@ -148,9 +150,12 @@ class TorchOp:
 
     Calling it runs the op on torch tensors; ``fwd`` and ``bwd`` are the registered
     operators (``torch.ops.NS.NAME_fwd`` / ``_bwd``); ``spec(*tensors)`` the te_grad
-    graph and kernels for those shapes and dtypes."""
+    graph and kernels for those shapes and dtypes. At most ``max_shapes`` of those are
+    kept (an attribute too; the least recently used are dropped and rebuilt when seen
+    again), so a run over ever new shapes stays flat in memory."""
 
-    def __init__(self, name: str, fn: Callable, save=None, threads: Optional[int] = None, **attrs):
+    def __init__(self, name: str, fn: Callable, save=None, threads: Optional[int] = None,
+                 max_shapes: int = MAX_SHAPES, **attrs):
         if "::" not in name:
             raise UserError(f"custom_op name {name!r} must be 'namespace::name'")
         self.name = name
@@ -163,24 +168,33 @@ class TorchOp:
         self.attrs = {**defaults, **attrs}
         self.save = save
         self.threads = threads
-        self._specs: Dict[tuple, _Spec] = {}
-        self._seen: Dict[tuple, _Spec] = {}
-        self._lock = threading.Lock()
+        self._specs = SpecCache(max_shapes, on_evict=self._forget)
+        self._seen: Dict[tuple, _Spec] = {}  # torch's own shapes, dtypes and device: the fast path
         self._register()
+
+    @property
+    def max_shapes(self) -> int:
+        """How many combinations of input shapes and dtypes the op keeps built."""
+        return self._specs.size
+
+    @max_shapes.setter
+    def max_shapes(self, value: int):
+        self._specs.size = value
+
+    def _forget(self, spec: _Spec):
+        for k in [k for k, v in list(self._seen.items()) if v is spec]:
+            self._seen.pop(k, None)
 
     def spec(self, *args) -> _Spec:
         try:  # the common case: shapes, dtypes and device seen before
-            return self._seen[tuple((a.shape, a.dtype, a.device) for a in args)]
+            spec = self._seen[tuple((a.shape, a.dtype, a.device) for a in args)]
         except (KeyError, AttributeError, TypeError):
-            pass
-        key = _key(args, self.names)
-        spec = self._specs.get(key)
-        if spec is None:
-            with self._lock:
-                spec = self._specs.get(key)
-                if spec is None:
-                    spec = self._specs[key] = _Spec(self.fn, self.names, self.attrs, key, self.save, self.threads)
-        self._seen[tuple((a.shape, a.dtype, a.device) for a in args)] = spec
+            spec = None
+        key = spec.key if spec is not None else _key(args, self.names)
+        with self._specs.lock:  # refreshed in the LRU order (or made); the fast key points to it
+            spec = self._specs.get(key, lambda: _Spec(self.fn, self.names, self.attrs, key, self.save,
+                                                      self.threads))
+            self._seen[tuple((a.shape, a.dtype, a.device) for a in args)] = spec
         return spec
 
     def __call__(self, *args):
@@ -278,10 +292,12 @@ def _output_count(op: "TorchOp", *args) -> int:
     return len(op.spec(*args).outputs)
 
 
-def custom_op(name: str, fn: Callable, *, save=None, threads: Optional[int] = None, **attrs) -> TorchOp:
+def custom_op(name: str, fn: Callable, *, save=None, threads: Optional[int] = None,
+              max_shapes: int = MAX_SHAPES, **attrs) -> TorchOp:
     """Register the te_grad op ``fn`` as the PyTorch operator ``name`` (``"namespace::name"``).
 
     ``save`` picks the residuals (see :func:`te_grad.build_vjp`); ``threads`` the kernels'
-    threads (default: ``TE_GRAD_NUM_THREADS`` or all CPUs); other keywords override
-    attributes of ``fn`` (its parameters with a default value)."""
-    return TorchOp(name, fn, save=save, threads=threads, **attrs)
+    threads (default: ``TE_GRAD_NUM_THREADS`` or all CPUs); ``max_shapes`` how many
+    combinations of input shapes and dtypes stay built (least recently used dropped first);
+    other keywords override attributes of ``fn`` (its parameters with a default value)."""
+    return TorchOp(name, fn, save=save, threads=threads, max_shapes=max_shapes, **attrs)
