@@ -25,6 +25,12 @@ fake implementation from te_grad's shape inference, so the op works under
 ``torch.compile(fullgraph=True)``; the autograd formula of ``NAME_fwd`` calls
 ``NAME_bwd``. Calling ``op(...)`` runs ``NAME_fwd`` and returns the outputs.
 
+Registering a name again (re-running a notebook cell) works as it does with
+``torch.library``: the newer op takes the name, and ``torch.ops.NS.NAME_fwd`` runs its
+code. The earlier :class:`TorchOp` object keeps its own behaviour: called, it runs its
+own kernels (eagerly, through a ``torch.autograd.Function``, since its operators now
+belong to the newer op).
+
 Conventions:
 - CPU tensors only (a CUDA tensor is a ``UserError``); contiguous inputs and the
   outputs are shared with the kernels without a copy, non-contiguous inputs are
@@ -201,6 +207,11 @@ class TorchOp:
         if len(args) != len(self.names):
             raise UserError(f"{self.name} takes {len(self.names)} tensors ({', '.join(self.names)}), "
                             f"got {len(args)}")
+        if _REGISTERED.get(self.name) is not self:
+            # another op took this name since: torch.ops and self.fwd run that one's code
+            # now, this object keeps running its own (eagerly, as an autograd.Function)
+            results = _Superseded.apply(self, *args)
+            return results[0] if len(results) == 1 else results
         n_out = _output_count(self, *args)
         results = self.fwd(*args)
         return results[0] if n_out == 1 else tuple(results[:n_out])
@@ -270,19 +281,49 @@ class TorchOp:
             ctx.n_out = n_out
 
         def backward(ctx, grads):
-            tensors = ctx.saved_tensors
-            inputs, saved = list(tensors[:ctx.n_in]), list(tensors[ctx.n_in:])
-            spec = op.spec(*inputs)
-            needs = [bool(n) and d for n, d in zip(ctx.needs_input_grad, spec.differentiable)]
-            if not any(needs):
-                return tuple([None] * ctx.n_in)
-            heads = []
-            for g, y in zip(list(grads)[:ctx.n_out], spec.outputs):
-                heads.append(g if g is not None else torch.zeros(y.shape, dtype=_TO_TORCH[y.dtype]))
-            got = iter(op.bwd(inputs, saved, heads, needs))
-            return tuple(next(got) if n else None for n in needs)
+            return _input_gradients(op, ctx, ctx.needs_input_grad, grads, op.bwd)
 
         self.fwd.register_autograd(backward, setup_context=setup_context)
+        self._forward_impl, self._backward_impl = forward_impl, backward_impl
+        _REGISTERED[self.name] = self
+
+
+#: the op that holds each name now (a name registered again goes to the newer op)
+_REGISTERED: Dict[str, "TorchOp"] = {}
+
+
+def _input_gradients(op: "TorchOp", ctx, needs_input_grad, grads, run_backward):
+    """The gradients of the inputs saved in ``ctx`` from those of the outputs, by
+    ``run_backward(inputs, residuals, output gradients, needs)``."""
+    tensors = ctx.saved_tensors
+    inputs, saved = list(tensors[:ctx.n_in]), list(tensors[ctx.n_in:])
+    spec = op.spec(*inputs)
+    needs = [bool(n) and d for n, d in zip(needs_input_grad, spec.differentiable)]
+    if not any(needs):
+        return tuple([None] * ctx.n_in)
+    heads = []
+    for g, y in zip(list(grads)[:ctx.n_out], spec.outputs):
+        heads.append(g if g is not None else torch.zeros(y.shape, dtype=_TO_TORCH[y.dtype]))
+    got = iter(run_backward(inputs, saved, heads, needs))
+    return tuple(next(got) if n else None for n in needs)
+
+
+class _Superseded(torch.autograd.Function):
+    """An op whose name was registered again by another op: its own forward and backward
+    implementations, called directly instead of through torch's dispatcher."""
+
+    @staticmethod
+    def forward(ctx, op, *args):
+        results = op._forward_impl(*args)
+        spec = op.spec(*args)
+        n_out = len(spec.outputs)
+        ctx.save_for_backward(*args, *spec.saved_from(results[:n_out], results[n_out:]))
+        ctx.op, ctx.n_in, ctx.n_out = op, len(args), n_out
+        return tuple(results[:n_out])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None,) + _input_gradients(ctx.op, ctx, ctx.needs_input_grad[1:], grads, ctx.op._backward_impl)
 
 
 @torch._dynamo.assume_constant_result
