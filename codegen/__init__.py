@@ -16,7 +16,7 @@ from te_grad.errors import UserError
 from te_grad.graph import reads_in, topo_order
 from te_grad.ir import Tensor
 
-from . import disk_cache, packing
+from . import build_codec, disk_cache, packing
 from .jit import cached_module, compile_module, module_key
 from .kernel import CompiledStage, Kernel, default_threads
 from .llvm_module import RUN_REGION, RUN_STAGES, emit_module
@@ -101,22 +101,55 @@ def _build_key(outs, inputs, fast_math, machine) -> str:
 
 
 def _remember_build(outs, inputs, fast_math, machine, kernel, text):
-    """Store the build in the disk cache (graphs too deep to pickle are skipped)."""
-    from te_grad.deep import graph_depth
-    if not disk_cache.enabled() or graph_depth(kernel.outputs) > 150:  # pickle recurses
+    """Store the build in the disk cache (as JSON: :mod:`.build_codec`)."""
+    if not disk_cache.enabled():
         return
     entry = dict(outputs=kernel.outputs, inputs=kernel.inputs, buffers=kernel.buffers,
                  stages=[(cs.stage, cs.work) for cs in kernel.stages], regions=kernel.regions,
                  module=module_key(text), text=text, bound_checks=kernel.bound_checks)
-    disk_cache.store_pickle("build", _build_key(outs, inputs, fast_math, machine), entry)
+    try:
+        value = build_codec.encode(entry)
+    except ValueError:
+        return  # something the codec does not hold: not cached
+    disk_cache.store_json("build", _build_key(outs, inputs, fast_math, machine), value)
+
+
+def _checked_build(entry, inputs):
+    """``entry`` if it is a decoded build for ``inputs`` (its parts of the right types and
+    its module key that of its text), else None."""
+    from .loopir import Stage
+    if not isinstance(entry, dict) or set(entry) != {"outputs", "inputs", "buffers", "stages", "regions",
+                                                     "module", "text", "bound_checks"}:
+        return None
+    tensors = list(entry["outputs"]) + list(entry["inputs"]) + list(entry["buffers"])
+    if not all(isinstance(t, Tensor) for t in tensors) or len(entry["inputs"]) != len(inputs):
+        return None
+    if any(o.shape != n.shape or o.dtype != n.dtype for o, n in zip(entry["inputs"], inputs)):
+        return None
+    if not all(isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], Stage) and type(s[1]) is int
+               for s in entry["stages"]):
+        return None
+    if not isinstance(entry["text"], str) or entry["module"] != module_key(entry["text"]):
+        return None
+    if type(entry["bound_checks"]) is not bool:
+        return None
+    return entry
 
 
 def _cached_build(outs, inputs, fast_math, threads, machine):
     """The kernel of an identical earlier build (this process or another), or None."""
     if not disk_cache.enabled():
         return None
-    entry = disk_cache.load_pickle("build", _build_key(outs, inputs, fast_math, machine))
+    key = _build_key(outs, inputs, fast_math, machine)
+    value = disk_cache.load_json("build", key)
+    if value is None:
+        return None
+    try:
+        entry = _checked_build(build_codec.decode(value), inputs)
+    except Exception:  # noqa: BLE001 - a malformed entry (a te_grad bug or a forged file): rebuild
+        entry = None
     if entry is None:
+        disk_cache.discard("build", key)
         return None
     compiled = cached_module(entry["module"], [RUN_STAGES, RUN_REGION], entry["text"])
     if compiled is None:
@@ -130,5 +163,5 @@ def _cached_build(outs, inputs, fast_math, threads, machine):
     for o, n in zip(old_inputs, inputs):  # the stages read the cached placeholders
         kernel._index[id(o)] = kernel._index[id(n)]
     kernel.fast_math = fast_math
-    kernel.bound_checks = entry.get("bound_checks", True)
+    kernel.bound_checks = entry["bound_checks"]
     return kernel

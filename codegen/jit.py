@@ -210,6 +210,8 @@ def load_compiled(key: str, functions: List[str], text: str = "") -> Optional[Co
 
 def _load_object(obj: bytes, functions: List[str], text: str, key: str) -> Optional[Compiled]:
     """An engine running the object file ``obj`` (machine code for the host), or None."""
+    if not disk_cache.plausible_object(obj):
+        return None  # LLVM aborts the process on bytes that are not an object file
     target = host_target()
     context = llvm.create_context()
     empty = llvm.parse_assembly("", context=context)

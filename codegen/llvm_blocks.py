@@ -31,15 +31,15 @@ class RegisterBlockEmitter:
         if plan is None:
             self.stmts(blk.plain())
             return
-        width, starts = plan
+        width, full, tail = plan
         if blk.reduce_lanes:
-            self.reduction_lanes(blk, width, starts, self.accumulators(blk, width), _iota(width))
+            self.reduction_lanes(blk, width, full, tail, self.accumulators(blk, width), _iota(width))
             return
         # full blocks as a loop (code size independent of the axis length), then the tail,
         # which may be narrower
-        full = _full_blocks(starts, width)
         self.output_lanes(blk, width, None, full)
-        for start, keep_from, w in starts[full:]:
+        if tail is not None:
+            start, keep_from, w = tail
             self.output_lanes(blk, w, (start, keep_from if keep_from > start else None), 0)
         for j in blk.jams:
             self.env.pop(id(j.var), None)
@@ -90,7 +90,7 @@ class RegisterBlockEmitter:
                      lambda b: one_block(self.b.add(ir.Constant(I64, lo), self.b.mul(b, ir.Constant(I64, width))),
                                          None))
 
-    def reduction_lanes(self, blk: RegisterBlock, width: int, starts, accs, iota):
+    def reduction_lanes(self, blk: RegisterBlock, width: int, n_full: int, tail, accs, iota):
         """Lanes along a reduce axis: vectors accumulate across every loop, lanes combine at the end."""
         st = blk.store
         dt = st.tensor.dtype
@@ -98,8 +98,7 @@ class RegisterBlockEmitter:
         for acc in accs:
             self.b.store(self.splat(identity, width), acc)
         lo = int(blk.lo.value)
-        n_full = _full_blocks(starts, width)
-        tails = [(s0, k0) for s0, k0, _ in starts if k0 > s0]
+        tails = [(tail[0], tail[1])] if tail is not None and tail[1] > tail[0] else []
 
         def lanes_of(accumulate):
             def full(b):  # full lane blocks, iterated by a loop
@@ -183,9 +182,10 @@ class RegisterBlockEmitter:
         self.counted(lo, hi, lp.var.name, body)
 
     def block_plan(self, blk: RegisterBlock):
-        """``(width, [(start, keep_from, block width)])``, or None to emit the plain nest: full
-        blocks of ``width`` lanes (``start == keep_from``), then at most one overlapping
-        block whose lanes before ``keep_from`` are already done."""
+        """``(width, full, tail)``, or None to emit the plain nest: ``full`` blocks of ``width``
+        lanes from the block's first element, then at most one overlapping block ``tail =
+        (start, keep_from, block width)`` whose lanes before ``keep_from`` are already done (a
+        closed form: its size never depends on the axis length)."""
         st = blk.store
         dt = st.tensor.dtype
         if dt not in ("float32", "float64") or st.combine is None or st.checked:
@@ -238,11 +238,11 @@ class RegisterBlockEmitter:
 
         close = [w for w in widths if computed(w) - n <= n // 8]
         width = max(close) if close else min(widths, key=lambda w: (computed(w), -w))
-        starts = [(lo + b * width, lo + b * width, width) for b in range(n // width)]
+        tail = None
         if n % width:
             last = width if blk.reduce_lanes else min(x for x in widths if x >= n % width)
-            starts.append((hi - last, lo + (n // width) * width, last))  # overlaps the previous block
-        return width, starts
+            tail = (hi - last, lo + (n // width) * width, last)  # overlaps the previous block
+        return width, n // width, tail
 
     def vector_read(self, e: Read):
         """The read at each lane: one vector load if contiguous in the lanes, a load and a shuffle
@@ -284,11 +284,6 @@ class RegisterBlockEmitter:
 def _iota(width: int):
     """The vector ``[0, 1, ..., width - 1]`` of i64."""
     return ir.Constant(ir.VectorType(I64, width), [ir.Constant(I64, k) for k in range(width)])
-
-
-def _full_blocks(starts, width: int) -> int:
-    """How many of a plan's blocks are full blocks of ``width`` lanes (they come first)."""
-    return sum(1 for s0, k0, w in starts if s0 == k0 and w == width)
 
 
 def _row_step(st: Store, var) -> "int | None":

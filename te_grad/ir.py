@@ -408,7 +408,7 @@ class Tensor:
     def __setattr__(self, key, value):
         raise AttributeError("te_grad tensors are immutable")
 
-    def __reduce__(self):  # pickling (the persistent kernel cache): rebuilt through __init__
+    def __reduce__(self):  # pickling: rebuilt through __init__
         return Tensor, (self.name, self.shape, self.dtype, self.op)
 
     @property

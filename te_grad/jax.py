@@ -12,14 +12,14 @@ backward needs; the backward pass runs the backward kernel on them
 (:func:`te_grad.build_vjp`). Both are host callbacks (``jax.pure_callback``), so they
 work under ``jax.jit``, ``jax.grad``, ``jax.value_and_grad`` and ``jax.vmap`` (which
 calls the kernels once per element of the mapped axis). Kernels are built per
-combination of input shapes and dtypes, at trace time, and cached. Shapes and dtypes
+combination of input shapes and dtypes, at trace time, and cached (at most
+``max_shapes`` combinations, least recently used dropped first, as in te_grad.torch). Shapes and dtypes
 follow the inputs (float64 needs ``jax.config.update("jax_enable_x64", True)``);
 integer inputs (ids) get no gradient.
 """
 from __future__ import annotations
 
-import threading
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import jax
@@ -27,7 +27,7 @@ import jax
 from . import dsl, dtypes
 from .errors import UserError
 from .ir import Tensor
-from .bridge import tensor_params
+from .bridge import MAX_SHAPES, SpecCache, tensor_params
 
 _SUPPORTED = ("float32", "float64", "int32", "int64", "bool")
 
@@ -54,9 +54,11 @@ class _Spec:
 
 
 class JaxOp:
-    """A te_grad op as a JAX function with a custom VJP (see the module docstring)."""
+    """A te_grad op as a JAX function with a custom VJP (see the module docstring); at most
+    ``max_shapes`` combinations of input shapes and dtypes stay built (an attribute too)."""
 
-    def __init__(self, fn: Callable, save=None, threads: Optional[int] = None, **attrs):
+    def __init__(self, fn: Callable, save=None, threads: Optional[int] = None, max_shapes: int = MAX_SHAPES,
+                 **attrs):
         self.fn = fn
         self.names, defaults = tensor_params(fn)
         unknown = set(attrs) - set(defaults)
@@ -66,9 +68,17 @@ class JaxOp:
         self.attrs = {**defaults, **attrs}
         self.save = save
         self.threads = threads
-        self._specs: Dict[tuple, _Spec] = {}
-        self._lock = threading.Lock()
+        self._specs = SpecCache(max_shapes)
         self._call = self._make()
+
+    @property
+    def max_shapes(self) -> int:
+        """How many combinations of input shapes and dtypes the op keeps built."""
+        return self._specs.size
+
+    @max_shapes.setter
+    def max_shapes(self, value: int):
+        self._specs.size = value
 
     def spec(self, *args) -> _Spec:
         key = []
@@ -78,11 +88,7 @@ class JaxOp:
                 raise UserError(f"argument {name} has dtype {dt}; te_grad supports {', '.join(_SUPPORTED)}")
             key.append((tuple(a.shape), dt))
         key = tuple(key)
-        with self._lock:
-            spec = self._specs.get(key)
-            if spec is None:
-                spec = self._specs[key] = _Spec(self.fn, self.names, self.attrs, key, self.save, self.threads)
-        return spec
+        return self._specs.get(key, lambda: _Spec(self.fn, self.names, self.attrs, key, self.save, self.threads))
 
     def __call__(self, *args):
         if len(args) != len(self.names):
@@ -142,9 +148,12 @@ class JaxOp:
         return call
 
 
-def custom_op(fn: Callable, *, save=None, threads: Optional[int] = None, **attrs) -> JaxOp:
+def custom_op(fn: Callable, *, save=None, threads: Optional[int] = None, max_shapes: int = MAX_SHAPES,
+              **attrs) -> JaxOp:
     """The te_grad op ``fn`` as a JAX function with a custom VJP (see the module docstring).
 
     ``save`` picks the residuals (see :func:`te_grad.build_vjp`); ``threads`` the kernels'
-    threads; other keywords override attributes of ``fn`` (parameters with a default)."""
-    return JaxOp(fn, save=save, threads=threads, **attrs)
+    threads; ``max_shapes`` how many combinations of input shapes and dtypes stay built
+    (least recently used dropped first); other keywords override attributes of ``fn``
+    (parameters with a default)."""
+    return JaxOp(fn, save=save, threads=threads, max_shapes=max_shapes, **attrs)

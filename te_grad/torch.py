@@ -15,13 +15,21 @@ default are fixed attributes (``custom_op(..., dilation=4)`` overrides one). For
 combination of input shapes and dtypes, te_grad builds the graph once (placeholders
 of those shapes and dtypes, ``fn``), and compiles, on first use, a forward kernel that
 also returns the residuals the backward needs and a backward kernel that reads them
-(:func:`te_grad.build_vjp`); both are cached on the op.
+(:func:`te_grad.build_vjp`); both are cached on the op, for the ``max_shapes``
+(default 64) most recently used combinations: the others are dropped, their kernels
+freed, and rebuilt if seen again, so memory stays flat over ever new shapes.
 
 Two operators are registered: ``NAME_fwd`` (inputs -> outputs + residuals) and
 ``NAME_bwd`` (inputs, residuals, output gradients -> input gradients), each with a
 fake implementation from te_grad's shape inference, so the op works under
 ``torch.compile(fullgraph=True)``; the autograd formula of ``NAME_fwd`` calls
 ``NAME_bwd``. Calling ``op(...)`` runs ``NAME_fwd`` and returns the outputs.
+
+Registering a name again (re-running a notebook cell) works as it does with
+``torch.library``: the newer op takes the name, and ``torch.ops.NS.NAME_fwd`` runs its
+code. The earlier :class:`TorchOp` object keeps its own behaviour: called, it runs its
+own kernels (eagerly, through a ``torch.autograd.Function``, since its operators now
+belong to the newer op).
 
 Conventions:
 - CPU tensors only (a CUDA tensor is a ``UserError``); contiguous inputs and the
@@ -42,7 +50,7 @@ import numpy as np
 import torch
 
 from . import dsl, dtypes
-from .bridge import tensor_params
+from .bridge import MAX_SHAPES, SpecCache, tensor_params
 from .errors import UserError
 from .ir import Tensor
 
@@ -148,9 +156,12 @@ class TorchOp:
 
     Calling it runs the op on torch tensors; ``fwd`` and ``bwd`` are the registered
     operators (``torch.ops.NS.NAME_fwd`` / ``_bwd``); ``spec(*tensors)`` the te_grad
-    graph and kernels for those shapes and dtypes."""
+    graph and kernels for those shapes and dtypes. At most ``max_shapes`` of those are
+    kept (an attribute too; the least recently used are dropped and rebuilt when seen
+    again), so a run over ever new shapes stays flat in memory."""
 
-    def __init__(self, name: str, fn: Callable, save=None, threads: Optional[int] = None, **attrs):
+    def __init__(self, name: str, fn: Callable, save=None, threads: Optional[int] = None,
+                 max_shapes: int = MAX_SHAPES, **attrs):
         if "::" not in name:
             raise UserError(f"custom_op name {name!r} must be 'namespace::name'")
         self.name = name
@@ -163,30 +174,44 @@ class TorchOp:
         self.attrs = {**defaults, **attrs}
         self.save = save
         self.threads = threads
-        self._specs: Dict[tuple, _Spec] = {}
-        self._seen: Dict[tuple, _Spec] = {}
-        self._lock = threading.Lock()
+        self._specs = SpecCache(max_shapes, on_evict=self._forget)
+        self._seen: Dict[tuple, _Spec] = {}  # torch's own shapes, dtypes and device: the fast path
         self._register()
+
+    @property
+    def max_shapes(self) -> int:
+        """How many combinations of input shapes and dtypes the op keeps built."""
+        return self._specs.size
+
+    @max_shapes.setter
+    def max_shapes(self, value: int):
+        self._specs.size = value
+
+    def _forget(self, spec: _Spec):
+        for k in [k for k, v in list(self._seen.items()) if v is spec]:
+            self._seen.pop(k, None)
 
     def spec(self, *args) -> _Spec:
         try:  # the common case: shapes, dtypes and device seen before
-            return self._seen[tuple((a.shape, a.dtype, a.device) for a in args)]
+            spec = self._seen[tuple((a.shape, a.dtype, a.device) for a in args)]
         except (KeyError, AttributeError, TypeError):
-            pass
-        key = _key(args, self.names)
-        spec = self._specs.get(key)
-        if spec is None:
-            with self._lock:
-                spec = self._specs.get(key)
-                if spec is None:
-                    spec = self._specs[key] = _Spec(self.fn, self.names, self.attrs, key, self.save, self.threads)
-        self._seen[tuple((a.shape, a.dtype, a.device) for a in args)] = spec
+            spec = None
+        key = spec.key if spec is not None else _key(args, self.names)
+        with self._specs.lock:  # refreshed in the LRU order (or made); the fast key points to it
+            spec = self._specs.get(key, lambda: _Spec(self.fn, self.names, self.attrs, key, self.save,
+                                                      self.threads))
+            self._seen[tuple((a.shape, a.dtype, a.device) for a in args)] = spec
         return spec
 
     def __call__(self, *args):
         if len(args) != len(self.names):
             raise UserError(f"{self.name} takes {len(self.names)} tensors ({', '.join(self.names)}), "
                             f"got {len(args)}")
+        if _REGISTERED.get(self.name) is not self:
+            # another op took this name since: torch.ops and self.fwd run that one's code
+            # now, this object keeps running its own (eagerly, as an autograd.Function)
+            results = _Superseded.apply(self, *args)
+            return results[0] if len(results) == 1 else results
         n_out = _output_count(self, *args)
         results = self.fwd(*args)
         return results[0] if n_out == 1 else tuple(results[:n_out])
@@ -256,19 +281,49 @@ class TorchOp:
             ctx.n_out = n_out
 
         def backward(ctx, grads):
-            tensors = ctx.saved_tensors
-            inputs, saved = list(tensors[:ctx.n_in]), list(tensors[ctx.n_in:])
-            spec = op.spec(*inputs)
-            needs = [bool(n) and d for n, d in zip(ctx.needs_input_grad, spec.differentiable)]
-            if not any(needs):
-                return tuple([None] * ctx.n_in)
-            heads = []
-            for g, y in zip(list(grads)[:ctx.n_out], spec.outputs):
-                heads.append(g if g is not None else torch.zeros(y.shape, dtype=_TO_TORCH[y.dtype]))
-            got = iter(op.bwd(inputs, saved, heads, needs))
-            return tuple(next(got) if n else None for n in needs)
+            return _input_gradients(op, ctx, ctx.needs_input_grad, grads, op.bwd)
 
         self.fwd.register_autograd(backward, setup_context=setup_context)
+        self._forward_impl, self._backward_impl = forward_impl, backward_impl
+        _REGISTERED[self.name] = self
+
+
+#: the op that holds each name now (a name registered again goes to the newer op)
+_REGISTERED: Dict[str, "TorchOp"] = {}
+
+
+def _input_gradients(op: "TorchOp", ctx, needs_input_grad, grads, run_backward):
+    """The gradients of the inputs saved in ``ctx`` from those of the outputs, by
+    ``run_backward(inputs, residuals, output gradients, needs)``."""
+    tensors = ctx.saved_tensors
+    inputs, saved = list(tensors[:ctx.n_in]), list(tensors[ctx.n_in:])
+    spec = op.spec(*inputs)
+    needs = [bool(n) and d for n, d in zip(needs_input_grad, spec.differentiable)]
+    if not any(needs):
+        return tuple([None] * ctx.n_in)
+    heads = []
+    for g, y in zip(list(grads)[:ctx.n_out], spec.outputs):
+        heads.append(g if g is not None else torch.zeros(y.shape, dtype=_TO_TORCH[y.dtype]))
+    got = iter(run_backward(inputs, saved, heads, needs))
+    return tuple(next(got) if n else None for n in needs)
+
+
+class _Superseded(torch.autograd.Function):
+    """An op whose name was registered again by another op: its own forward and backward
+    implementations, called directly instead of through torch's dispatcher."""
+
+    @staticmethod
+    def forward(ctx, op, *args):
+        results = op._forward_impl(*args)
+        spec = op.spec(*args)
+        n_out = len(spec.outputs)
+        ctx.save_for_backward(*args, *spec.saved_from(results[:n_out], results[n_out:]))
+        ctx.op, ctx.n_in, ctx.n_out = op, len(args), n_out
+        return tuple(results[:n_out])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None,) + _input_gradients(ctx.op, ctx, ctx.needs_input_grad[1:], grads, ctx.op._backward_impl)
 
 
 @torch._dynamo.assume_constant_result
@@ -278,10 +333,12 @@ def _output_count(op: "TorchOp", *args) -> int:
     return len(op.spec(*args).outputs)
 
 
-def custom_op(name: str, fn: Callable, *, save=None, threads: Optional[int] = None, **attrs) -> TorchOp:
+def custom_op(name: str, fn: Callable, *, save=None, threads: Optional[int] = None,
+              max_shapes: int = MAX_SHAPES, **attrs) -> TorchOp:
     """Register the te_grad op ``fn`` as the PyTorch operator ``name`` (``"namespace::name"``).
 
     ``save`` picks the residuals (see :func:`te_grad.build_vjp`); ``threads`` the kernels'
-    threads (default: ``TE_GRAD_NUM_THREADS`` or all CPUs); other keywords override
-    attributes of ``fn`` (its parameters with a default value)."""
-    return TorchOp(name, fn, save=save, threads=threads, **attrs)
+    threads (default: ``TE_GRAD_NUM_THREADS`` or all CPUs); ``max_shapes`` how many
+    combinations of input shapes and dtypes stay built (least recently used dropped first);
+    other keywords override attributes of ``fn`` (its parameters with a default value)."""
+    return TorchOp(name, fn, save=save, threads=threads, max_shapes=max_shapes, **attrs)

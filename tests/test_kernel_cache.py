@@ -184,3 +184,150 @@ def test_the_compile_worker_leaves_interrupts_to_its_parent():
     worker.stdin.close()
     assert worker.wait(timeout=10) == 0
     assert b"KeyboardInterrupt" not in worker.stderr.read()
+
+
+# -- entries that are not what their name says --------------------------------------------------
+BUILD_TWO_OPS = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import te_grad as tg
+    X = tg.placeholder((6,), dtype="float64", name="X")
+    P = tg.compute((6,), lambda i: tg.exp(X[i]) * 3.0, name="P")
+    Q = tg.compute((6,), lambda i: X[i] * X[i] + 1.0, name="Q")
+    x = np.linspace(-1.0, 1.0, 6)
+    for out in (P, Q):
+        got = tg.build([out], [X])(x)
+        np.testing.assert_allclose(got, tg.evaluate([out], {X: x})[0], rtol=1e-12)
+    print("ok")
+""")
+
+
+def _two_ops(folder):
+    env = dict(os.environ, TE_GRAD_CACHE_DIR=str(folder))
+    done = subprocess.run([sys.executable, "-c", BUILD_TWO_OPS], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.split() == ["ok"], (done.returncode, done.stderr[-2000:])
+
+
+def _entries(folder):
+    names = sorted(n for n in os.listdir(folder) if not n.startswith("."))
+    kinds = [n.split("-")[0] for n in names]
+    assert kinds.count("build") == 2 and kinds.count("obj") >= 2, names
+    return names
+
+
+def test_entries_swapped_between_keys_are_not_used(tmp_path):
+    for kind in ("build", "obj"):  # P's entry under Q's key and Q's under P's
+        folder = tmp_path / kind
+        _two_ops(folder)
+        names = _entries(folder)
+        a, b = [folder / n for n in names if n.startswith(kind + "-")][:2]
+        da, db = a.read_bytes(), b.read_bytes()
+        a.write_bytes(db)
+        b.write_bytes(da)
+        _two_ops(folder)  # each op its own kernel, no crash
+        _two_ops(folder)  # and the rebuilt entries are good ones
+
+
+def test_entries_rotated_among_names_are_not_used(tmp_path):
+    """Each file's content moved to the next name: builds read as objects and objects as
+    builds (LLVM used to abort the process on a build read as an object file)."""
+    _two_ops(tmp_path)
+    names = _entries(tmp_path)
+    blobs = [(tmp_path / n).read_bytes() for n in names]
+    for n, blob in zip(names, blobs[1:] + blobs[:1]):
+        (tmp_path / n).write_bytes(blob)
+    _two_ops(tmp_path)
+
+
+def test_truncated_and_empty_entries_are_rebuilt(tmp_path):
+    _two_ops(tmp_path)
+    names = _entries(tmp_path)
+    for k, n in enumerate(names):
+        blob = (tmp_path / n).read_bytes()
+        (tmp_path / n).write_bytes([b"", blob[:10], blob[: len(blob) // 2], blob[:-1]][k % 4])
+    _two_ops(tmp_path)
+    for n in names:  # every entry rewritten whole
+        assert disk_cache.decode_entry(n.split("-")[0], n.split("-")[1], (tmp_path / n).read_bytes()) is not None
+
+
+class _Marker:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):  # unpickling this creates the marker file
+        return open, (self.path, "w")
+
+
+def test_foreign_files_and_pickles_are_never_loaded(tmp_path):
+    import hashlib
+    import pickle
+    import zlib
+    _two_ops(tmp_path)
+    names = _entries(tmp_path)
+    marker = tmp_path.parent / (tmp_path.name + "-unpickled")
+    evil = pickle.dumps({"x": _Marker(str(marker))})
+    assert not marker.exists()
+
+    def old_format(data):  # the earlier format of this cache: magic, sha256, zlib(pickle)
+        payload = zlib.compress(data, 1)
+        return b"te_grad-cache-1\n" + hashlib.sha256(payload).digest() + payload
+    foreign = [np.random.default_rng(0).bytes(5000), old_format(evil), evil,
+               old_format(pickle.dumps({"module": "0" * 64, "text": ""}))]
+    for n, blob in zip(names, foreign + foreign):
+        (tmp_path / n).write_bytes(blob)
+    _two_ops(tmp_path)
+    assert not marker.exists()
+
+
+def test_the_cache_never_unpickles(tmp_path, monkeypatch):
+    import inspect
+    import pickle
+    from codegen import build_codec
+    for module in (disk_cache, build_codec):
+        source = inspect.getsource(module)
+        assert "import pickle" not in source and "pickle." not in source and "from pickle" not in source
+
+    def refuse(*_, **__):
+        raise AssertionError("pickle used on a cache entry")
+    monkeypatch.setenv("TE_GRAD_CACHE_DIR", str(tmp_path))
+    X = tg.placeholder((7,), name="X")
+    Y = tg.compute((7,), lambda i: X[i] * 2.0 + 1.0, name="Y")
+    x = np.arange(7, dtype=np.float32)
+    tg.build([Y], [X])
+    jit.clear_cache()
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    import codegen
+    monkeypatch.setattr(codegen, "simplify", refuse)  # the build itself comes from the disk
+    k = tg.build([Y], [X])
+    np.testing.assert_array_equal(k(x), x * 2.0 + 1.0)
+
+
+def test_only_object_files_reach_llvm():
+    assert not disk_cache.plausible_object(b"")
+    assert not disk_cache.plausible_object(np.random.default_rng(1).bytes(4096))
+    assert not disk_cache.plausible_object(disk_cache.encode_entry("build", "0" * 64, {"value": 1}))
+    assert jit._load_object(b"\x7fELF" + bytes(100), ["run_stages"], "", "0" * 64) is None
+
+
+def test_a_build_entry_round_trips_through_json(tmp_path, monkeypatch):
+    """Suite ops' builds (graph, stages with every loop kind, regions) come back from JSON
+    and emit exactly the module they were compiled from."""
+    import json
+    from codegen import build_codec
+    from codegen.llvm_module import emit_module
+    from te_grad.suite import SUITE
+    monkeypatch.setenv("TE_GRAD_CACHE", "0")
+    for name in ("dense", "transpose", "cumsum", "embedding", "max_pool2x2", "layer_norm"):
+        w = SUITE[name]("float32")
+        grads = tg.gradient(w.output, w.inputs)
+        k = tg.build([w.output] + grads, w.inputs + list(w.data))
+        entry = dict(outputs=k.outputs, inputs=k.inputs, buffers=k.buffers,
+                     stages=[(cs.stage, cs.work) for cs in k.stages], regions=k.regions)
+        back = build_codec.decode(json.loads(json.dumps(build_codec.encode(entry))))
+        assert back["regions"] == k.regions
+        index = {id(t): n for n, t in enumerate(back["buffers"])}
+        text = emit_module([s for s, _ in back["stages"]], index, k.fast_math, works=[w for _, w in back["stages"]],
+                           bound_checks=k.bound_checks)
+        assert text == k._compiled.text, name

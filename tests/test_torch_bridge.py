@@ -160,3 +160,27 @@ def test_a_model_with_a_te_grad_layer_trains_like_its_twin():
     assert losses[0] < 0.5 * torch.nn.functional.mse_loss(TeGradConvNet(torch_causal_conv1d)(data), target).item() \
         or losses[0] < 1e-2
     assert abs(losses[0] - losses[1]) <= 1e-4 * abs(losses[1]), losses
+
+
+def test_registering_a_name_again_leaves_the_earlier_op_object_as_it_was():
+    """As with torch.library, the newer registration takes the name (torch.ops runs its code);
+    the earlier TorchOp object still computes its own values and gradients."""
+    def double(x):
+        return tg.compute(x.shape, lambda i: x[i] * x[i] * 2.0, name="y")
+
+    def shifted(x):
+        return tg.compute(x.shape, lambda i: tg.exp(x[i]) + 100.0, name="y")
+    old = tgt.custom_op("tg_reregister::op", double)
+    new = tgt.custom_op("tg_reregister::op", shifted)
+    for _ in range(2):  # the first call builds, the second reuses
+        a = torch.linspace(-1.0, 1.0, 5, dtype=torch.float64, requires_grad=True)
+        b = a.detach().clone().requires_grad_(True)
+        old(a).sum().backward()
+        new(b).sum().backward()
+        x = a.detach()
+        np.testing.assert_allclose(old(x).numpy(), (2 * x * x).numpy(), rtol=1e-12)
+        np.testing.assert_allclose(a.grad.numpy(), (4 * x).numpy(), rtol=1e-12)
+        np.testing.assert_allclose(new(x).numpy(), (torch.exp(x) + 100).numpy(), rtol=1e-12)
+        np.testing.assert_allclose(b.grad.numpy(), torch.exp(x).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(torch.ops.tg_reregister.op_fwd(x)[0].numpy(), (torch.exp(x) + 100).numpy(),
+                               rtol=1e-12)
