@@ -581,10 +581,15 @@ class StageEmitter(RegisterBlockEmitter):
             return x
         if how == "inline":
             return _VECMATH[e.name](self.b, self.module, x)
-        if e.name == "sigmoid":  # 1 / (1 + exp(-x)): exact limits 0 and 1 for large |x|
+        if e.name == "sigmoid":
+            # e = exp(-|x|) in (0, 1]: sigmoid(|x|) = 1 / (1 + e), sigmoid(-|x|) = e / (1 + e),
+            # a few ulps in both tails (1 / (1 + exp(-x)) overflows to 0 where the result is
+            # still a subnormal, from x = -709.8 in float64); NaN fails x >= 0 and stays NaN
             one = self.const(x, 1.0)
-            ex = self.call_intrinsic("llvm.exp", dt, [self.b.fneg(x)])
-            return self.b.fdiv(one, self.b.fadd(one, ex))
+            ax = self.call_intrinsic("llvm.fabs", dt, [x])
+            ex = self.call_intrinsic("llvm.exp", dt, [self.b.fneg(ax)])
+            r = self.b.fdiv(one, self.b.fadd(one, ex))
+            return self.b.select(self.b.fcmp_ordered(">=", x, self.const(x, 0.0)), r, self.b.fmul(ex, r))
         if how == "libm":
             if isinstance(x.type, ir.VectorType):
                 return self.lanewise_call(what, args)

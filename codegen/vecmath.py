@@ -6,7 +6,7 @@ these are plain arithmetic, so loops over them vectorize (8 lanes with AVX2).
 - ``exp``: ``x = n ln2 + r`` with ``n = roundeven(x / ln2)``, ``|r| <= ln2/2``
   (ln2 split in two parts for exactness); ``e^r`` by its degree-7 Taylor
   polynomial (relative error below 1e-8 on that range); ``2^n`` built in the
-  exponent bits. Results below the smallest normal float flush to 0; above
+  exponent bits (as ``2 * 2^(n-1)``, so ``n = 128`` near the top of the range is finite). Results below the smallest normal float flush to 0; above
   the largest float, +inf; NaN stays NaN.
 - ``tanh``: Cephes' odd polynomial for ``|x| < 0.625``, else
   ``1 - 2 / (exp(2|x|) + 1)`` with the sign restored (no cancellation either side).
@@ -72,11 +72,14 @@ def exp_f32(b: ir.IRBuilder, module: ir.Module, x):
                 [b.call(_fn(module, "llvm.maxnum", x, 2), [x, c(_EXP_LO)]), c(_EXP_HI)])
     n = b.call(_fn(module, "llvm.roundeven", x, 1), [b.fmul(xc, c(_LOG2E))])
     r = b.fsub(b.fsub(xc, b.fmul(n, c(_LN2_HI)), flags=flags), b.fmul(n, c(_LN2_LO)), flags=flags)
-    p = c(1.0 / 5040)
+    # 2 e^r (the coefficients doubled, exactly) times 2^(n-1): n reaches 128 from x = 88.38,
+    # and 2^128 has no exponent bits; 2^(n-1) is 2^-127 (a subnormal, bits 1 << 22) at n = -126
+    p = c(2.0 / 5040)
     for k in (720, 120, 24, 6, 2, 1, 1):
-        p = b.fadd(b.fmul(p, r, flags=flags), c(1.0 / k), flags=flags)
+        p = b.fadd(b.fmul(p, r, flags=flags), c(2.0 / k), flags=flags)
     ity = ir.VectorType(I32, x.type.count) if isinstance(x.type, ir.VectorType) else I32
-    bits = b.shl(b.add(b.fptosi(n, ity), _int_like(x, 127)), _int_like(x, 23))
+    bits = b.shl(b.add(b.fptosi(n, ity), _int_like(x, 126)), _int_like(x, 23))
+    bits = b.select(b.icmp_signed("<", bits, _int_like(x, 1 << 22)), _int_like(x, 1 << 22), bits)
     y = b.fmul(p, b.bitcast(bits, x.type))
     y = b.select(b.fcmp_ordered("<", x, c(_EXP_LO)), c(0.0), y)
     y = b.select(b.fcmp_ordered(">", x, c(_EXP_HI)), c(float("inf")), y)

@@ -297,7 +297,11 @@ def _expr(e, env) -> Expr:
     if kind == isl.ast_expr_type.id:
         name = e.get_id().get_name()
         if name not in env:
-            raise InternalError(f"isl AST uses unknown name {name}")
+            # an iterator the walk has not bound where it is used (a loop's bound or guard
+            # naming a loop that isl eliminated or nests inside): this scan cannot be
+            # translated, so the next schedule is tried, and the callers fall back to an
+            # exact form when none translates
+            raise Unsupported(f"isl AST uses {name} where it is not bound (known: {', '.join(env)})")
         return env[name]
     fn = _OPS.get(e.get_op_type())
     if fn is None:

@@ -13,7 +13,10 @@ A reduce axis that its ``where`` pins to a value (a conjunct ``k == e`` or
 ``k + c == e`` where ``e`` uses only enclosing variables and earlier axes, as in
 every raw vector-Jacobian product) is not enumerated: it is bound to ``e``, and
 ``lo <= e < hi`` joins the mask. That is exact, and it makes the raw form of an
-elementwise op linear in its size instead of quadratic.
+elementwise op linear in its size instead of quadratic. Each axis's value and
+bounds are evaluated under the mask of the earlier axes' ranges, also when the
+enumerated ranges are first sized: ``r := I[k]`` after ``k := i`` with
+``0 <= k < 3`` never reads ``I`` at ``k = 3``.
 
 Guards are exact: every expression is evaluated under a *mask* of the points
 where it is actually needed (the branch of a select that is taken, the points
@@ -158,6 +161,25 @@ def _work_per_element(e: Expr) -> int:
             best = max(best, factor)
         stack.extend((c, factor) for c in node.children())
     return best
+
+
+def _masked_extreme(v: np.ndarray, mask, fn) -> Optional[int]:
+    """``fn`` (np.min or np.max) of ``v`` over the points where ``mask`` holds (None if none),
+    without materializing more than ``v`` and ``mask`` themselves."""
+    if mask is None or np.ndim(mask) == 0:
+        if mask is not None and not bool(mask):
+            return None
+        return int(fn(v)) if v.size else None
+    mask = np.asarray(mask)
+    nd = max(v.ndim, mask.ndim)
+    v = v.reshape((1,) * (nd - v.ndim) + v.shape)
+    mask = mask.reshape((1,) * (nd - mask.ndim) + mask.shape)
+    spread = tuple(d for d in range(nd) if v.shape[d] == 1 and mask.shape[d] > 1)
+    if spread:  # a dimension v does not vary along: any point of the mask there will do
+        mask = np.any(mask, axis=spread, keepdims=True)
+    full = np.broadcast_shapes(v.shape, mask.shape)
+    picked = np.broadcast_to(v, full)[np.broadcast_to(mask, full)]
+    return int(fn(picked)) if picked.size else None
 
 
 class _ExprEvaluator:
@@ -336,23 +358,40 @@ class _ExprEvaluator:
     # -- iteration domains shared by reductions and scatters -----------------------
     def _axis_ranges(self, axes, solutions, mask, outer_shape):
         """The bounding range of each enumerated axis ((0, 1) for a pinned one), and which
-        axes have bounds that vary (checked per point)."""
+        axes have bounds that vary (checked per point).
+
+        Like :meth:`_enter`, each axis's value and bounds are evaluated only where the earlier
+        axes lie in their ranges: a pinned axis's solution (``r := I[k]`` after ``k := i``
+        with ``0 <= k < 3``) may read out of bounds at points outside the domain, and that is
+        not an error. The ranges are the extremes of the bounds over those points."""
         m = len(axes)
         ranges, varying = [], []
+        inner = mask
         for t, ax in enumerate(axes):
             # bounds may depend on outer variables and on earlier axes of this domain
             self.shape = tuple(hi - lo for lo, hi in ranges) + (1,) * (m - t) + tuple(outer_shape)
             if solutions[t] is not None:
                 ranges.append((0, 1))
-                self.env[id(ax)] = self.eval(solutions[t], mask)
+                value = self.eval(solutions[t], inner)
+                self.env[id(ax)] = value
+                lo, hi = self.eval(ax.lo, inner), self.eval(ax.hi, inner)
+                inner = _and(inner, (value >= lo) & (value < hi))
                 continue
-            lo, hi = self.eval(ax.lo, mask), self.eval(ax.hi, mask)
-            lo_min = int(lo.min()) if lo.size else 0
-            hi_max = int(hi.max()) if hi.size else 0
+            lo, hi = self.eval(ax.lo, inner), self.eval(ax.hi, inner)
+            lo_min, hi_max = _masked_extreme(lo, inner, np.min), _masked_extreme(hi, inner, np.max)
+            if lo_min is None or hi_max is None:  # no point of the domain: nothing to enumerate
+                lo_min = hi_max = 0
             ranges.append((lo_min, max(lo_min, hi_max)))
+            self._bind_axis(ax, t, m, ranges[t], outer_shape)
             if lo.ndim or hi.ndim:
                 varying.append(t)
-            self._bind_axis(ax, t, m, ranges[t], outer_shape)
+                later = [e for a, sol in zip(axes[t + 1:], solutions[t + 1:])
+                         for e in ((a.lo, a.hi) if sol is None else (a.lo, a.hi, sol))]
+                if any(v is ax for e in later for v in free_vars(e)):
+                    value = self.env[id(ax)]  # later axes see this one's value: only its range
+                    inner = _and(inner, (value >= lo) & (value < hi))
+                else:  # only whether the range is empty matters (and stays small)
+                    inner = _and(inner, lo < hi)
         self._unbind(axes)
         self.shape = outer_shape
         return ranges, varying

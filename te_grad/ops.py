@@ -36,7 +36,14 @@ def _np_erf(x):
 
 
 def _np_sigmoid(x):
-    return 0.5 * (np.tanh(0.5 * x) + 1.0)  # overflow-free logistic
+    """The logistic function, to a few ulps in both tails: with ``e = exp(-|x|)`` (in (0, 1], no
+    overflow), ``sigmoid(|x|) = 1 / (1 + e)`` and ``sigmoid(-|x|) = e / (1 + e)``. (The
+    ``0.5 (tanh(x/2) + 1)`` form cancels for negative ``x``: 1.7e-4 relative error at -30, and 0
+    from -37.5, so ``log(sigmoid(-40))`` was ``-inf``.)"""
+    x = np.asarray(x)
+    e = np.exp(-np.abs(x))
+    r = 1.0 / (1.0 + e)
+    return np.where(x >= 0, r, e * r)  # NaN fails ``x >= 0`` and stays NaN through ``e * r``
 
 
 @dataclass(frozen=True)

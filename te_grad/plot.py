@@ -25,6 +25,7 @@ from .errors import UserError
 from .graph import reductions_in
 from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, ScatterOp, Select, Tensor,
                  Unary, Var)
+from .ops import INTRINSICS
 
 __all__ = ["plot_domain", "plot_raw_vs_simplified", "plot_ratios", "DomainPicture", "RatioPicture"]
 
@@ -59,7 +60,7 @@ _CMP = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_e
         "eq": np.equal, "ne": np.not_equal}
 _CALL = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh, "abs": np.abs,
          "sin": np.sin, "cos": np.cos, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc,
-         "round": np.rint, "stop_gradient": lambda x: x, "sigmoid": lambda x: 0.5 * (np.tanh(0.5 * x) + 1.0)}
+         "round": np.rint, "stop_gradient": lambda x: x, "sigmoid": INTRINSICS["sigmoid"].numpy}
 
 
 def _ev(e: Expr, env: Dict[int, np.ndarray]) -> np.ndarray:

@@ -442,3 +442,82 @@ def test_random_integer_expressions_match_python(tree):
     assert not python_error, "Python divided by zero but te_grad did not complain"
     assert got.dtype == np.int64
     assert got.tolist() == want
+
+
+# ---------------------------------------------------------------------------------------------
+# pinned axes: a solution is evaluated only where the earlier axes lie in their ranges
+# ---------------------------------------------------------------------------------------------
+
+def _pinned_gather(n_index):
+    """Y[i] = sum(2 X[r] for k in range(3) for r in range(5) if (k == i) & (I[k] == r)), Y of
+    shape (4,): k is pinned to i, r to I[k]; at i = 3 the domain is empty (k < 3)."""
+    X = tg.placeholder((5,), name="X", dtype="float64")
+    I = tg.placeholder((n_index,), name="I", dtype="int32")
+    k, r = tg.reduce_axis((0, 3), "k"), tg.reduce_axis((0, 5), "r")
+    Y = tg.compute((4,), lambda i: tg.sum(2.0 * X[r], axis=[k, r], where=(k == i) & (I[k] == r)), name="Y")
+    return X, I, Y
+
+
+def test_pinned_solution_is_not_read_outside_the_domain():
+    X, I, Y = _pinned_gather(3)
+    x = RNG.uniform(-1, 1, 5)
+    for iv in (np.array([4, 0, 2], np.int32), np.array([1, 7, -2], np.int32)):  # 7, -2: r's range masks them
+        want = np.zeros(4)
+        for i in range(4):
+            for k in range(3):
+                for r in range(5):
+                    if k == i and iv[k] == r:
+                        want[i] += 2 * x[r]
+        np.testing.assert_allclose(tg.evaluate([Y], {X: x, I: iv})[0], want, rtol=1e-15)
+        np.testing.assert_allclose(tg.build([Y], [X, I])(x, iv), want, rtol=1e-15)
+
+
+def test_pinned_solution_out_of_bounds_inside_the_domain_is_still_an_error():
+    X, I, Y = _pinned_gather(2)  # k = 2 (at i = 2) is in the domain and reads I[2]
+    with pytest.raises(tg.UserError, match=r"read I\[k\].*reaches index \[2\].*shape \[2\]"):
+        tg.evaluate([Y], {X: RNG.uniform(-1, 1, 5), I: np.array([0, 1], np.int32)})
+
+
+def test_enumerated_axis_bounds_are_not_read_where_an_earlier_range_is_empty():
+    """k in (0, i) is empty at i = 0, so r in (0, P[i - 1]) is never entered there."""
+    P = tg.placeholder((3,), name="P", dtype="int32")
+    X = tg.placeholder((4,), name="X", dtype="float64")
+
+    def body(i):  # bounds that depend on i: built from the IR (the DSL's axes have constant bounds)
+        k = ir.ReduceAxis("k", "int64", tg.const(0), i)
+        r = ir.ReduceAxis("r", "int64", tg.const(0), ir.Cast("int64", P[i - 1]))
+        return ir.Reduce("sum", X[r] + 0.0 * ir.Cast("float64", k), (k, r), None)
+    Y = tg.compute((4,), body, name="Y")
+    x, pv = RNG.uniform(-1, 1, 4), np.array([2, 0, 4], np.int32)
+    want = [sum(x[r] for k in range(i) for r in range(pv[i - 1])) if i else 0.0 for i in range(4)]
+    np.testing.assert_allclose(tg.evaluate([Y], {P: pv, X: x})[0], want, rtol=1e-14)
+
+
+def test_raw_second_order_gradient_of_a_gather():
+    """Z[i] = X[i] X[J[i]] with Z shorter than X: the raw second-order gradient pins i to j
+    (i < 2 masks j) and j_1 to J[i]."""
+    J = tg.placeholder((3,), name="J", dtype="int32")
+    X = tg.placeholder((5,), name="X", dtype="float64")
+    V = tg.placeholder((5,), name="V", dtype="float64")
+    for name, f in (("mul", lambda a, b: a * b), ("tanh", lambda a, b: tg.tanh(b) * a)):
+        Z = tg.compute((2,), lambda i: f(X[i], X[J[i]]), name="Z")
+        dX = tg.differentiate(Z, [X], simplify=False)[0]
+        kk = tg.reduce_axis(5, "kk")
+        S = tg.compute((), lambda: tg.sum(dX[kk] * V[kk], axis=kk), name="S")
+        d2 = tg.differentiate(S, [X], simplify=False)[0]
+        x, jv, v = RNG.uniform(-1, 1, 5), np.array([4, 0, 3], np.int32), RNG.uniform(-1, 1, 5)
+        feed = {X: x, J: jv, V: v}
+        got = tg.evaluate([d2], feed)[0]
+        # S = sum_i V[i] dZ/da(x_i, x_J[i]) + V[J[i]] dZ/db(...): its gradient by hand
+        want = np.zeros(5)
+        for i in range(2):
+            a, b, j = x[i], x[jv[i]], jv[i]
+            if name == "mul":  # a * b: S = sum_i V[i] b + V[j] a
+                want[j] += v[i]
+                want[i] += v[j]
+            else:  # tanh(b) a: S = sum_i V[i] tanh(b) + V[j] a (1 - tanh(b)^2)
+                t = np.tanh(b)
+                want[j] += v[i] * (1 - t * t) - v[j] * a * 2 * t * (1 - t * t)
+                want[i] += v[j] * (1 - t * t)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(tg.build([d2], [X, J, V])(x, jv, v), want, rtol=1e-12, atol=1e-14)

@@ -325,3 +325,36 @@ def test_cheap_producers_are_recomputed_by_their_few_readers():
     feed = {x: rng.standard_normal(x.shape), s: rng.random(4) + 1.0}
     for got, want in zip(tg.evaluate(got_graph, feed), tg.evaluate(outs, feed)):
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+
+
+def test_isl_ast_naming_an_unbound_iterator_falls_back_exactly(monkeypatch):
+    """A loop bound that names an iterator the walk has not bound makes that scan
+    untranslatable (the next schedule, then an exact fallback), not an InternalError. Here
+    every bound is read as if no iterator were bound yet, so the inner loop (k < j, with
+    j = 2 j0 - i solved) of every scan of this gradient names one."""
+    from simplify import isl_bridge
+    monkeypatch.setenv("TE_GRAD_CACHE", "0")
+    real, unbound = isl_bridge._upper_bound, []
+
+    def params_only(cond, iterator, env):
+        try:
+            return real(cond, iterator, {k: v for k, v in env.items() if k.startswith("p")})
+        except isl_bridge.Unsupported as err:
+            unbound.append(str(err))
+            raise
+    monkeypatch.setattr(isl_bridge, "_upper_bound", params_only)
+    X1 = tg.placeholder((6, 5), name="X1", dtype="float64")
+    H = tg.placeholder((5,), name="H", dtype="float64")
+    j, k = tg.reduce_axis(7, "j"), tg.reduce_axis(4, "k")
+    Y = tg.compute((5,), lambda i: tg.sum(X1[(i + j) // 2, 0] * tg.cast("float64", k), axis=[j, k],
+                                          where=((i + j) % 2 == 0) & (k < j)), name="Y")
+    raw, = tg.gradient(Y, [X1], head=H, simplify=False)
+    rng = np.random.default_rng(5)
+    feed = {X1: rng.standard_normal((6, 5)), H: rng.standard_normal(5)}
+    want = tg.evaluate([raw], feed)[0]
+    assert np.count_nonzero(want) >= 4
+    kernel = tg.build([raw], [X1, H])
+    assert any("where it is not bound" in u for u in unbound)
+    np.testing.assert_allclose(kernel(feed[X1], feed[H]), want, rtol=1e-13)
+    with pytest.raises(isl_bridge.Unsupported, match="c0 where it is not bound"):
+        isl_bridge._expr(isl.AstExpr.from_id(isl.Id("c0")), {"p0": tg.const(0)})
