@@ -54,3 +54,64 @@ def test_run_backward_with_extra_heads_or_inputs_is_refused():
                "1 heads (one per output) expected", "2 given", "1 too many")
     user_error(lambda: vjp.run_backward(res, [av, bv], []), "missing prod")
     user_error(lambda: vjp.run_backward(res, [av, bv, bv], [head]), "1 too many")
+
+
+# ---------------------------------------------------------------------------
+# Trainer.load of a file that is not a good checkpoint
+# ---------------------------------------------------------------------------
+
+
+def _trainer(width=7, optimizer=None):
+    from te_grad import train
+    x = tg.placeholder((8, 5), name="x")
+    y = tg.placeholder((8, 3), name="y")
+    model = train.Sequential(train.Linear(5, width), train.Tanh(), train.Linear(width, 3))
+    return train.Trainer(model, inputs=[x], targets=[y], loss=tg.nn.mse_loss,
+                         optimizer=optimizer or train.SGD(lr=0.1, momentum=0.9),
+                         init=train.xavier_normal(seed=1), progress=False)
+
+
+def test_load_of_a_corrupt_or_foreign_file_names_the_file_and_the_problem(tmp_path):
+    import pickle
+    trainer = _trainer()
+    good = tmp_path / "good.npz"
+    trainer.save(str(good))
+    before = trainer.params
+    raw = good.read_bytes()
+
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(raw[:len(raw) // 2])
+    user_error(lambda: trainer.load(str(truncated)), str(truncated), "corrupt, truncated")
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"this is not a checkpoint\n" * 10)
+    user_error(lambda: trainer.load(str(garbage)), str(garbage), "not a te_grad checkpoint")
+    pickled = tmp_path / "pickled.npz"  # never unpickled: loading a pickle runs code
+    pickled.write_bytes(pickle.dumps({"weight": np.zeros(3)}))
+    user_error(lambda: trainer.load(str(pickled)), str(pickled), "not a te_grad checkpoint")
+    single = tmp_path / "single.npy"
+    np.save(single, np.zeros(3))
+    user_error(lambda: trainer.load(str(single)), "single array", "not a te_grad checkpoint")
+    user_error(lambda: trainer.load(str(tmp_path / "absent.npz")), "absent.npz", "no such file")
+
+    with np.load(good) as data:
+        entries = {k: data[k] for k in data.files}
+    param = "0.weight"
+    for label, change, needles in [
+        ("missing", lambda e: e.pop(param), ["missing " + param]),
+        ("counters", lambda e: e.pop("__t__"), ["missing __t__", "not a te_grad checkpoint"]),
+        ("shape", lambda e: e.__setitem__(param, np.zeros((2, 2), np.float32)), [param, "shape [2, 2]", "this trainer's has [7, 5]"]),
+        ("dtype", lambda e: e.__setitem__(param, e[param].astype(np.float64)), [param, "float64", "float32"]),
+        ("extra", lambda e: e.__setitem__("other.weight", np.zeros(3, np.float32)), ["other.weight",
+                                                                                    "another model"]),
+        ("objects", lambda e: e.__setitem__(param, np.array([None, 1], dtype=object)), [param, "corrupt"]),
+    ]:
+        changed = dict(entries)
+        change(changed)
+        path = tmp_path / f"{label}.npz"
+        np.savez(path, **changed)
+        user_error(lambda: trainer.load(str(path)), str(path), *needles)
+    # a bad file changes nothing; the good one still loads
+    for k, v in trainer.params.items():
+        np.testing.assert_array_equal(v, before[k])
+    trainer.load(str(good))
+    user_error(lambda: _trainer(width=6).load(str(good)), "shape", "this trainer's has")

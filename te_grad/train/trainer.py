@@ -394,13 +394,16 @@ class Trainer:
                  **{"__t__": np.array(self.t), "__calls__": np.array(self._calls), "__seed__": np.array(self._seed)})
 
     def load(self, path: str):
-        """What :meth:`save` wrote (the same model and optimizer)."""
-        with np.load(path) as data:
-            missing = [s.name for s in self._slots if s.name not in data.files]
-            if missing:
-                raise UserError(f"Trainer.load: {path} has no {', '.join(missing[:5])}")
-            self.set({s.name: data[s.name] for s in self._slots})
-            self.t, self._calls, self._seed = int(data["__t__"]), int(data["__calls__"]), int(data["__seed__"])
+        """What :meth:`save` wrote (the same model and optimizer).
+
+        The file is checked whole before anything is overwritten: a file that is missing,
+        not an ``.npz`` archive, truncated or corrupt, lacking a parameter, state or step
+        count, holding one of another shape or dtype, or holding names this trainer does
+        not have (another model or optimizer) is a :class:`UserError` naming the file and
+        the problem. Pickled data is never loaded."""
+        values, counters = _read_checkpoint(path, self._slots)
+        self.set(values)
+        self.t, self._calls, self._seed = counters
 
     # -- deployment -----------------------------------------------------------------------------
     def export(self, path: str, target: str = "host", *, cpu: str = None, features: str = None,
@@ -491,6 +494,65 @@ class Trainer:
             for r in sorted(rows, key=lambda r: -r["ms"])[:25]:
                 print(f"  {r['ms']:9.4f} ms  {100 * r['ms'] / max(total, 1e-12):5.1f}%  {r['stage']}")
         return rows
+
+
+_COUNTERS = ("__t__", "__calls__", "__seed__")
+
+
+def _read_checkpoint(path, slots: List[_Slot]):
+    """``({name: array}, (t, calls, seed))`` from a file :meth:`Trainer.save` wrote, checked
+    against ``slots``; a :class:`UserError` naming the file and the problem otherwise."""
+    import zipfile
+    where = f"Trainer.load: {path}"
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UserError(f"{where}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{where}: is a directory, not a checkpoint file") from None
+    except (ValueError, EOFError, OSError, zipfile.BadZipFile) as err:
+        # numpy reads a file without the .npy/.npz magic as a pickle, which allow_pickle=False refuses
+        raise UserError(f"{where}: not a te_grad checkpoint (an .npz archive written by Trainer.save): "
+                        f"the file is corrupt, truncated or of another format ({type(err).__name__}: "
+                        f"{str(err)[:120]})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise UserError(f"{where}: holds a single array, not a te_grad checkpoint (an .npz archive "
+                        f"written by Trainer.save)")
+    with archive as data:
+        names = list(data.files)
+        expected = [s.name for s in slots]
+        missing = [n for n in expected + list(_COUNTERS) if n not in names]
+        if missing:
+            kind = "not a te_grad checkpoint (no step counters) or one of another model or optimizer" \
+                if any(c in missing for c in _COUNTERS) else "a checkpoint of another model or optimizer"
+            raise UserError(f"{where}: missing {', '.join(missing[:6])}"
+                            f"{f' and {len(missing) - 6} more' if len(missing) > 6 else ''}: {kind}")
+        extra = [n for n in names if n not in expected and n not in _COUNTERS]
+        if extra:
+            raise UserError(f"{where}: holds {', '.join(extra[:6])}, which this trainer has no parameter "
+                            f"or state for: a checkpoint of another model or optimizer")
+        values, counters = {}, []
+        for name in expected + list(_COUNTERS):
+            try:
+                value = data[name]
+            except (ValueError, EOFError, OSError, zipfile.BadZipFile, KeyError) as err:
+                raise UserError(f"{where}: {name} cannot be read: the file is corrupt or truncated "
+                                f"({type(err).__name__}: {str(err)[:120]})") from None
+            if name in _COUNTERS:
+                if value.shape != () or value.dtype.kind not in "iu":
+                    raise UserError(f"{where}: {name} must be a whole number, got {value.dtype} of shape "
+                                    f"{list(value.shape)}: not a te_grad checkpoint")
+                counters.append(int(value))
+                continue
+            slot = slots[expected.index(name)]
+            want = slot.placeholder
+            if value.shape != want.shape:
+                raise UserError(f"{where}: {name} has shape {list(value.shape)}, this trainer's has "
+                                f"{list(want.shape)}")
+            if value.dtype != np.dtype(want.dtype):
+                raise UserError(f"{where}: {name} is {value.dtype}, this trainer's is {want.dtype}")
+            values[name] = value
+    return values, tuple(counters)
 
 
 def _clipped(grads: List[Tensor], clip: float) -> List[Tensor]:
