@@ -115,3 +115,49 @@ def test_load_of_a_corrupt_or_foreign_file_names_the_file_and_the_problem(tmp_pa
         np.testing.assert_array_equal(v, before[k])
     trainer.load(str(good))
     user_error(lambda: _trainer(width=6).load(str(good)), "shape", "this trainer's has")
+
+
+# ---------------------------------------------------------------------------
+# optimizer hyperparameters
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make, argument, value", [
+    (lambda v: tg.train.SGD(lr=v), "lr", float("nan")),
+    (lambda v: tg.train.SGD(lr=v), "lr", float("inf")),
+    (lambda v: tg.train.SGD(lr=v), "lr", -0.1),
+    (lambda v: tg.train.SGD(lr=v), "lr", "0.1"),
+    (lambda v: tg.train.SGD(momentum=v), "momentum", -0.5),
+    (lambda v: tg.train.SGD(momentum=v), "momentum", float("nan")),
+    (lambda v: tg.train.SGD(dampening=v), "dampening", 1.5),
+    (lambda v: tg.train.SGD(weight_decay=v), "weight_decay", float("nan")),
+    (lambda v: tg.train.SGD(weight_decay=v), "weight_decay", -1e-4),
+    (lambda v: tg.train.Adam(lr=v), "lr", float("nan")),
+    (lambda v: tg.train.Adam(betas=(v, 0.999)), "betas[0]", 1.0),
+    (lambda v: tg.train.Adam(betas=(0.9, v)), "betas[1]", -0.1),
+    (lambda v: tg.train.AdamW(betas=(0.9, v)), "betas[1]", float("inf")),
+    (lambda v: tg.train.Adam(eps=v), "eps", 0.0),
+    (lambda v: tg.train.Adam(eps=v), "eps", -1e-8),
+    (lambda v: tg.train.AdamW(weight_decay=v), "weight_decay", float("nan")),
+    (lambda v: tg.train.AdamW(lr=v), "lr", float("-inf")),
+])
+def test_nonsense_hyperparameters_are_refused(make, argument, value):
+    user_error(lambda: make(value), argument, repr(value) if isinstance(value, str) else f"{value:g}")
+
+
+def test_sensible_hyperparameters_are_kept_and_bad_ones_elsewhere_are_refused():
+    from te_grad import train
+    opt = train.Adam(lr=np.float32(0.01), betas=(0.0, 0.5), eps=1e-12, weight_decay=0)
+    assert (opt.lr, opt.beta1, opt.beta2, opt.eps) == (pytest.approx(0.01), 0.0, 0.5, 1e-12)
+    assert train.SGD(lr=0, momentum=0.9, dampening=1.0).momentum == 0.9
+    user_error(lambda: train.Adam(betas=0.9), "betas must be a pair")
+    with pytest.raises(tg.UserError, match="clip_norm"):
+        from te_grad import train as tr
+        x, y = tg.placeholder((8, 5), name="x"), tg.placeholder((8, 3), name="y")
+        tr.Trainer(tr.Linear(5, 3), inputs=[x], targets=[y], loss=tg.nn.mse_loss,
+                   optimizer=tr.SGD(), clip_norm=float("nan"), progress=False)
+    trainer = _trainer()
+    xb = np.zeros((8, 5), np.float32)
+    yb = np.zeros((8, 3), np.float32)
+    user_error(lambda: trainer.update(xb, yb, lr=float("nan")), "Trainer.update", "lr", "nan")
+    assert trainer.t == 0  # the refused step did not count

@@ -34,7 +34,7 @@ from ..errors import UserError
 from ..ir import Tensor
 from .init import Initializer, xavier_uniform
 from .layers import Context, Module, Param
-from .optim import Hyper, Optimizer
+from .optim import Hyper, Optimizer, check_hyper
 
 
 @dataclass
@@ -97,7 +97,8 @@ class Trainer:
         self.model = model
         self.inputs, self.targets = list(inputs), list(targets)
         self.loss_fn, self.optimizer = loss, optimizer
-        self.clip_norm = clip_norm
+        self.clip_norm = None if clip_norm is None else check_hyper("Trainer", "clip_norm", clip_norm,
+                                                                    low_open=True)
         if not isinstance(accumulate, int) or accumulate < 1:
             raise UserError(f"Trainer: accumulate must be a positive int, got {accumulate!r}")
         self.accumulate = accumulate
@@ -295,6 +296,8 @@ class Trainer:
 
         ``lr`` overrides the optimizer's learning rate for this step (a schedule)."""
         arrays = self._check_batch(batch)
+        if lr is not None:
+            lr = check_hyper("Trainer.update", "lr", lr)
         self._calls += 1
         apply = self._calls % self.accumulate == 0
         step = self._step_for(arrays, apply)
