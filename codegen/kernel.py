@@ -189,11 +189,14 @@ class Kernel:
         """Write the kernel as ``path.o`` and ``path.h`` (and ``path.so`` when ``shared``) for
         ``target`` (``"host"``, ``"aarch64-linux-gnu"``, ``"armv7-linux-gnueabihf"``,
         ``"riscv64-linux-gnu"`` or an LLVM triple), callable from C with no Python: see
-        :mod:`codegen.export` and docs/EXPORT.md. The entry point is named after the file (or
-        ``name``); the 0-d inputs in ``scalars`` are passed by value. Returns the file paths."""
+        :mod:`codegen.export` and docs/EXPORT.md. The entry point is named after the file (other
+        characters than letters, digits and ``_`` made ``_``), or ``name``, which must be a C
+        identifier that is no C keyword, no reserved name and no name the header or the object
+        already uses (a :class:`UserError` otherwise); the 0-d inputs in ``scalars`` are passed
+        by value. Returns the file paths."""
         import os
         from .export import c_name, entry_for, export
-        entry = entry_for(self, c_name(name or os.path.basename(path)), scalars)
+        entry = entry_for(self, name if name is not None else c_name(os.path.basename(path)), scalars)
         return export([entry], path, target, cpu=cpu, features=features, shared=shared, threads=threads)
 
     def profile(self, arrays: Sequence[np.ndarray], outs: Sequence[np.ndarray], repeat: int = 5) -> List[dict]:

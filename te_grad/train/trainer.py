@@ -420,15 +420,19 @@ class Trainer:
 
         ``state`` is one blob holding every parameter and state (optimizer moments, batch
         norm statistics) at the byte offsets the header gives; a step reads ``state_in`` and
-        writes the next state to ``state_out`` (two blobs used in turn, as the trainer does);
-        ``t`` is the step count from 1. The current state is in the object as
+        writes the next state to ``state_out`` (two blobs used in turn, as the trainer does).
+        The header documents each scalar (:data:`SCALAR_DOCS`): ``t`` is the step count
+        **from 1** (a counter from 0 divides by zero in Adam's bias correction and repeats
+        SGD momentum's first step), ``seed`` a new value each step (dropout), ``lr`` the
+        step's learning rate. The current state is in the object as
         ``NAME_initial_state``. Returns the file paths and the state layout."""
         import os
         from .. import export as export_kernels
         if self.accumulate != 1:
             raise UserError("Trainer.export: gradient accumulation is not exported; build the trainer "
                             "with accumulate=1")
-        name = os.path.basename(path)
+        from codegen.export import c_name
+        name = c_name(os.path.basename(path))
         shapes = tuple(t.shape for t in self.inputs + self.targets)
         step = self._step_for_shapes(shapes, True)
         if step.carried:
@@ -449,9 +453,13 @@ class Trainer:
         outs = kern.outputs
         state_out = [(outs[step.n_out_extra + j], offsets[k]) for j, k in enumerate(step.slot_outputs)]
         extra = [("buffer", what, o) for what, o in zip(("loss", "accuracy"), outs[:step.n_out_extra])]
-        step_args = list(batch) + [("scalar", seed), ("scalar", lr), ("scalar", t),
-                                   ("group", "state_in", state_in, False, total),
-                                   ("group", "state_out", state_out, True, total)] + extra
+        step_args = list(batch) + [("scalar", seed, SCALAR_DOCS["seed"]), ("scalar", lr, SCALAR_DOCS["lr"]),
+                                   ("scalar", t, SCALAR_DOCS["t"]),
+                                   ("group", "state_in", state_in, False, total,
+                                    "every parameter and state before the step (read only)"),
+                                   ("group", "state_out", state_out, True, total,
+                                    "receives them after the step; must not overlap state_in: keep two "
+                                    "blobs and swap them after each step")] + extra
         predict_kern, slots = self._predict_kernel(tuple(a.shape for a in self.inputs))
         pin = predict_kern.inputs
         predict_args = list(pin[:len(self.inputs)]) + [
@@ -498,6 +506,19 @@ class Trainer:
                 print(f"  {r['ms']:9.4f} ms  {100 * r['ms'] / max(total, 1e-12):5.1f}%  {r['stage']}")
         return rows
 
+
+#: what the scalar arguments of an exported training step mean (written into the C header)
+SCALAR_DOCS = {
+    "seed": "the seed of this step's random numbers (dropout masks): give each step a new value, as "
+            "Trainer.update does (1, 2, 3, ...); a repeated seed repeats the masks. Not read by a model "
+            "without dropout.",
+    "lr": "the learning rate of this step (a schedule passes a different one each step); a finite "
+          "number >= 0. Trainer.update passes the optimizer's lr.",
+    "t": "the optimizer's step count: 1 for the first step (NOT 0), then 2, 3, ... one more each step. "
+         "Adam and AdamW divide by 1 - beta^t (their bias correction: t = 0 divides by zero) and SGD "
+         "with momentum takes t <= 1 as the first step (it sets the momentum buffer instead of "
+         "decaying it), so a counter from 0 silently changes training. Pass a float (1.0f, 2.0f, ...).",
+}
 
 _COUNTERS = ("__t__", "__calls__", "__seed__")
 
