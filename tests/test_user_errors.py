@@ -161,3 +161,26 @@ def test_sensible_hyperparameters_are_kept_and_bad_ones_elsewhere_are_refused():
     yb = np.zeros((8, 3), np.float32)
     user_error(lambda: trainer.update(xb, yb, lr=float("nan")), "Trainer.update", "lr", "nan")
     assert trainer.t == 0  # the refused step did not count
+
+
+# ---------------------------------------------------------------------------
+# dtype names of two meanings
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, write", [("float", '"float32" or "float64"'), ("int", '"int32" or "int64"'),
+                                         ("long", '"int32" or "int64"'), ("Float", '"float32"')])
+def test_ambiguous_dtype_names_are_refused(name, write):
+    user_error(lambda: tg.placeholder((3,), dtype=name), repr(name), "ambiguous", write)
+    user_error(lambda: tg.const(1, dtype=name), "ambiguous")
+    X = tg.placeholder((3,), name="X")
+    user_error(lambda: tg.cast(name, X[0]), "ambiguous")
+
+
+def test_dtype_names_of_one_meaning_are_accepted():
+    from te_grad import dtypes
+    assert tg.placeholder((2,), dtype="double").dtype == "float64"
+    assert tg.placeholder((2,), dtype="single").dtype == "float32"
+    assert tg.placeholder((2,), dtype=float).dtype == "float64"  # Python's float is a double
+    assert tg.placeholder((2,), dtype=int).dtype == "int64"
+    assert dtypes.canonical(np.float32) == "float32" and dtypes.canonical(np.dtype("int32")) == "int32"
