@@ -184,3 +184,42 @@ def test_dtype_names_of_one_meaning_are_accepted():
     assert tg.placeholder((2,), dtype=float).dtype == "float64"  # Python's float is a double
     assert tg.placeholder((2,), dtype=int).dtype == "int64"
     assert dtypes.canonical(np.float32) == "float32" and dtypes.canonical(np.dtype("int32")) == "int32"
+
+
+# ---------------------------------------------------------------------------
+# numpy inside a formula
+# ---------------------------------------------------------------------------
+
+
+def test_a_numpy_array_read_inside_a_formula_says_to_use_a_placeholder():
+    W_np = np.ones((3, 4), np.float32)
+    X = tg.placeholder((3, 4), name="X")
+    for body in (lambda i, j: W_np[i, j] * X[i, j], lambda i, j: X[i, j] * W_np[i, j],
+                 lambda i, j: W_np[i] * X[i, j], lambda i, j: W_np[1, j]):
+        user_error(lambda: tg.compute((3, 4), body), "numpy", "tg.placeholder", "W[i, j]")
+    user_error(lambda: tg.compute((3, 4), lambda i, j: W_np * X[i, j]), "np.multiply of a numpy array",
+               "shape [3, 4]", "tg.placeholder")
+    # an element at fixed indices is a number, which a formula takes
+    body = tg.compute((3, 4), lambda i, j: W_np[1, 2] * X[i, j]).op.body
+    assert "X[i, j]" in str(body)
+
+
+@pytest.mark.parametrize("fn, write", [(np.exp, "tg.exp"), (np.log, "tg.log"), (np.sqrt, "tg.sqrt"),
+                                       (np.tanh, "tg.tanh"), (np.abs, "tg.abs"), (np.arctan, "tg.atan"),
+                                       (lambda x: np.maximum(x, 0.0), "tg.maximum"),
+                                       (lambda x: np.sum(x), "tg.sum"), (lambda x: np.where(x, 1.0, 0.0), "tg.if_then_else")])
+def test_numpy_functions_on_an_expression_say_what_to_write(fn, write):
+    X = tg.placeholder((3, 4), name="X")
+    user_error(lambda: tg.compute((3, 4), lambda i, j: fn(X[i, j])), "te_grad expression", write)
+    user_error(lambda: fn(X), "tensor X")
+
+
+def test_numpy_scalars_still_combine_with_expressions():
+    X = tg.placeholder((3, 4), name="X", dtype="float64")
+    Y = tg.compute((3, 4), lambda i, j: np.float64(2.0) * X[i, j] - np.float32(0.5) / (X[i, j] + 3.0)
+                   + tg.if_then_else(np.float64(0.0) < X[i, j], np.int64(1) * 1.0, 0.0) + np.int32(2) ** X[i, j],
+                   name="Y")
+    x = RNG.standard_normal((3, 4))
+    (got,) = tg.evaluate([Y], {X: x})
+    want = 2.0 * x - 0.5 / (x + 3.0) + (x > 0) + 2.0 ** x
+    np.testing.assert_allclose(got, want, rtol=1e-12)
