@@ -45,12 +45,21 @@ class CompiledStage:
 
 
 class Kernel:
-    """A compiled graph: ``kernel(*inputs, out=None)`` returns the outputs as numpy arrays.
+    """A compiled graph, made by ``tg.build(outputs, inputs)``.
 
-    Inputs are checked (shape and dtype exactly; non-contiguous arrays are
-    copied); ``out`` may give C-contiguous arrays to write the outputs into.
-    ``loops`` is the C-like loop program, ``llvm_ir`` the optimized LLVM IR,
-    ``asm`` the host assembly.
+    Calling it: ``kernel(x, w)`` takes one numpy array per input placeholder, in the order
+    of ``inputs``, or keyword arguments by placeholder name (``kernel(X=x, W=w)``), and
+    returns the output (a tuple of them for several). Inputs are checked (shape and dtype
+    exactly; non-contiguous arrays are copied). ``out=`` (an array, or a tuple with one per
+    output) gives C-contiguous arrays of the outputs' shapes and dtypes to write into; out=
+    must not overlap any input or other output. A bad index read from data (an embedding id
+    out of range) is a :class:`~te_grad.errors.UserError` naming the tensor and the value.
+
+    ``inputs`` and ``outputs`` are the placeholders and tensors in call order; ``loops`` is
+    the C-like loop program, ``llvm_ir`` the optimized LLVM IR, ``asm`` the host assembly;
+    :meth:`profile` times each stage; :meth:`export` writes the kernel as an object file and
+    a C header (docs/EXPORT.md); :meth:`run` and :meth:`run_pointers` are the lean calls of
+    the framework bridges.
     """
 
     def __init__(self, outputs: Sequence[Tensor], inputs: Sequence[Tensor], buffers: Sequence[Tensor],
@@ -117,14 +126,18 @@ class Kernel:
 
     @property
     def loops(self) -> str:
+        """The kernel as a C-like program: each stage's loop nest after scheduling (tiles,
+        vector loops, parallel loops marked), as ``print(kernel.loops)`` shows it."""
         return program_text([s.stage for s in self.stages])
 
     @property
     def llvm_ir(self) -> str:
+        """The optimized LLVM IR of the kernel (text)."""
         return self.wait()._compiled.optimized_ir
 
     @property
     def asm(self) -> str:
+        """The host assembly of the kernel (text)."""
         return self.wait()._compiled.asm
 
     def _repr_html_(self):

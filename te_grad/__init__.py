@@ -1,6 +1,7 @@
 """te_grad: differentiate tensor expressions into fast, exact backward passes.
 
-The public API (see the README and DESIGN.md): build ops with
+The public API (see README.md and docs/API.md; the design is in docs/SIMPLIFIER.md,
+docs/CODEGEN.md and docs/EXPORT.md): build ops with
 :func:`placeholder`, :func:`compute`, :func:`reduce_axis` and the scalar
 functions; evaluate them with :func:`evaluate`; print them with :func:`show`.
 """
@@ -31,7 +32,12 @@ def simplify(tensors):
 def build(outputs, inputs, **options):
     """Compile ``outputs`` (functions of the placeholders ``inputs``) to a native kernel (LLVM).
 
-    ``kern = tg.build([Y, dX], inputs=[X, W]); y, dx = kern(x, w)``. See ``codegen.build``.
+    ``kern = tg.build([Y, dX], inputs=[X, W]); y, dx = kern(x, w)``: a ``codegen.Kernel``
+    (its call convention, ``loops``, ``export`` and ``profile`` are under ``codegen`` in
+    docs/API.md). The keyword ``options`` are those of ``codegen.build``, documented there
+    too: ``fast_math`` (default True), ``threads`` (default: the CPUs, or
+    ``TE_GRAD_NUM_THREADS``), ``machine`` (the vector width and caches the loops are sized
+    for) and ``wait`` (False: compile in the background).
     """
     from codegen import build as _build
     return _build(outputs, inputs, **options)

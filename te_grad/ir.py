@@ -492,10 +492,12 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         n = 1
         for s in self.shape:
             n *= s
@@ -503,6 +505,7 @@ class Tensor:
 
     @property
     def is_placeholder(self) -> bool:
+        """Whether the tensor is an input (``tg.placeholder``) rather than computed."""
         return isinstance(self.op, PlaceholderOp)
 
     def __getitem__(self, indices):
