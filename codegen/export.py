@@ -134,8 +134,8 @@ def check_names(entries: Sequence["Entry"], base: str, spec: "TargetSpec", const
         if problem is None and name.startswith("_"):
             problem = "reserved to the C implementation (a name at file scope starting with _)"
         if problem is not None:
-            raise UserError(f"export: {what} name {name!r} is {problem}; choose another name "
-                            f"(Kernel.export(..., name=...) or the file name)")
+            where = " (Kernel.export(..., name=...) or the file's name)" if what == "entry point" else ""
+            raise UserError(f"export: {what} name {name!r} is {problem}; choose another name{where}")
         for decl in ([name, name + "_ex"] if what == "entry point" else [name]):
             if decl in declared:
                 raise UserError(f"export: {what} name {name!r} declares {decl}, as does {declared[decl]}")
