@@ -99,7 +99,8 @@ def test_load_of_a_corrupt_or_foreign_file_names_the_file_and_the_problem(tmp_pa
     for label, change, needles in [
         ("missing", lambda e: e.pop(param), ["missing " + param]),
         ("counters", lambda e: e.pop("__t__"), ["missing __t__", "not a te_grad checkpoint"]),
-        ("shape", lambda e: e.__setitem__(param, np.zeros((2, 2), np.float32)), [param, "shape [2, 2]", "this trainer's has [7, 5]"]),
+        ("shape", lambda e: e.__setitem__(param, np.zeros((2, 2), np.float32)),
+         [param, "shape [2, 2]", "this trainer's has [7, 5]"]),
         ("dtype", lambda e: e.__setitem__(param, e[param].astype(np.float64)), [param, "float64", "float32"]),
         ("extra", lambda e: e.__setitem__("other.weight", np.zeros(3, np.float32)), ["other.weight",
                                                                                     "another model"]),
@@ -207,7 +208,8 @@ def test_a_numpy_array_read_inside_a_formula_says_to_use_a_placeholder():
 @pytest.mark.parametrize("fn, write", [(np.exp, "tg.exp"), (np.log, "tg.log"), (np.sqrt, "tg.sqrt"),
                                        (np.tanh, "tg.tanh"), (np.abs, "tg.abs"), (np.arctan, "tg.atan"),
                                        (lambda x: np.maximum(x, 0.0), "tg.maximum"),
-                                       (lambda x: np.sum(x), "tg.sum"), (lambda x: np.where(x, 1.0, 0.0), "tg.if_then_else")])
+                                       (lambda x: np.sum(x), "tg.sum"),
+                                       (lambda x: np.where(x, 1.0, 0.0), "tg.if_then_else")])
 def test_numpy_functions_on_an_expression_say_what_to_write(fn, write):
     X = tg.placeholder((3, 4), name="X")
     user_error(lambda: tg.compute((3, 4), lambda i, j: fn(X[i, j])), "te_grad expression", write)
