@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import subprocess
+import textwrap
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -63,6 +64,7 @@ class Arg:
     output: bool = False
     members: List[Tuple[Tensor, int]] = field(default_factory=list)
     size: int = 0                           # a group's bytes
+    doc: str = ""                           # what the argument means, written into the header
 
 
 @dataclass
@@ -72,6 +74,97 @@ class Entry:
     kernel: object
     args: List[Arg]
     doc: str = ""
+
+
+#: keywords of C89, C99, C11 and C23 (the header is C), and of C++ (it is also C++: extern "C")
+C_KEYWORDS = frozenset("""
+    auto break case char const continue default do double else enum extern float for goto if int long
+    register return short signed sizeof static struct switch typedef union unsigned void volatile while
+    inline restrict _Bool _Complex _Imaginary
+    _Alignas _Alignof _Atomic _Generic _Noreturn _Static_assert _Thread_local
+    alignas alignof bool constexpr false nullptr static_assert thread_local true typeof typeof_unqual
+    _BitInt _Decimal32 _Decimal64 _Decimal128
+    and and_eq asm bitand bitor catch char8_t char16_t char32_t class co_await co_return co_yield compl
+    concept const_cast consteval constinit decltype delete dynamic_cast explicit export friend mutable
+    namespace new noexcept not not_eq operator or or_eq private protected public reinterpret_cast
+    requires static_cast template this throw try typeid typename using virtual wchar_t xor xor_eq
+""".split())
+#: functions the exported object itself calls or defines besides the entry points, or that
+#: LLVM may call for it (memset, memcpy, libm's functions): an entry point of that name
+#: would stand in for them
+_MATH = """acos asin atan atan2 cos sin tan acosh asinh atanh cosh sinh tanh exp exp2 expm1 frexp ldexp
+    log log10 log1p log2 logb modf scalbn cbrt fabs hypot pow sqrt erf erfc lgamma tgamma ceil floor
+    nearbyint rint lrint llrint round lround llround trunc fmod remainder remquo copysign nan nextafter
+    fdim fmax fmin fma sincos""".split()
+OBJECT_SYMBOLS = frozenset({"malloc", "calloc", "realloc", "free", "abort", "memset", "memcpy", "memmove",
+                            "memcmp", "pthread_create", "pthread_join", "te_grad_join"}
+                           | {f + suffix for f in _MATH for suffix in ("", "f", "l")})
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: names <stdint.h> (which the header includes) declares or defines
+_STDINT = re.compile(r"u?int(_least|_fast)?\d+_t|u?int(max|ptr)_t|U?INT(_LEAST|_FAST)?\d+_(MAX|MIN|C)"
+                     r"|U?INT(MAX|PTR)_(MAX|MIN|C)|(PTRDIFF|SIG_ATOMIC|SIZE|WCHAR|WINT)_(MAX|MIN)|NULL\Z")
+
+
+def c_identifier_problem(name: str) -> Optional[str]:
+    """Why ``name`` cannot be declared by the header (``None`` if it can): not a C identifier,
+    a C or C++ keyword, an identifier reserved to the implementation (``__`` anywhere, ``_``
+    then a capital), or a name of ``<stdint.h>``."""
+    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+        return "not a C identifier (letters, digits and _, not starting with a digit)"
+    if name in C_KEYWORDS:
+        return "a C keyword"
+    if "__" in name or re.match(r"_[A-Z]", name):
+        return "reserved to the C implementation (a double underscore, or _ then a capital)"
+    if _STDINT.fullmatch(name):
+        return "a name <stdint.h> declares"
+    return None
+
+
+def check_names(entries: Sequence["Entry"], base: str, spec: "TargetSpec", constants: Dict[str, np.ndarray],
+                object_symbols=frozenset()) -> None:
+    """A :class:`UserError` unless every entry point (and its ``_ex`` variant) and every constant
+    is a name the header can declare, distinct from each other, from the macros the header
+    defines and from the functions the object calls (``object_symbols``: ``malloc``, libm's).
+    Arguments whose names C would refuse (``int``, a macro's name) are renamed in place
+    (``int_arg``): their names only document the prototype."""
+    declared: Dict[str, str] = {}
+    for what, name in ([("entry point", e.name) for e in entries]
+                       + [("constant", c) for c in constants]):
+        problem = c_identifier_problem(name)
+        if problem is None and name.startswith("_"):
+            problem = "reserved to the C implementation (a name at file scope starting with _)"
+        if problem is not None:
+            where = " (Kernel.export(..., name=...) or the file's name)" if what == "entry point" else ""
+            raise UserError(f"export: {what} name {name!r} is {problem}; choose another name{where}")
+        for decl in ([name, name + "_ex"] if what == "entry point" else [name]):
+            if decl in declared:
+                raise UserError(f"export: {what} name {name!r} declares {decl}, as does {declared[decl]}")
+            if decl in object_symbols or decl in OBJECT_SYMBOLS:
+                raise UserError(f"export: {what} name {name!r} is a function the exported object calls "
+                                f"({decl}); choose another name")
+            declared[decl] = f"{what} name {name!r}"
+    for e in entries:
+        _rename_args(e, set())
+    macros = set(re.findall(r"^#define (\w+)", header(entries, base, spec, 1, constants), re.M))
+    for decl, owner in declared.items():
+        if decl in macros:
+            raise UserError(f"export: {owner} declares {decl}, a macro the header defines; choose another name")
+    for e in entries:
+        _rename_args(e, macros)
+
+
+def _rename_args(e: "Entry", macros) -> None:
+    used = set()
+    for a in e.args:
+        name = a.name
+        if c_identifier_problem(name) is not None or name in macros:
+            fixed = re.sub(r"_+", "_", c_name(name)).strip("_") or "arg"
+            name = fixed if c_identifier_problem(fixed) is None and fixed not in macros else fixed + "_arg"
+        base_name, k = name, 1
+        while name in used:
+            name, k = f"{base_name}_{k}", k + 1
+        used.add(name)
+        a.name = name
 
 
 def c_name(name: str) -> str:
@@ -153,6 +246,7 @@ def export(entries: Sequence[Entry], path: str, target: str = "host", cpu: Optio
         raise UserError(f"export: threads must be a positive int, got {threads!r}")
     spec = target_spec(target, cpu, features)
     machine = _machine(spec)
+    constants = constants or {}
     pointer_bits = 32 if re.search(r"-p:32", str(machine.target_data)) else 64
     modules = []
     for e in entries:
@@ -162,6 +256,8 @@ def export(entries: Sequence[Entry], path: str, target: str = "host", cpu: Optio
                            prefix=f"{e.name}__", internal=True,
                            bound_checks=getattr(kernel, "bound_checks", True))
         modules.append(llvm.parse_assembly(text))
+    check_names(entries, os.path.basename(path), spec, constants,
+                {f.name for m in modules for f in m.functions if f.is_declaration})
     wrapper = _wrappers(entries, pointer_bits, threads, constants or {})
     main = llvm.parse_assembly(str(wrapper))
     for m in modules:
@@ -297,8 +393,9 @@ def header(entries: Sequence[Entry], base: str, spec: TargetSpec, threads: int, 
              " *",
              " * Calling convention: each function takes pointers to its inputs, in order, then to its",
              " * outputs; every buffer is contiguous and row-major, of the dtype and shape below; outputs",
-             " * must not overlap inputs or each other. Scalars are passed by value; a group is one blob",
-             " * holding several buffers at the byte offsets given below. Each function returns",
+             " * must not overlap inputs or each other. Scalars are passed by value, each described",
+             " * at its function below; a group is one blob holding several buffers at the byte",
+             " * offsets given below. Each function returns",
              f" * {base.upper()}_OK (0) or an error code; the _ex variant also fills info[4] with the",
              " * buffer, dimension, value and stage of the error. An out-of-range index is never read.",
              f" * Threads: {'single-threaded' if threads == 1 else f'{threads} pthreads per parallel region'}"
@@ -325,6 +422,7 @@ def header(entries: Sequence[Entry], base: str, spec: TargetSpec, threads: int, 
             tag = f"{up}_{c_name(a.name).upper()}"
             if a.kind == "group":
                 lines.append(f"/* {a.name}: a group of {len(a.members)} buffers, {a.size} bytes */")
+                lines += [f"/*   {line} */" for line in textwrap.wrap(a.doc, 92)]
                 lines.append(f"#define {tag}_BYTES {a.size}")
                 for t, offset in a.members:
                     mtag = f"{tag}_{c_name(t.name).upper()}"
@@ -334,7 +432,13 @@ def header(entries: Sequence[Entry], base: str, spec: TargetSpec, threads: int, 
                 continue
             t = a.tensor
             role = "output" if a.output else ("scalar input" if a.kind == "scalar" else "input")
-            lines.append(f"/* {role} {a.name}: {t.dtype}{list(t.shape)} */")
+            what = f"{role} {a.name}: {t.dtype}{list(t.shape)}" + (", passed by value" if a.kind == "scalar" else "")
+            if a.doc:
+                lines.append(f"/* {what}:")
+                lines += [f" *   {line}" for line in textwrap.wrap(a.doc, 92)]
+                lines.append(" */")
+            else:
+                lines.append(f"/* {what} */")
             lines.append(f"#define {tag}_NDIM {t.ndim}")
             for d, n in enumerate(t.shape):
                 lines.append(f"#define {tag}_DIM{d} {n}")

@@ -62,18 +62,24 @@ class Kernel:
     arrays (one array, or a tuple for several outputs).
 
     The call binds its arrays to the placeholders ``inputs`` (the order given to
-    ``tg.build``) as Python binds arguments: positionally first, then by placeholder name
-    (``kern(x, W=w)``, ``kern(W=w, X=x)``); every input exactly once. An unknown name, an
-    input given twice (by position and by name), a missing one or a name shared by two
-    inputs (pass those by position) is a ``UserError`` naming them; an input named ``out``
-    can only be given by position. Inputs are checked (shape and dtype exactly;
-    non-contiguous arrays are copied). ``out`` may give C-contiguous, writeable arrays to
-    write the outputs into (one array, or a sequence of one per output): they must not
-    share memory with any input array or with each other (the stages are compiled for
-    distinct buffers, ``noalias``), a ``UserError`` names the pair that does. Use fresh
-    arrays and copy back to update an input in place.
-    ``loops`` is the C-like loop program, ``llvm_ir`` the optimized LLVM IR,
-    ``asm`` the host assembly.
+    ``tg.build``) as Python binds arguments: positionally first, then keyword arguments by
+    placeholder name (``kern(x, W=w)``, ``kern(W=w, X=x)``); every input exactly once. An
+    unknown name, an input given twice (by position and by name), a missing one or a name
+    shared by two inputs (pass those by position) is a ``UserError`` naming them; an input
+    named ``out`` can only be given by position. Inputs are checked (shape and dtype
+    exactly; non-contiguous arrays are copied). ``out`` may give C-contiguous, writeable
+    arrays to write the outputs into (one array, or a sequence of one per output): out=
+    must not overlap any input or other output (the stages are compiled for distinct
+    buffers, ``noalias``); a ``UserError`` names the pair that does. Use fresh arrays and
+    copy back to update an input in place.
+
+    ``inputs`` and ``outputs`` are the placeholders and tensors in call order; ``loops`` is
+    the C-like loop program, ``llvm_ir`` the optimized LLVM IR, ``asm`` the host assembly;
+    :meth:`profile` times each stage; :meth:`export` writes the kernel as an object file and
+    a C header (docs/EXPORT.md); :meth:`run` and :meth:`run_pointers` are the lean calls of
+    the framework bridges. A bad index read from data (an embedding id out of range), or a
+    read out of bounds under a condition on data, is a :class:`~te_grad.errors.UserError`
+    naming the tensor and the value.
     """
 
     def __init__(self, outputs: Sequence[Tensor], inputs: Sequence[Tensor], buffers: Sequence[Tensor],
@@ -140,14 +146,18 @@ class Kernel:
 
     @property
     def loops(self) -> str:
+        """The kernel as a C-like program: each stage's loop nest after scheduling (tiles,
+        vector loops, parallel loops marked), as ``print(kernel.loops)`` shows it."""
         return program_text([s.stage for s in self.stages])
 
     @property
     def llvm_ir(self) -> str:
+        """The optimized LLVM IR of the kernel (text)."""
         return self.wait()._compiled.optimized_ir
 
     @property
     def asm(self) -> str:
+        """The host assembly of the kernel (text)."""
         return self.wait()._compiled.asm
 
     def _repr_html_(self):
@@ -248,11 +258,14 @@ class Kernel:
         """Write the kernel as ``path.o`` and ``path.h`` (and ``path.so`` when ``shared``) for
         ``target`` (``"host"``, ``"aarch64-linux-gnu"``, ``"armv7-linux-gnueabihf"``,
         ``"riscv64-linux-gnu"`` or an LLVM triple), callable from C with no Python: see
-        :mod:`codegen.export` and docs/EXPORT.md. The entry point is named after the file (or
-        ``name``); the 0-d inputs in ``scalars`` are passed by value. Returns the file paths."""
+        :mod:`codegen.export` and docs/EXPORT.md. The entry point is named after the file (other
+        characters than letters, digits and ``_`` made ``_``), or ``name``, which must be a C
+        identifier that is no C keyword, no reserved name and no name the header or the object
+        already uses (a :class:`UserError` otherwise); the 0-d inputs in ``scalars`` are passed
+        by value. Returns the file paths."""
         import os
         from .export import c_name, entry_for, export
-        entry = entry_for(self, c_name(name or os.path.basename(path)), scalars)
+        entry = entry_for(self, name if name is not None else c_name(os.path.basename(path)), scalars)
         return export([entry], path, target, cpu=cpu, features=features, shared=shared, threads=threads)
 
     def profile(self, arrays: Sequence[np.ndarray], outs: Sequence[np.ndarray], repeat: int = 5) -> List[dict]:

@@ -1,6 +1,7 @@
 """te_grad: differentiate tensor expressions into fast, exact backward passes.
 
-The public API (see the README and DESIGN.md): build ops with
+The public API (see README.md and docs/API.md; the design is in docs/SIMPLIFIER.md,
+docs/CODEGEN.md and docs/EXPORT.md): build ops with
 :func:`placeholder`, :func:`compute`, :func:`reduce_axis` and the scalar
 functions; evaluate them with :func:`evaluate`; print them with :func:`show`.
 """
@@ -31,7 +32,12 @@ def simplify(tensors):
 def build(outputs, inputs, **options):
     """Compile ``outputs`` (functions of the placeholders ``inputs``) to a native kernel (LLVM).
 
-    ``kern = tg.build([Y, dX], inputs=[X, W]); y, dx = kern(x, w)``. See ``codegen.build``.
+    ``kern = tg.build([Y, dX], inputs=[X, W]); y, dx = kern(x, w)``: a ``codegen.Kernel``
+    (its call convention, ``loops``, ``export`` and ``profile`` are under ``codegen`` in
+    docs/API.md). The keyword ``options`` are those of ``codegen.build``, documented there
+    too: ``fast_math`` (default True), ``threads`` (default: the CPUs, or
+    ``TE_GRAD_NUM_THREADS``), ``machine`` (the vector width and caches the loops are sized
+    for) and ``wait`` (False: compile in the background).
     """
     from codegen import build as _build
     return _build(outputs, inputs, **options)
@@ -45,7 +51,11 @@ def export(path: str, entries, target: str = "host", *, cpu: str = None, feature
     ``(kernel, args)``, ``args`` listing its C arguments in order: a tensor of the kernel (a
     pointer to its buffer), ``("buffer", name, tensor)`` (the same, named ``name`` in C),
     ``("scalar", tensor)`` (a 0-d input by value), or ``("group", name,
-    [(tensor, byte offset), ...], is_output, total bytes)`` (one blob holding several buffers).
+    [(tensor, byte offset), ...], is_output, total bytes)`` (one blob holding several buffers);
+    a ``"buffer"`` or ``"scalar"`` tuple may end with a text saying what the argument means,
+    and a ``"group"`` tuple with one after the total bytes: the header prints it. Entry point
+    and constant names must be C identifiers that are no C keyword or reserved name and
+    collide with nothing the header declares (a :class:`UserError` otherwise).
     ``constants`` (name -> array) become global ``const`` arrays. See docs/EXPORT.md."""
     from codegen.export import Arg, Entry, c_name
     from codegen.export import export as _export
@@ -56,18 +66,27 @@ def export(path: str, entries, target: str = "host", *, cpu: str = None, feature
         for a in args:
             if isinstance(a, Tensor):
                 spec.append(Arg(c_name(a.name), "buffer", a, id(a) in outputs))
-            elif a[0] == "buffer":
-                spec.append(Arg(c_name(a[1]), "buffer", a[2], id(a[2]) in outputs))
-            elif a[0] == "scalar":
-                spec.append(Arg(c_name(a[1].name), "scalar", a[1]))
-            elif a[0] == "group":
-                _, gname, members, is_output, size = a
-                spec.append(Arg(c_name(gname), "group", output=is_output, members=list(members), size=size))
+            elif a[0] == "buffer" and len(a) in (3, 4):
+                spec.append(Arg(c_name(a[1]), "buffer", a[2], id(a[2]) in outputs, doc=_arg_doc(a, 3)))
+            elif a[0] == "scalar" and len(a) in (2, 3):
+                spec.append(Arg(c_name(a[1].name), "scalar", a[1], doc=_arg_doc(a, 2)))
+            elif a[0] == "group" and len(a) in (5, 6):
+                gname, members, is_output, size = a[1:5]
+                spec.append(Arg(c_name(gname), "group", output=is_output, members=list(members), size=size,
+                                doc=_arg_doc(a, 5)))
             else:
                 raise UserError(f"tg.export: cannot use {a!r} as an argument of {name}")
         built.append(Entry(c_name(name), kernel, spec))
     return _export(built, path, target, cpu=cpu, features=features, shared=shared, threads=threads,
                    constants=constants)
+
+
+def _arg_doc(spec, at: int) -> str:
+    doc = spec[at] if len(spec) > at else ""
+    if not isinstance(doc, str):
+        raise UserError(f"tg.export: the last element of {spec[0]!r} argument {spec!r} must be its "
+                        f"description (a str)")
+    return doc
 
 
 def default_threads() -> int:

@@ -1,7 +1,9 @@
 """The API reference, generated from the docstrings: ``python -m te_grad.apidoc > docs/API.md``.
 
 Every public name of ``te_grad`` (``__all__``), of ``te_grad.nn`` and of the other
-public modules is listed with its signature and docstring. The framework bridges
+public modules is listed with its signature and docstring; a class with its constructor's
+signature (unless te_grad makes it, as ``tg.build`` makes a ``codegen.Kernel``) and its
+public methods and properties that have a docstring. The framework bridges
 (``te_grad.torch``, ``te_grad.jax``) are read from their source, so the reference
 is generated the same without PyTorch or JAX installed. ``tests/test_docs_and_cli.py``
 checks that every public function has a docstring and that docs/API.md is current.
@@ -17,7 +19,12 @@ from typing import List
 import te_grad
 
 #: modules documented by importing them, and modules read from their source
-IMPORTED = ["te_grad", "te_grad.nn", "te_grad.testing", "te_grad.fuzz"]
+IMPORTED = ["te_grad", "te_grad.nn", "te_grad.testing", "te_grad.fuzz", "codegen"]
+#: classes whose instances te_grad makes (their constructors are no API)
+MADE_BY_TE_GRAD = {"codegen.Kernel": "tg.build", "te_grad.Tensor": "tg.placeholder and tg.compute",
+                   "te_grad.Expr": "indexing tensors and the scalar functions",
+                   "te_grad.DifferentiationResult": "tg.differentiate", "te_grad.RowGradient": "tg.row_gradient",
+                   "te_grad.fuzz.Outcome": "the fuzzer", "te_grad.fuzz.Program": "the fuzzer"}
 FROM_SOURCE = ["te_grad/torch.py", "te_grad/jax.py"]
 OPTIONAL = ["te_grad.train", "te_grad.export"]
 
@@ -60,9 +67,40 @@ def _section(mod_name: str) -> List[str]:
         obj = getattr(mod, name)
         if inspect.ismodule(obj) or not (callable(obj) or inspect.isclass(obj)):
             continue
-        kind = "class" if inspect.isclass(obj) else "function"
-        lines += [f"### `{mod_name}.{name}{_signature(obj)}`" if kind == "function" else
-                  f"### class `{mod_name}.{name}`", "", _doc(obj) or "(no docstring)", ""]
+        if not inspect.isclass(obj):
+            lines += [f"### `{mod_name}.{name}{_signature(obj)}`", "", _doc(obj) or "(no docstring)", ""]
+            continue
+        qualified = f"{mod_name}.{name}"
+        if qualified in MADE_BY_TE_GRAD:
+            heading = f"### class `{qualified}` (made by {MADE_BY_TE_GRAD[qualified]})"
+        elif issubclass(obj, BaseException):
+            heading = f"### class `{qualified}`"
+        else:
+            heading = f"### class `{qualified}{_signature(obj).replace(' -> None', '')}`"
+        lines += [heading, "", _doc(obj) or "(no docstring)", ""] + _members(obj)
+    return lines
+
+
+def _members(cls) -> List[str]:
+    """The class's own public methods and properties that have a docstring, in source order."""
+    lines = []
+    for name, member in vars(cls).items():
+        if name.startswith("_") and name != "__call__":
+            continue
+        if isinstance(member, property):
+            doc, heading = member.__doc__, f"#### `{cls.__name__}.{name}` (property)"
+        elif isinstance(member, (staticmethod, classmethod)) or inspect.isfunction(member):
+            fn = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+            sig = _signature(fn)
+            if not isinstance(member, staticmethod):
+                sig = sig.replace("(self, ", "(", 1).replace("(self)", "()", 1).replace("(cls, ", "(", 1) \
+                    .replace("(cls)", "()", 1)
+            call = f"{cls.__name__}{sig}" if name == "__call__" else f"{cls.__name__}.{name}{sig}"
+            doc, heading = fn.__doc__, f"#### `{call}`"
+        else:
+            continue
+        if doc:
+            lines += [heading, "", textwrap.dedent(inspect.cleandoc(doc)).strip(), ""]
     return lines
 
 

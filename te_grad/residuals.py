@@ -82,6 +82,11 @@ class VJP:
         """The backward kernel's arguments from the saved values (``saved`` order), the values
         of ``inputs`` (all of them; those the backward needs are picked) and one head per
         output (those it reads are picked): ``vjp.backward(*args)``."""
+        residual_values, input_values, head_values = \
+            list(residual_values), list(input_values), list(head_values)
+        _check_count("residual values (one per saved tensor)", self.saved, residual_values)
+        _check_count("input values (one per input, needed or not)", self.inputs, input_values)
+        _check_count("heads (one per output)", self.outputs, head_values)
         by_input = {id(x): v for x, v in zip(self.inputs, input_values)}
         needed = [by_input[id(x)] for x in self.needed_inputs]
         used_heads = [h for h, used in zip(head_values, self.head_used) if used]
@@ -97,6 +102,20 @@ class VJP:
         saved = ", ".join(t.name for t in self.saved) or "nothing"
         return (f"VJP(saves {saved}: {self.residual_bytes} bytes; backward reads "
                 f"{', '.join(t.name for t in self.needed_inputs) or 'no input'})")
+
+
+def _check_count(what: str, tensors: Sequence[Tensor], values: list) -> None:
+    """A :class:`UserError` unless ``values`` has one entry per tensor, naming the
+    tensors missing (too few) or how many are extra (too many)."""
+    if len(values) == len(tensors):
+        return
+    names = ", ".join(t.name for t in tensors) or "none"
+    if len(values) < len(tensors):
+        missing = ", ".join(t.name for t in tensors[len(values):])
+        raise UserError(f"VJP.run_backward: {len(tensors)} {what} expected ({names}), "
+                        f"{len(values)} given: missing {missing}")
+    raise UserError(f"VJP.run_backward: {len(tensors)} {what} expected ({names}), "
+                    f"{len(values)} given: {len(values) - len(tensors)} too many")
 
 
 def _cost_is_high(t: Tensor) -> bool:

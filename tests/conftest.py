@@ -6,9 +6,13 @@
 - ``TE_GRAD_REQUIRE_ALL=1`` (set by CI) turns every skipped test into a failure:
   the tests of optional parts (PyTorch, JAX, cross-compilation) may skip on a
   developer's machine that lacks them, never in CI.
+- Where tests skipped for a missing optional package, the run ends with one line
+  naming the packages and the ``pip install -e ".[...]"`` extras that bring them.
 """
 import os
+import re
 import tempfile
+from collections import Counter
 
 import pytest
 
@@ -25,3 +29,41 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.longrepr = f"skipped in CI, where every test must run: {reason}"
+
+
+#: optional packages the tests import, and the extra of setup.cfg that installs each
+EXTRAS = {"torch": "torch", "jax": "jax", "jaxlib": "jax", "sklearn": "examples", "matplotlib": "test",
+          "nbclient": "test", "nbformat": "test", "ipykernel": "test", "hypothesis": "test"}
+_MISSING = re.compile(r"could not import '([\w.]+)'|needs ([\w.]+) \(pip install|([\w.]+) is not installed")
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr or "")
+
+
+def missing_optional_line(reasons) -> str:
+    """One line naming the optional packages whose absence skipped tests (``reasons``: the
+    skip messages) and the extras that install them; "" when none did."""
+    missing = Counter()
+    for reason in reasons:
+        found = _MISSING.search(reason)
+        if found:
+            missing[next(g for g in found.groups() if g).split(".")[0]] += 1
+    if not missing:
+        return ""
+    extras = sorted({EXTRAS[m] for m in missing if m in EXTRAS})
+    parts = ", ".join(f"{m} ({n} skipped)" for m, n in sorted(missing.items()))
+    unknown = sorted(m for m in missing if m not in EXTRAS)
+    fix = " and ".join(([f'pip install -e ".[{",".join(extras)}]"'] if extras else [])
+                       + ([f"pip install {' '.join(unknown)}"] if unknown else []))
+    return f"te_grad: tests skipped for missing optional packages: {parts}; to run them: {fix}"
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter):
+    yield  # after pytest's own summary sections: the line is the last before the totals
+    line = missing_optional_line(_skip_reason(r) for r in terminalreporter.stats.get("skipped", []))
+    if line:
+        terminalreporter.write_sep("-", "optional parts missing")
+        terminalreporter.write_line(line, yellow=True, bold=True)

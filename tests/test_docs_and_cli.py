@@ -73,3 +73,36 @@ def test_notebook_install_hints_pin_torch():
         for m in re.finditer(r"pip install[^\"\\n]*", text):
             if "torch" in m.group(0):
                 assert "torch==2.13.0" in m.group(0), (nb.name, m.group(0))
+
+
+def test_the_reference_covers_the_kernel_the_trainer_and_the_constructors():
+    from te_grad.apidoc import render
+    text = render()
+    flat = " ".join(text.split())
+    for phrase in ["keyword arguments by placeholder name", "out= must not overlap any input or other output"]:
+        assert phrase in flat, phrase
+    for needle in ["### class `codegen.Kernel` (made by tg.build)", "#### `Kernel.loops` (property)",
+                   "#### `Kernel.export(path", "#### `Kernel.profile(arrays", "### `codegen.build(outputs",
+                   "#### `Trainer.update(*batch", "#### `Trainer.fit(", "#### `Trainer.load(path",
+                   "#### `Trainer.save(path", "#### `Trainer.predict(", "#### `Trainer.export(path",
+                   "### class `te_grad.train.Trainer(model, inputs",
+                   "### class `te_grad.train.Adam(lr: 'float' = 0.001, betas=(0.9, 0.999)",
+                   "### class `te_grad.train.Linear(in_features", "#### `Tensor.ndim` (property)"]:
+        assert needle in text, needle
+    # tg.build's options are described where it points
+    build_doc = text[text.index("### `te_grad.build("):]
+    assert "codegen.build" in build_doc[:1500] and "fast_math" in build_doc[:1500]
+
+
+def test_no_document_points_to_a_markdown_file_the_project_does_not_have():
+    import re
+    files = [ROOT / "README.md", *ROOT.glob("*.md"), *(ROOT / "docs").glob("*.md"),
+             *(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "notebooks").glob("*.md")]
+    for package in ("te_grad", "codegen", "simplify", "examples", "benchmarks"):
+        files += list((ROOT / package).rglob("*.py"))
+    dangling = []
+    for path in files:
+        for name in set(re.findall(r"[\w./-]*[A-Za-z_]\w*\.md\b", path.read_text(errors="ignore"))):
+            if not any(base.joinpath(name).exists() for base in (ROOT, path.parent, ROOT / "docs")):
+                dangling.append(f"{path.relative_to(ROOT)}: {name}")
+    assert dangling == []

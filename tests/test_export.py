@@ -169,3 +169,77 @@ def test_the_c_example_trains_like_the_python_trainer(target, tmp_path):
     assert len(c_losses) == len(py_losses) > 10
     np.testing.assert_allclose(c_losses, py_losses, rtol=1e-4)
     assert "test accuracy" in done.stdout
+
+
+def _compiles(header_path, tmp_path, cc):
+    """gcc (and g++, where installed: the header is also C++) accept the header."""
+    main = tmp_path / "use_header.c"
+    main.write_text(f'#include "{header_path}"\nint main(void) {{ return 0; }}\n')
+    done = subprocess.run([cc, "-std=c99", "-Wall", "-Werror", "-pedantic", "-fsyntax-only", str(main)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    if shutil.which("g++"):
+        done = subprocess.run(["g++", "-Wall", "-Werror", "-fsyntax-only", "-x", "c++", str(main)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+
+def test_entry_point_names_c_refuses_are_user_errors(tmp_path):
+    cc, _ = toolchain("host")
+    X = tg.placeholder((3,), name="int")        # argument names C refuses are renamed in the header
+    S = tg.placeholder((), name="class")
+    Y = tg.compute((3,), lambda i: tg.exp(X[i]) * S[()], name="double")
+    kernel = tg.build([Y], [X, S])
+    for name, needle in [("int", "C keyword"), ("_Bool", "C keyword"), ("typeof", "C keyword"),
+                         ("constexpr", "C keyword"), ("template", "C keyword"), ("__kernel", "reserved"),
+                         ("a__b", "reserved"), ("_Kernel", "reserved"), ("_kernel", "reserved"),
+                         ("1conv", "not a C identifier"), ("conv-grad", "not a C identifier"),
+                         ("", "not a C identifier"), ("int64_t", "<stdint.h>"), ("INT32_MAX", "<stdint.h>"),
+                         ("malloc", "the exported object calls"), ("memset", "the exported object calls"),
+                         ("expf", "the exported object calls"), ("K_OK", "a macro the header defines"),
+                         ("K_ERROR_INDEX", "a macro")]:
+        with pytest.raises(tg.UserError, match="export") as info:
+            kernel.export(str(tmp_path / "k"), name=name, scalars=[S])
+        assert needle in str(info.value) and repr(name) in str(info.value), info.value
+    with pytest.raises(tg.UserError, match="C keyword"):
+        kernel.export(str(tmp_path / "int"))    # the file's name names the entry point
+    with pytest.raises(tg.UserError, match="declares f_ex, as does entry point name 'f'"):
+        tg.export(str(tmp_path / "two"), {"f": (kernel, [X, S, Y]), "f_ex": (kernel, [X, S, Y])})
+    with pytest.raises(tg.UserError, match="constant name 'float'"):
+        tg.export(str(tmp_path / "c"), {"f": (kernel, [X, S, Y])}, constants={"float": np.zeros(2, np.float32)})
+    files = kernel.export(str(tmp_path / "k"), name="int_kernel", scalars=[S])
+    text = open(files["header"]).read()
+    assert "int int_kernel(const float *int_arg, float class_arg, float *double_arg);" in text
+    _compiles(files["header"], tmp_path, cc)
+    files = kernel.export(str(tmp_path / "conv-grad"), scalars=[S])  # a file name is made a C name
+    assert "int conv_grad(" in open(files["header"]).read()
+    _compiles(files["header"], tmp_path, cc)
+
+
+def test_the_header_documents_every_scalar_argument(tmp_path):
+    cc, _ = toolchain("host")
+    from te_grad import train
+    x = tg.placeholder((4, 5), name="x")
+    y = tg.placeholder((4, 3), name="y")
+    model = train.Sequential(train.Linear(5, 3))
+    trainer = train.Trainer(model, inputs=[x], targets=[y], loss=tg.nn.mse_loss, optimizer=train.Adam(lr=1e-2),
+                            progress=False)
+    files = trainer.export(str(tmp_path / "model"))
+    text = open(files["header"]).read()
+    prototype = next(line for line in text.splitlines() if line.startswith("int model_step("))
+    assert "int64_t seed, float lr, float t" in prototype
+    for scalar in ("seed", "lr", "t"):
+        at = text.index(f"/* scalar input {scalar}: ")
+        comment = text[at:text.index("*/", at)]
+        assert "passed by value" in comment and len(comment.split()) > 12, comment
+    t_doc = text[text.index("/* scalar input t: "):]
+    assert "1 for the first step (NOT 0)" in t_doc and "divides by zero" in t_doc
+    assert "new value" in text[text.index("/* scalar input seed: "):]
+    assert "learning rate" in text[text.index("/* scalar input lr: "):]
+    assert "must not overlap state_in" in text
+    _compiles(files["header"], tmp_path, cc)
+    # a kernel's own scalars are marked as passed by value
+    S = tg.placeholder((), name="scale")
+    Y = tg.compute((4, 5), lambda i, j: x[i, j] * S[()], name="Y")
+    files = tg.build([Y], [x, S]).export(str(tmp_path / "scaled"), scalars=[S])
+    assert "/* scalar input scale: float32[], passed by value */" in open(files["header"]).read()

@@ -6,9 +6,17 @@ parameter, its gradient and its states, with the step's hyperparameters as 0-d
 float32 inputs of the step kernel: the learning rate (a schedule is just a different
 value each call) and the step count ``t`` (1 for the first update). The formulas are
 PyTorch's (``torch.optim``), operation for operation, so float32 runs agree closely.
+
+Hyperparameters are checked when the optimizer is made, and a :class:`UserError` names
+the argument and the value: every one must be a finite real number (no nan, no inf);
+``lr``, ``momentum`` and ``weight_decay`` are ``>= 0``, ``dampening`` in ``[0, 1]``, each of
+``betas`` in ``[0, 1)`` and ``eps > 0``. A learning rate given to ``Trainer.update`` (or by
+a schedule) is checked the same way.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import List, Tuple
 
@@ -24,6 +32,24 @@ class Hyper:
     t: Tensor
 
 
+def check_hyper(owner: str, name: str, value, low: float = 0.0, high: float = math.inf,
+                low_open: bool = False, high_open: bool = False) -> float:
+    """``value`` as a float if it is a finite real number in the interval from ``low`` to
+    ``high`` (``low_open`` / ``high_open``: that end excluded); a :class:`UserError` naming
+    ``owner``, the argument and the value otherwise (nan, inf, a string, a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise UserError(f"{owner}: {name} must be a real number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise UserError(f"{owner}: {name} must be finite, got {value}")
+    below = value <= low if low_open else value < low
+    above = value >= high if high_open else value > high
+    if below or above:
+        lo, hi = "(" if low_open else "[", ")" if high_open or high == math.inf else "]"
+        raise UserError(f"{owner}: {name} must be in {lo}{low:g}, {high:g}{hi}, got {value:g}")
+    return value
+
+
 def _elementwise(shape, fn, name):
     return dsl.compute(shape, lambda *idx: fn(idx), name=name)
 
@@ -33,9 +59,7 @@ class Optimizer:
     ``(new parameter, [new states])``, te_grad tensors."""
 
     def __init__(self, lr: float = 1e-3):
-        if lr < 0:
-            raise UserError(f"{type(self).__name__}: lr must be >= 0, got {lr}")
-        self.lr = lr
+        self.lr = check_hyper(type(self).__name__, "lr", lr)
 
     def states(self) -> List[Tuple[str, float]]:
         return []
@@ -57,6 +81,9 @@ class SGD(Optimizer):
     def __init__(self, lr: float = 1e-2, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
         super().__init__(lr)
+        momentum = check_hyper("SGD", "momentum", momentum)
+        dampening = check_hyper("SGD", "dampening", dampening, 0.0, 1.0)
+        weight_decay = check_hyper("SGD", "weight_decay", weight_decay)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise UserError("SGD: Nesterov momentum needs momentum > 0 and no dampening")
         self.momentum, self.dampening, self.weight_decay, self.nesterov = momentum, dampening, weight_decay, nesterov
@@ -94,8 +121,15 @@ class Adam(Optimizer):
 
     def __init__(self, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
         super().__init__(lr)
-        self.beta1, self.beta2 = betas
-        self.eps, self.weight_decay = eps, weight_decay
+        owner = type(self).__name__
+        try:
+            beta1, beta2 = betas
+        except (TypeError, ValueError):
+            raise UserError(f"{owner}: betas must be a pair (beta1, beta2), got {betas!r}") from None
+        self.beta1 = check_hyper(owner, "betas[0]", beta1, 0.0, 1.0, high_open=True)
+        self.beta2 = check_hyper(owner, "betas[1]", beta2, 0.0, 1.0, high_open=True)
+        self.eps = check_hyper(owner, "eps", eps, low_open=True)
+        self.weight_decay = check_hyper(owner, "weight_decay", weight_decay)
 
     def states(self):
         return [("exp_avg", 0.0), ("exp_avg_sq", 0.0)]

@@ -34,7 +34,7 @@ from ..errors import UserError
 from ..ir import Tensor
 from .init import Initializer, xavier_uniform
 from .layers import Context, Module, Param
-from .optim import Hyper, Optimizer
+from .optim import Hyper, Optimizer, check_hyper
 
 
 @dataclass
@@ -97,7 +97,8 @@ class Trainer:
         self.model = model
         self.inputs, self.targets = list(inputs), list(targets)
         self.loss_fn, self.optimizer = loss, optimizer
-        self.clip_norm = clip_norm
+        self.clip_norm = None if clip_norm is None else check_hyper("Trainer", "clip_norm", clip_norm,
+                                                                    low_open=True)
         if not isinstance(accumulate, int) or accumulate < 1:
             raise UserError(f"Trainer: accumulate must be a positive int, got {accumulate!r}")
         self.accumulate = accumulate
@@ -295,6 +296,8 @@ class Trainer:
 
         ``lr`` overrides the optimizer's learning rate for this step (a schedule)."""
         arrays = self._check_batch(batch)
+        if lr is not None:
+            lr = check_hyper("Trainer.update", "lr", lr)
         self._calls += 1
         apply = self._calls % self.accumulate == 0
         step = self._step_for(arrays, apply)
@@ -394,13 +397,16 @@ class Trainer:
                  **{"__t__": np.array(self.t), "__calls__": np.array(self._calls), "__seed__": np.array(self._seed)})
 
     def load(self, path: str):
-        """What :meth:`save` wrote (the same model and optimizer)."""
-        with np.load(path) as data:
-            missing = [s.name for s in self._slots if s.name not in data.files]
-            if missing:
-                raise UserError(f"Trainer.load: {path} has no {', '.join(missing[:5])}")
-            self.set({s.name: data[s.name] for s in self._slots})
-            self.t, self._calls, self._seed = int(data["__t__"]), int(data["__calls__"]), int(data["__seed__"])
+        """What :meth:`save` wrote (the same model and optimizer).
+
+        The file is checked whole before anything is overwritten: a file that is missing,
+        not an ``.npz`` archive, truncated or corrupt, lacking a parameter, state or step
+        count, holding one of another shape or dtype, or holding names this trainer does
+        not have (another model or optimizer) is a :class:`UserError` naming the file and
+        the problem. Pickled data is never loaded."""
+        values, counters = _read_checkpoint(path, self._slots)
+        self.set(values)
+        self.t, self._calls, self._seed = counters
 
     # -- deployment -----------------------------------------------------------------------------
     def export(self, path: str, target: str = "host", *, cpu: str = None, features: str = None,
@@ -414,15 +420,19 @@ class Trainer:
 
         ``state`` is one blob holding every parameter and state (optimizer moments, batch
         norm statistics) at the byte offsets the header gives; a step reads ``state_in`` and
-        writes the next state to ``state_out`` (two blobs used in turn, as the trainer does);
-        ``t`` is the step count from 1. The current state is in the object as
+        writes the next state to ``state_out`` (two blobs used in turn, as the trainer does).
+        The header documents each scalar (:data:`SCALAR_DOCS`): ``t`` is the step count
+        **from 1** (a counter from 0 divides by zero in Adam's bias correction and repeats
+        SGD momentum's first step), ``seed`` a new value each step (dropout), ``lr`` the
+        step's learning rate. The current state is in the object as
         ``NAME_initial_state``. Returns the file paths and the state layout."""
         import os
         from .. import export as export_kernels
         if self.accumulate != 1:
             raise UserError("Trainer.export: gradient accumulation is not exported; build the trainer "
                             "with accumulate=1")
-        name = os.path.basename(path)
+        from codegen.export import c_name
+        name = c_name(os.path.basename(path))
         shapes = tuple(t.shape for t in self.inputs + self.targets)
         step = self._step_for_shapes(shapes, True)
         if step.carried:
@@ -443,9 +453,13 @@ class Trainer:
         outs = kern.outputs
         state_out = [(outs[step.n_out_extra + j], offsets[k]) for j, k in enumerate(step.slot_outputs)]
         extra = [("buffer", what, o) for what, o in zip(("loss", "accuracy"), outs[:step.n_out_extra])]
-        step_args = list(batch) + [("scalar", seed), ("scalar", lr), ("scalar", t),
-                                   ("group", "state_in", state_in, False, total),
-                                   ("group", "state_out", state_out, True, total)] + extra
+        step_args = list(batch) + [("scalar", seed, SCALAR_DOCS["seed"]), ("scalar", lr, SCALAR_DOCS["lr"]),
+                                   ("scalar", t, SCALAR_DOCS["t"]),
+                                   ("group", "state_in", state_in, False, total,
+                                    "every parameter and state before the step (read only)"),
+                                   ("group", "state_out", state_out, True, total,
+                                    "receives them after the step; must not overlap state_in: keep two "
+                                    "blobs and swap them after each step")] + extra
         predict_kern, slots = self._predict_kernel(tuple(a.shape for a in self.inputs))
         pin = predict_kern.inputs
         predict_args = list(pin[:len(self.inputs)]) + [
@@ -491,6 +505,78 @@ class Trainer:
             for r in sorted(rows, key=lambda r: -r["ms"])[:25]:
                 print(f"  {r['ms']:9.4f} ms  {100 * r['ms'] / max(total, 1e-12):5.1f}%  {r['stage']}")
         return rows
+
+
+#: what the scalar arguments of an exported training step mean (written into the C header)
+SCALAR_DOCS = {
+    "seed": "the seed of this step's random numbers (dropout masks): give each step a new value, as "
+            "Trainer.update does (1, 2, 3, ...); a repeated seed repeats the masks. Not read by a model "
+            "without dropout.",
+    "lr": "the learning rate of this step (a schedule passes a different one each step); a finite "
+          "number >= 0. Trainer.update passes the optimizer's lr.",
+    "t": "the optimizer's step count: 1 for the first step (NOT 0), then 2, 3, ... one more each step. "
+         "Adam and AdamW divide by 1 - beta^t (their bias correction: t = 0 divides by zero) and SGD "
+         "with momentum takes t <= 1 as the first step (it sets the momentum buffer instead of "
+         "decaying it), so a counter from 0 silently changes training. Pass a float (1.0f, 2.0f, ...).",
+}
+
+_COUNTERS = ("__t__", "__calls__", "__seed__")
+
+
+def _read_checkpoint(path, slots: List[_Slot]):
+    """``({name: array}, (t, calls, seed))`` from a file :meth:`Trainer.save` wrote, checked
+    against ``slots``; a :class:`UserError` naming the file and the problem otherwise."""
+    import zipfile
+    where = f"Trainer.load: {path}"
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UserError(f"{where}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{where}: is a directory, not a checkpoint file") from None
+    except (ValueError, EOFError, OSError, zipfile.BadZipFile) as err:
+        # numpy reads a file without the .npy/.npz magic as a pickle, which allow_pickle=False refuses
+        raise UserError(f"{where}: not a te_grad checkpoint (an .npz archive written by Trainer.save): "
+                        f"the file is corrupt, truncated or of another format ({type(err).__name__}: "
+                        f"{str(err)[:120]})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise UserError(f"{where}: holds a single array, not a te_grad checkpoint (an .npz archive "
+                        f"written by Trainer.save)")
+    with archive as data:
+        names = list(data.files)
+        expected = [s.name for s in slots]
+        missing = [n for n in expected + list(_COUNTERS) if n not in names]
+        if missing:
+            kind = "not a te_grad checkpoint (no step counters) or one of another model or optimizer" \
+                if any(c in missing for c in _COUNTERS) else "a checkpoint of another model or optimizer"
+            raise UserError(f"{where}: missing {', '.join(missing[:6])}"
+                            f"{f' and {len(missing) - 6} more' if len(missing) > 6 else ''}: {kind}")
+        extra = [n for n in names if n not in expected and n not in _COUNTERS]
+        if extra:
+            raise UserError(f"{where}: holds {', '.join(extra[:6])}, which this trainer has no parameter "
+                            f"or state for: a checkpoint of another model or optimizer")
+        values, counters = {}, []
+        for name in expected + list(_COUNTERS):
+            try:
+                value = data[name]
+            except (ValueError, EOFError, OSError, zipfile.BadZipFile, KeyError) as err:
+                raise UserError(f"{where}: {name} cannot be read: the file is corrupt or truncated "
+                                f"({type(err).__name__}: {str(err)[:120]})") from None
+            if name in _COUNTERS:
+                if value.shape != () or value.dtype.kind not in "iu":
+                    raise UserError(f"{where}: {name} must be a whole number, got {value.dtype} of shape "
+                                    f"{list(value.shape)}: not a te_grad checkpoint")
+                counters.append(int(value))
+                continue
+            slot = slots[expected.index(name)]
+            want = slot.placeholder
+            if value.shape != want.shape:
+                raise UserError(f"{where}: {name} has shape {list(value.shape)}, this trainer's has "
+                                f"{list(want.shape)}")
+            if value.dtype != np.dtype(want.dtype):
+                raise UserError(f"{where}: {name} is {value.dtype}, this trainer's is {want.dtype}")
+            values[name] = value
+    return values, tuple(counters)
 
 
 def _clipped(grads: List[Tensor], clip: float) -> List[Tensor]:
