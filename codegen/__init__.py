@@ -95,11 +95,16 @@ def _build_key(outs, inputs, fast_math, machine) -> str:
 
 
 def _remember_build(outs, inputs, fast_math, machine, kernel, text):
-    """Store the build in the disk cache (graphs too deep to pickle are skipped)."""
+    """Store the build in the disk cache (graphs with expressions too deep to pickle are skipped).
+
+    Pickling recurses through what an object holds: the entry starts with every tensor of
+    the graph, producers first, so that each tensor is pickled when the tensors it reads
+    already are (a chain of thousands of stages pickles, and unpickles, stage by stage)."""
     from te_grad.deep import graph_depth
     if not disk_cache.enabled() or graph_depth(kernel.outputs) > 150:  # pickle recurses
         return
-    entry = dict(outputs=kernel.outputs, inputs=kernel.inputs, buffers=kernel.buffers,
+    graph = topo_order(list(kernel.buffers) + list(kernel.outputs))
+    entry = dict(graph=graph, outputs=kernel.outputs, inputs=kernel.inputs, buffers=kernel.buffers,
                  stages=[(cs.stage, cs.work) for cs in kernel.stages], regions=kernel.regions,
                  module=module_key(text), text=text)
     disk_cache.store_pickle("build", _build_key(outs, inputs, fast_math, machine), entry)

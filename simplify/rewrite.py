@@ -28,7 +28,7 @@ from te_grad.graph import topo_order
 from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ScatterOp, Select,
                         Tensor)
 from te_grad.ir import structurally_equal
-from te_grad.transform import replace_tensors, substitute
+from te_grad.transform import replace_tensors, substitute, sum_terms
 from te_grad.visitor import Visitor
 
 from te_grad.errors import SimplificationWarning
@@ -55,10 +55,7 @@ def summands(e: Expr) -> List[Expr]:
 
 
 def _sum(terms: List[Expr]) -> Expr:
-    out = terms[0]
-    for t in terms[1:]:
-        out = out + t
-    return out
+    return sum_terms(terms)
 
 
 class _ReadCounter(Visitor):
@@ -107,12 +104,17 @@ def _fallback(t: Tensor, red: Reduce, reason: str, fallbacks: List[Tuple[str, st
 def _fuse(terms: List[Expr]) -> List[Expr]:
     """Merge summed reductions that share loops and filter into one reduction."""
     out: List[Expr] = []
+    reductions: List[int] = []  # positions in out of the sum reductions (only they merge)
     for term in terms:
-        for n, prev in enumerate(out):
-            merged = _merge(prev, term)
-            if merged is not None:
-                out[n] = merged
-                break
+        if isinstance(term, Reduce) and term.combiner == "sum":
+            for n in reductions:
+                merged = _merge(out[n], term)
+                if merged is not None:
+                    out[n] = merged
+                    break
+            else:
+                reductions.append(len(out))
+                out.append(term)
         else:
             out.append(term)
     return out

@@ -361,8 +361,15 @@ class ComputeOp:
     note: Optional[str] = None
 
     def inputs(self):
-        from .graph import tensors_read
-        return tensors_read(self.body)
+        got = self.__dict__.get("_inputs")
+        if got is None:  # computed once: graph walks ask every op for its inputs, often
+            from .graph import tensors_read
+            got = tensors_read(self.body)
+            object.__setattr__(self, "_inputs", got)
+        return got
+
+    def __getstate__(self):  # pickled without the cached inputs
+        return {k: v for k, v in self.__dict__.items() if k != "_inputs"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -380,6 +387,9 @@ class ScatterOp:
     note: Optional[str] = None
 
     def inputs(self):
+        got = self.__dict__.get("_inputs")
+        if got is not None:
+            return got
         from .graph import tensors_read
         parts = [ax.lo for ax in self.axes] + [ax.hi for ax in self.axes] + list(self.indices) + [self.value]
         if self.where is not None:
@@ -388,7 +398,12 @@ class ScatterOp:
         for p in parts:
             for t in tensors_read(p):
                 seen.setdefault(id(t), t)
-        return tuple(seen.values())
+        got = tuple(seen.values())
+        object.__setattr__(self, "_inputs", got)
+        return got
+
+    def __getstate__(self):  # pickled without the cached inputs
+        return {k: v for k, v in self.__dict__.items() if k != "_inputs"}
 
 
 class Tensor:
