@@ -102,25 +102,32 @@ def _fallback(t: Tensor, red: Reduce, reason: str, fallbacks: List[Tuple[str, st
 
 
 def _fuse(terms: List[Expr]) -> List[Expr]:
-    """Merge summed reductions that share loops and filter into one reduction."""
+    """Merge summed reductions that share loops and filter into one reduction (the bodies of
+    many, an adjoint gathering thousands of contributions, are summed as a balanced tree)."""
     out: List[Expr] = []
-    reductions: List[int] = []  # positions in out of the sum reductions (only they merge)
+    groups: List[Tuple[int, List[Expr]]] = []  # (position in out, bodies) of each sum reduction
     for term in terms:
         if isinstance(term, Reduce) and term.combiner == "sum":
-            for n in reductions:
-                merged = _merge(out[n], term)
-                if merged is not None:
-                    out[n] = merged
+            for n, bodies in groups:
+                body = _merge(out[n], term)
+                if body is not None:
+                    bodies.append(body)
                     break
             else:
-                reductions.append(len(out))
+                groups.append((len(out), [term.body]))
                 out.append(term)
         else:
             out.append(term)
+    for n, bodies in groups:
+        if len(bodies) > 1:
+            first = out[n]
+            out[n] = Reduce("sum", sum_terms(bodies), first.axes, first.where)
     return out
 
 
-def _merge(a: Expr, b: Expr) -> Optional[Reduce]:
+def _merge(a: Expr, b: Expr) -> Optional[Expr]:
+    """The body of ``b`` over the axes of ``a`` when the two sum reductions share loops and
+    filter (so that their sum is one reduction), else None."""
     if not (isinstance(a, Reduce) and isinstance(b, Reduce)):
         return None
     if a.combiner != "sum" or b.combiner != "sum" or len(a.axes) != len(b.axes) or a.dtype != b.dtype:
@@ -133,7 +140,7 @@ def _merge(a: Expr, b: Expr) -> Optional[Reduce]:
     where_b = None if b.where is None else substitute(b.where, rename)
     if not structurally_equal(a.where, where_b):
         return None
-    return Reduce("sum", a.body + substitute(b.body, rename), a.axes, a.where)
+    return substitute(b.body, rename)
 
 
 def _inlinable(original: Tensor, p: Tensor, reads: Dict[int, int], outputs: Set[int]) -> bool:

@@ -42,16 +42,19 @@ class Expr:
     def __post_init__(self):
         h = [type(self).__name__]
         depth = 0
+        kids = []
         for name in _field_names(type(self)):
             v = getattr(self, name)
             if isinstance(v, tuple):
                 for x in v:
                     h.append(x)
                     if isinstance(x, Expr):
+                        kids.append(x)
                         depth = max(depth, x.__dict__["_depth"])
             else:
                 h.append(v)
                 if isinstance(v, Expr):
+                    kids.append(v)
                     depth = max(depth, v.__dict__["_depth"])
         depth += 1
         if depth > MAX_DEPTH:
@@ -59,6 +62,7 @@ class Expr:
                             f"{MAX_DEPTH}; split it into several tg.compute stages or use a reduction "
                             "(tg.sum over an axis) instead of a long chain")
         object.__setattr__(self, "_depth", depth)
+        object.__setattr__(self, "_children", tuple(kids))
         object.__setattr__(self, "_hash", self._own_hash(h))
         derived = getattr(self, "_derived_dtype", None)
         if derived is not None:  # children's dtypes are cached: no recursion
@@ -81,8 +85,8 @@ class Expr:
         return self.__dict__["_hash"]
 
     def children(self) -> Tuple["Expr", ...]:
-        """The direct sub-expressions, in a fixed order."""
-        return tuple(c for c in _child_fields(self) if isinstance(c, Expr))
+        """The direct sub-expressions, in a fixed order (found once, when the node is built)."""
+        return self.__dict__["_children"]
 
     def __bool__(self):
         raise UserError(
