@@ -40,6 +40,7 @@ from te_grad.lift import normalized_body
 from te_grad.ops import identity_of
 from te_grad.graph import topo_order
 from te_grad.ir import Binary, Const, Expr, PlaceholderOp, Reduce, ScatterOp, Select, Tensor, Var
+from te_grad.transform import sum_terms
 
 from .cache_tiling import tile_stage
 from .congruence import interleave_classes, split_classes
@@ -55,9 +56,17 @@ from .transpose_tiling import tile_transposes
 
 
 def _summands(e: Expr) -> List[Expr]:
-    if isinstance(e, Binary) and e.op == "add":
-        return _summands(e.a) + _summands(e.b)
-    return [e]
+    """The operands of a tree of ``+``, left to right (iterative: sums may be long)."""
+    out: List[Expr] = []
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Binary) and node.op == "add":
+            stack.append(node.b)
+            stack.append(node.a)
+        else:
+            out.append(node)
+    return out
 
 
 def _has_reduce(e: Expr) -> bool:
@@ -84,9 +93,7 @@ def split_terms(body: Expr):
             return None
         else:
             elementwise.append(s)
-    ew = None
-    for e in elementwise:
-        ew = e if ew is None else ew + e
+    ew = sum_terms(elementwise) if elementwise else None
     return ew, terms, "sum"
 
 

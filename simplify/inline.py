@@ -103,11 +103,21 @@ def _cheap(p: Tensor) -> bool:
     return True
 
 
-def _each_element_once(c: Tensor, read: Read) -> bool:
+def _body_reductions(t: Tensor, cache: Dict[int, list]) -> list:
+    """``reductions_in(t.op.body)``, computed once per tensor of a pass (``cache``): a reader
+    of thousands of producers, an adjoint summing the contributions of thousands of stages,
+    is asked about each of them."""
+    got = cache.get(id(t))
+    if got is None:
+        got = cache[id(t)] = reductions_in(t.op.body)
+    return got
+
+
+def _each_element_once(c: Tensor, read: Read, cache: Dict[int, list]) -> bool:
     """True if ``read``'s indices are each one loop variable of ``c`` plus a constant (or a
     constant), every loop variable of ``c`` (its axes and the axes of its reductions) used
     exactly once: each iteration of ``c`` reads another element."""
-    loop_vars = {id(a) for a in c.op.axes} | {id(r) for red, _, _ in reductions_in(c.op.body) for r in red.axes}
+    loop_vars = {id(a) for a in c.op.axes} | {id(r) for red, _, _ in _body_reductions(c, cache) for r in red.axes}
     seen = set()
     for ix in read.indices:
         vars_ = free_vars(ix)
@@ -117,14 +127,14 @@ def _each_element_once(c: Tensor, read: Read) -> bool:
     return seen == loop_vars
 
 
-def _recomputable(p: Tensor, reads: List[Tuple[Tensor, Read]]) -> bool:
+def _recomputable(p: Tensor, reads: List[Tuple[Tensor, Read]], cache: Dict[int, list]) -> bool:
     """A cheap element-wise producer read at most CHEAP_READS times, each read touching each
     element once, by computes."""
     return (isinstance(p.op, ComputeOp) and 1 < len(reads) <= CHEAP_READS and _cheap(p)
-            and all(isinstance(c.op, ComputeOp) and _each_element_once(c, r) for c, r in reads))
+            and all(isinstance(c.op, ComputeOp) and _each_element_once(c, r, cache) for c, r in reads))
 
 
-def _fusable(p: Tensor, reads: List[Tuple[Tensor, Read]]) -> bool:
+def _fusable(p: Tensor, reads: List[Tuple[Tensor, Read]], cache: Dict[int, list]) -> bool:
     """Read once, by a copy or element-wise at the reader's own indices."""
     if not isinstance(p.op, ComputeOp) or len(reads) != 1:
         return False
@@ -133,7 +143,7 @@ def _fusable(p: Tensor, reads: List[Tuple[Tensor, Read]]) -> bool:
         return False
     if _copies(c, read):
         return True
-    return (not reductions_in(p.op.body) and not reductions_in(c.op.body) and c.shape == p.shape
+    return (not _body_reductions(p, cache) and not _body_reductions(c, cache) and c.shape == p.shape
             and len(read.indices) == len(c.op.axes) and all(i is a for i, a in zip(read.indices, c.op.axes)))
 
 
@@ -154,9 +164,10 @@ def inline_elementwise(roots: Iterable[Tensor], protected: Set[int] = frozenset(
     order = topo_order(roots)
     protected = set(protected) | {id(t) for t in roots}
     reads = _readers(order)
-    fused = {id(p) for p in order if id(p) not in protected and _fusable(p, reads.get(id(p), []))}
+    cache: Dict[int, list] = {}
+    fused = {id(p) for p in order if id(p) not in protected and _fusable(p, reads.get(id(p), []), cache)}
     recomputed = {id(p) for p in order if id(p) not in protected and id(p) not in fused
-                  and _recomputable(p, reads.get(id(p), []))}
+                  and _recomputable(p, reads.get(id(p), []), cache)}
     candidates = fused | recomputed
     new: Dict[int, Tensor] = {}
     inline: Dict[int, Tensor] = {}

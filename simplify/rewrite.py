@@ -28,7 +28,7 @@ from te_grad.graph import topo_order
 from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ScatterOp, Select,
                         Tensor)
 from te_grad.ir import structurally_equal
-from te_grad.transform import replace_tensors, substitute
+from te_grad.transform import replace_tensors, substitute, sum_terms
 from te_grad.visitor import Visitor
 
 from te_grad.errors import SimplificationWarning
@@ -55,10 +55,7 @@ def summands(e: Expr) -> List[Expr]:
 
 
 def _sum(terms: List[Expr]) -> Expr:
-    out = terms[0]
-    for t in terms[1:]:
-        out = out + t
-    return out
+    return sum_terms(terms)
 
 
 class _ReadCounter(Visitor):
@@ -105,20 +102,32 @@ def _fallback(t: Tensor, red: Reduce, reason: str, fallbacks: List[Tuple[str, st
 
 
 def _fuse(terms: List[Expr]) -> List[Expr]:
-    """Merge summed reductions that share loops and filter into one reduction."""
+    """Merge summed reductions that share loops and filter into one reduction (the bodies of
+    many, an adjoint gathering thousands of contributions, are summed as a balanced tree)."""
     out: List[Expr] = []
+    groups: List[Tuple[int, List[Expr]]] = []  # (position in out, bodies) of each sum reduction
     for term in terms:
-        for n, prev in enumerate(out):
-            merged = _merge(prev, term)
-            if merged is not None:
-                out[n] = merged
-                break
+        if isinstance(term, Reduce) and term.combiner == "sum":
+            for n, bodies in groups:
+                body = _merge(out[n], term)
+                if body is not None:
+                    bodies.append(body)
+                    break
+            else:
+                groups.append((len(out), [term.body]))
+                out.append(term)
         else:
             out.append(term)
+    for n, bodies in groups:
+        if len(bodies) > 1:
+            first = out[n]
+            out[n] = Reduce("sum", sum_terms(bodies), first.axes, first.where)
     return out
 
 
-def _merge(a: Expr, b: Expr) -> Optional[Reduce]:
+def _merge(a: Expr, b: Expr) -> Optional[Expr]:
+    """The body of ``b`` over the axes of ``a`` when the two sum reductions share loops and
+    filter (so that their sum is one reduction), else None."""
     if not (isinstance(a, Reduce) and isinstance(b, Reduce)):
         return None
     if a.combiner != "sum" or b.combiner != "sum" or len(a.axes) != len(b.axes) or a.dtype != b.dtype:
@@ -131,7 +140,7 @@ def _merge(a: Expr, b: Expr) -> Optional[Reduce]:
     where_b = None if b.where is None else substitute(b.where, rename)
     if not structurally_equal(a.where, where_b):
         return None
-    return Reduce("sum", a.body + substitute(b.body, rename), a.axes, a.where)
+    return substitute(b.body, rename)
 
 
 def _inlinable(original: Tensor, p: Tensor, reads: Dict[int, int], outputs: Set[int]) -> bool:

@@ -99,18 +99,20 @@ def consumers(order: List[Tensor]) -> Dict[int, List[Tensor]]:
 
 def reductions_in(expr: Expr, guards=(), loops=()) -> List[Tuple[Reduce, list, list]]:
     """Every reduction of ``expr`` with the conditions of the ``if_then_else`` branches that
-    lead to it (``guards``) and the reduce axes of the reductions around it (``loops``)."""
+    lead to it (``guards``) and the reduce axes of the reductions around it (``loops``),
+    outer reductions first, left to right (iterative: an explicit stack)."""
     from .ir import Select
     out = []
-    if isinstance(expr, Reduce):
-        out.append((expr, list(guards), list(loops)))
-        out += reductions_in(expr.body, guards, list(loops) + list(expr.axes))
-        return out
-    if isinstance(expr, Select):
-        out += reductions_in(expr.cond, guards, loops)
-        out += reductions_in(expr.t, list(guards) + [expr.cond], loops)
-        out += reductions_in(expr.f, list(guards) + [~expr.cond], loops)
-        return out
-    for c in expr.children():
-        out += reductions_in(c, guards, loops)
+    stack = [(expr, list(guards), list(loops))]
+    while stack:
+        e, gs, ls = stack.pop()
+        if isinstance(e, Reduce):
+            out.append((e, list(gs), list(ls)))
+            stack.append((e.body, gs, ls + list(e.axes)))
+        elif isinstance(e, Select):
+            stack.append((e.f, gs + [~e.cond], ls))
+            stack.append((e.t, gs + [e.cond], ls))
+            stack.append((e.cond, gs, ls))
+        else:
+            stack.extend((c, gs, ls) for c in reversed(e.children()))
     return out

@@ -42,16 +42,19 @@ class Expr:
     def __post_init__(self):
         h = [type(self).__name__]
         depth = 0
+        kids = []
         for name in _field_names(type(self)):
             v = getattr(self, name)
             if isinstance(v, tuple):
                 for x in v:
                     h.append(x)
                     if isinstance(x, Expr):
+                        kids.append(x)
                         depth = max(depth, x.__dict__["_depth"])
             else:
                 h.append(v)
                 if isinstance(v, Expr):
+                    kids.append(v)
                     depth = max(depth, v.__dict__["_depth"])
         depth += 1
         if depth > MAX_DEPTH:
@@ -59,6 +62,7 @@ class Expr:
                             f"{MAX_DEPTH}; split it into several tg.compute stages or use a reduction "
                             "(tg.sum over an axis) instead of a long chain")
         object.__setattr__(self, "_depth", depth)
+        object.__setattr__(self, "_children", tuple(kids))
         object.__setattr__(self, "_hash", self._own_hash(h))
         derived = getattr(self, "_derived_dtype", None)
         if derived is not None:  # children's dtypes are cached: no recursion
@@ -81,8 +85,8 @@ class Expr:
         return self.__dict__["_hash"]
 
     def children(self) -> Tuple["Expr", ...]:
-        """The direct sub-expressions, in a fixed order."""
-        return tuple(c for c in _child_fields(self) if isinstance(c, Expr))
+        """The direct sub-expressions, in a fixed order (found once, when the node is built)."""
+        return self.__dict__["_children"]
 
     def __bool__(self):
         raise UserError(
@@ -440,8 +444,15 @@ class ComputeOp:
     note: Optional[str] = None
 
     def inputs(self):
-        from .graph import tensors_read
-        return tensors_read(self.body)
+        got = self.__dict__.get("_inputs")
+        if got is None:  # computed once: graph walks ask every op for its inputs, often
+            from .graph import tensors_read
+            got = tensors_read(self.body)
+            object.__setattr__(self, "_inputs", got)
+        return got
+
+    def __getstate__(self):  # pickled without the cached inputs
+        return {k: v for k, v in self.__dict__.items() if k != "_inputs"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -459,6 +470,9 @@ class ScatterOp:
     note: Optional[str] = None
 
     def inputs(self):
+        got = self.__dict__.get("_inputs")
+        if got is not None:
+            return got
         from .graph import tensors_read
         parts = [ax.lo for ax in self.axes] + [ax.hi for ax in self.axes] + list(self.indices) + [self.value]
         if self.where is not None:
@@ -467,7 +481,12 @@ class ScatterOp:
         for p in parts:
             for t in tensors_read(p):
                 seen.setdefault(id(t), t)
-        return tuple(seen.values())
+        got = tuple(seen.values())
+        object.__setattr__(self, "_inputs", got)
+        return got
+
+    def __getstate__(self):  # pickled without the cached inputs
+        return {k: v for k, v in self.__dict__.items() if k != "_inputs"}
 
 
 class Tensor:

@@ -62,3 +62,25 @@ def replace_tensors(roots, mapping: Dict[int, "Tensor"]) -> Dict[int, "Tensor"]:
                          axes=tuple(retarget.visit(a) for a in op.axes))
         new[id(t)] = Tensor(t.name, t.shape, t.dtype, op)
     return new
+
+
+#: a sum of at most this many terms is built left to right; longer ones as a balanced tree
+#: of such runs, so that its depth grows with the log of the number of terms
+SUM_RUN = 16
+
+
+def sum_terms(terms) -> Expr:
+    """``terms[0] + terms[1] + ...``: left to right for up to :data:`SUM_RUN` terms, a balanced
+    tree of left-to-right runs beyond (the adjoint of a tensor read by thousands of stages
+    stays a shallow expression; :func:`simplify.rewrite.summands` reads the terms back in
+    order either way)."""
+    terms = list(terms)
+    level = []
+    for k in range(0, len(terms), SUM_RUN):
+        run = terms[k]
+        for t in terms[k + 1:k + SUM_RUN]:
+            run = run + t
+        level.append(run)
+    while len(level) > 1:
+        level = [level[k] + level[k + 1] if k + 1 < len(level) else level[k] for k in range(0, len(level), 2)]
+    return level[0]

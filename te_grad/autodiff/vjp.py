@@ -38,7 +38,7 @@ from ..errors import UserError
 from ..intervals import interval
 from ..ir import ComputeOp, Expr, Read, Reduce, ReduceAxis, ScatterOp, Tensor, Var
 from ..lift import normalized_body
-from ..transform import substitute
+from ..transform import substitute, sum_terms
 from .rules import backprop
 
 #: bodies deeper than this are differentiated through pieces of this depth (:mod:`te_grad.lift`)
@@ -287,10 +287,7 @@ def sum_contributions(x: Tensor, contribs: List[Tensor]) -> Tensor:
         c = contribs[0]
         return c if c.is_placeholder else Tensor(name, c.shape, c.dtype, c.op)
     js = [Var(f"j{d}" if x.ndim > 1 else "j") for d in range(x.ndim)]
-    total = None
-    for c in contribs:
-        r = dsl.cast(x.dtype, Read(c, tuple(js)))
-        total = r if total is None else total + r
+    total = sum_terms([dsl.cast(x.dtype, Read(c, tuple(js))) for c in contribs])
     return Tensor(name, x.shape, x.dtype, ComputeOp(tuple(js), total))
 
 
