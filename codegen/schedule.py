@@ -39,6 +39,7 @@ from te_grad import dsl
 from te_grad.lift import normalized_body
 from te_grad.ops import identity_of
 from te_grad.graph import topo_order
+from te_grad.transform import summands
 from te_grad.ir import Binary, Const, Expr, PlaceholderOp, Reduce, ScatterOp, Select, Tensor, Var
 from te_grad.transform import sum_terms
 
@@ -55,20 +56,6 @@ from .scan import scans
 from .transpose_tiling import tile_transposes
 
 
-def _summands(e: Expr) -> List[Expr]:
-    """The operands of a tree of ``+``, left to right (iterative: sums may be long)."""
-    out: List[Expr] = []
-    stack = [e]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Binary) and node.op == "add":
-            stack.append(node.b)
-            stack.append(node.a)
-        else:
-            out.append(node)
-    return out
-
-
 def _has_reduce(e: Expr) -> bool:
     if isinstance(e, Reduce):
         return True
@@ -81,7 +68,7 @@ def split_terms(body: Expr):
         return (None, [(None, body)], body.combiner) if not _reduce_inside(body) else None
     elementwise: List[Expr] = []
     terms = []
-    for s in _summands(body):
+    for s in summands(body):
         guard, red = None, s
         if isinstance(s, Select) and isinstance(s.t, Reduce) and isinstance(s.f, Const) and s.f.value == 0:
             guard, red = s.cond, s.t

@@ -28,7 +28,7 @@ from te_grad.graph import topo_order
 from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ScatterOp, Select,
                         Tensor)
 from te_grad.ir import structurally_equal
-from te_grad.transform import replace_tensors, substitute, sum_terms
+from te_grad.transform import replace_tensors, substitute, sum_terms, summands
 from te_grad.visitor import Visitor
 
 from te_grad.errors import SimplificationWarning
@@ -38,20 +38,6 @@ from .gather import simplify_reduction
 from .inline import Redirect
 from .isl_bridge import Unsupported
 from .scatter import scatter_term, try_scatter
-
-
-def summands(e: Expr) -> List[Expr]:
-    """The operands of a chain of ``+``, left to right (iterative: chains may be long)."""
-    out: List[Expr] = []
-    stack = [e]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Binary) and node.op == "add":
-            stack.append(node.b)
-            stack.append(node.a)
-        else:
-            out.append(node)
-    return out
 
 
 def _sum(terms: List[Expr]) -> Expr:

@@ -32,6 +32,20 @@ def check_max_shapes(value) -> int:
     return value
 
 
+class ShapeBounded:
+    """The ``max_shapes`` knob of a framework op (kept in its :class:`SpecCache`)."""
+    _specs: "SpecCache"
+
+    @property
+    def max_shapes(self) -> int:
+        """How many combinations of input shapes and dtypes the op keeps built."""
+        return self._specs.size
+
+    @max_shapes.setter
+    def max_shapes(self, value: int):
+        self._specs.size = value
+
+
 class SpecCache:
     """An op's graphs and kernels by input shapes and dtypes: at most ``size`` of them, the
     least recently used dropped first (with its kernels, whose engines are freed once the

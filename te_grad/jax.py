@@ -27,7 +27,7 @@ import jax
 from . import dsl, dtypes
 from .errors import UserError
 from .ir import Tensor
-from .bridge import MAX_SHAPES, SpecCache, tensor_params
+from .bridge import MAX_SHAPES, ShapeBounded, SpecCache, tensor_params
 
 _SUPPORTED = ("float32", "float64", "int32", "int64", "bool")
 
@@ -53,7 +53,7 @@ class _Spec:
         return [jax.ShapeDtypeStruct(t.shape, np.dtype(t.dtype)) for t in tensors]
 
 
-class JaxOp:
+class JaxOp(ShapeBounded):
     """A te_grad op as a JAX function with a custom VJP (see the module docstring); at most
     ``max_shapes`` combinations of input shapes and dtypes stay built (an attribute too)."""
 
@@ -70,15 +70,6 @@ class JaxOp:
         self.threads = threads
         self._specs = SpecCache(max_shapes)
         self._call = self._make()
-
-    @property
-    def max_shapes(self) -> int:
-        """How many combinations of input shapes and dtypes the op keeps built."""
-        return self._specs.size
-
-    @max_shapes.setter
-    def max_shapes(self, value: int):
-        self._specs.size = value
 
     def spec(self, *args) -> _Spec:
         key = []

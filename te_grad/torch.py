@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from . import dsl, dtypes
-from .bridge import MAX_SHAPES, SpecCache, tensor_params
+from .bridge import MAX_SHAPES, ShapeBounded, SpecCache, tensor_params
 from .errors import UserError
 from .ir import Tensor
 
@@ -151,7 +151,7 @@ def _empty(shape, dtype, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=_TO_TORCH[dtype], device=like.device)
 
 
-class TorchOp:
+class TorchOp(ShapeBounded):
     """A te_grad op registered with ``torch.library`` (see the module docstring).
 
     Calling it runs the op on torch tensors; ``fwd`` and ``bwd`` are the registered
@@ -177,15 +177,6 @@ class TorchOp:
         self._specs = SpecCache(max_shapes, on_evict=self._forget)
         self._seen: Dict[tuple, _Spec] = {}  # torch's own shapes, dtypes and device: the fast path
         self._register()
-
-    @property
-    def max_shapes(self) -> int:
-        """How many combinations of input shapes and dtypes the op keeps built."""
-        return self._specs.size
-
-    @max_shapes.setter
-    def max_shapes(self, value: int):
-        self._specs.size = value
 
     def _forget(self, spec: _Spec):
         for k in [k for k, v in list(self._seen.items()) if v is spec]:

@@ -1,7 +1,7 @@
-"""Small IR rewrites shared by the passes: substitution of variables."""
-from typing import Dict
+"""Small IR rewrites shared by the passes: substitution of variables, sums of many terms."""
+from typing import Dict, List
 
-from .ir import Expr, Tensor, Var
+from .ir import Binary, Expr, Tensor, Var
 from .visitor import Mutator
 
 
@@ -72,8 +72,8 @@ SUM_RUN = 16
 def sum_terms(terms) -> Expr:
     """``terms[0] + terms[1] + ...``: left to right for up to :data:`SUM_RUN` terms, a balanced
     tree of left-to-right runs beyond (the adjoint of a tensor read by thousands of stages
-    stays a shallow expression; :func:`simplify.rewrite.summands` reads the terms back in
-    order either way)."""
+    stays a shallow expression; :func:`summands` reads the terms back in order either
+    way)."""
     terms = list(terms)
     level = []
     for k in range(0, len(terms), SUM_RUN):
@@ -84,3 +84,17 @@ def sum_terms(terms) -> Expr:
     while len(level) > 1:
         level = [level[k] + level[k + 1] if k + 1 < len(level) else level[k] for k in range(0, len(level), 2)]
     return level[0]
+
+
+def summands(e: Expr) -> List[Expr]:
+    """The operands of a tree of ``+``, left to right (iterative: sums may be long)."""
+    out: List[Expr] = []
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Binary) and node.op == "add":
+            stack.append(node.b)
+            stack.append(node.a)
+        else:
+            out.append(node)
+    return out

@@ -90,6 +90,18 @@ def _objective(out, head_value, feed):
     return float(np.sum(evaluate([out], feed)[0] * head_value))
 
 
+def _directions(x, rng, units_up_to: int):
+    """Two random directions in ``x``'s space, and every unit vector when ``x`` has at most
+    ``units_up_to`` elements."""
+    directions = [rng.standard_normal(x.shape) for _ in range(2)]
+    if x.size <= units_up_to:
+        for idx in np.ndindex(*x.shape):
+            e = np.zeros(x.shape)
+            e[idx] = 1.0
+            directions.append(e)
+    return directions
+
+
 def _fd_check(out, inputs, feed, head_value, grads, rng):
     """Raw gradients against central finite differences: elementwise for small inputs, and
     along two random directions. Returns "fd-unstable" when the differences themselves
@@ -97,13 +109,7 @@ def _fd_check(out, inputs, feed, head_value, grads, rng):
     unstable = False
     for x, g in zip(inputs, grads):
         base = feed[x]
-        directions = [rng.standard_normal(x.shape) for _ in range(2)]
-        if x.size <= 12:
-            for idx in np.ndindex(*x.shape):
-                e = np.zeros(x.shape)
-                e[idx] = 1.0
-                directions.append(e)
-        for v in directions:
+        for v in _directions(x, rng, units_up_to=12):
             def fd(eps):
                 plus, minus = dict(feed), dict(feed)
                 plus[x], minus[x] = base + eps * v, base - eps * v
@@ -276,13 +282,7 @@ def _second_order(out, inputs, ids, head, feed, first, rng, compile_) -> str:
     unstable = False
     for x, h in zip(inputs, raw_values):
         base = feed[x]
-        directions = [rng.standard_normal(x.shape) for _ in range(2)]
-        if x.size <= 4:
-            for idx in np.ndindex(*x.shape):
-                e = np.zeros(x.shape)
-                e[idx] = 1.0
-                directions.append(e)
-        for u in directions:
+        for u in _directions(x, rng, units_up_to=4):
             def fd(eps):
                 plus, minus = dict(feed), dict(feed)
                 plus[x], minus[x] = base + eps * u, base - eps * u
