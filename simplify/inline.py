@@ -141,19 +141,19 @@ def _fusable(p: Tensor, reads: List[Tuple[Tensor, Read]], cache: Dict[int, list]
     c, read = reads[0]
     if not isinstance(c.op, ComputeOp):
         return False
-    if _copies(c, read):
+    if _copies(c, read, cache):
         return True
     return (not _body_reductions(p, cache) and not _body_reductions(c, cache) and c.shape == p.shape
             and len(read.indices) == len(c.op.axes) and all(i is a for i, a in zip(read.indices, c.op.axes)))
 
 
-def _copies(c: Tensor, read: Read) -> bool:
+def _copies(c: Tensor, read: Read, cache: Dict[int, list]) -> bool:
     """True if ``c``'s body is ``read`` alone (maybe cast) and each index of the read is one
     of ``c``'s axes plus a constant, each axis used once: a slice, a shift or a transpose."""
     body = c.op.body
     while isinstance(body, Cast):
         body = body.a
-    return body is read and _each_element_once(c, read)
+    return body is read and _each_element_once(c, read, cache)
 
 
 def inline_elementwise(roots: Iterable[Tensor], protected: Set[int] = frozenset()) -> Dict[int, Tensor]:
