@@ -85,7 +85,7 @@ def key(*parts: str) -> str:
 
 
 def te_grad_version() -> str:
-    from te_grad import __version__
+    from te_grad.version import __version__
     return __version__
 
 

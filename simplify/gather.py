@@ -26,6 +26,7 @@ from te_grad.transform import substitute
 
 from .affine import conjuncts, isl_cond, isl_expr
 from .isl_bridge import Domain, LoopNest, Unsupported
+from .validate import scan
 
 COMBINE = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b,
            "max": dsl.maximum, "min": dsl.minimum}
@@ -113,12 +114,12 @@ def simplify_reduction(red: Reduce, out_axes: Sequence[Var], shape: Sequence[int
     parts = ReductionParts(red, out_axes, shape)
     if not parts.ok or (not parts.affine_conditions and not parts.residual):
         return None  # a box, or an already simplified nest: nothing to gain
-    nests = parts.domain().scan()
+    nests = scan(parts.domain())
     if any(n.strided for n in nests):
         # a strided loop vectorizes and reads badly: see whether solving for the other
         # variables (the reverse loop order) avoids it, as for a strided conv's gradient
         try:
-            other = parts.domain(list(reversed(range(len(parts.dims))))).scan()
+            other = scan(parts.domain(list(reversed(range(len(parts.dims))))))
         except Unsupported:
             other = nests
         if sum(n.strided for n in other) < sum(n.strided for n in nests):

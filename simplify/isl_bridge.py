@@ -3,7 +3,7 @@
 A :class:`Domain` is an integer set over *parameters* (the output indices of
 a tensor, fixed while one element is computed) and *dimensions* (the loop
 variables of a reduction), given by quasi-affine constraints in isl syntax
-(see :mod:`.affine`). :meth:`Domain.scan` asks isl's AST generator for a loop
+(see :mod:`.affine`). :func:`simplify.validate.scan` asks isl's AST generator for a loop
 nest that visits exactly its points and converts that AST back to te_grad IR:
 isl eliminates every dimension an equality determines, turns congruences into
 strided loops, and gives tight (min/max/floordiv) bounds for the rest.
@@ -120,30 +120,7 @@ class Domain:
         point = _sample(*self._texts)
         return dict(point) if point is not None else None
 
-    def scan(self) -> List[LoopNest]:
-        """Loop nests that together visit every point of the domain exactly once.
-
-        Each scan is checked by :func:`~simplify.validate.check_nests` before it is
-        returned; a scan that fails (isl's AST generator loses points of some domains
-        with several modular constraints) is retried with the dimensions in other orders,
-        and :class:`Unverified` is raised when none passes."""
-        from .validate import check_nests
-        if self.set.is_empty():
-            return []
-        reasons: List[str] = []
-        for order, option in self._schedules():
-            try:
-                nests = self._scan(order, option)
-            except Unsupported as err:
-                reasons.append(str(err))
-                continue
-            why = check_nests(self, nests)
-            if why is None:
-                return nests
-            reasons.append(f"the scan in order {order}{' (' + option + ')' if option else ''}: {why}")
-        raise Unverified("; ".join(dict.fromkeys(reasons)))
-
-    def _schedules(self):
+    def schedules(self):
         """The requested order, its reverse, isl's 'atomic' generation of each, then other
         orders (at most :data:`MAX_ORDERS` schedules in all)."""
         import itertools
@@ -160,7 +137,7 @@ class Domain:
                 tried.append((list(perm), None))
         yield from tried
 
-    def _scan(self, order, option=None) -> List[LoopNest]:
+    def scan_in(self, order, option=None) -> List[LoopNest]:
         self._current_order = order
         dnames = ", ".join(d[0] for d in self.dims)
         snames = ", ".join(self.dims[k][0] for k in order)

@@ -20,6 +20,7 @@ from te_grad.transform import substitute
 from .affine import conjuncts, isl_cond, isl_expr
 from .gather import lift_guards
 from .isl_bridge import Domain, Unsupported
+from .validate import scan
 
 
 def _index_equalities(red: Reduce, axes) -> Optional[Dict[int, Expr]]:
@@ -93,7 +94,7 @@ def _tighten(red: Reduce, indices, value, conds: List[Expr], names):
             return list(red.axes), indices, value, dsl.all(conds) if conds else None
         bounds.append(f"{lo} <= r{n} < {hi}")
     try:
-        nests = Domain([], [(f"r{n}", ax.name) for n, ax in enumerate(red.axes)], bounds + affine).scan()
+        nests = scan(Domain([], [(f"r{n}", ax.name) for n, ax in enumerate(red.axes)], bounds + affine))
     except Unsupported:
         nests = None
     if nests is None or len(nests) != 1 or nests[0].guards or not nests[0].axes:

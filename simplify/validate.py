@@ -1,6 +1,6 @@
 """Translation validation: a scan is returned only after isl proves it visits exactly its domain.
 
-:meth:`~simplify.isl_bridge.Domain.scan` turns isl's AST into te_grad loop nests.
+:func:`scan` turns isl's AST into te_grad loop nests (:meth:`~simplify.isl_bridge.Domain.scan_in`).
 Both steps can go wrong: isl's AST generator itself drops points for some
 domains with several modular constraints (``{(i, j) : (i + j) mod 3 = p0,
 (j + 1) mod 5 = p1}`` comes back as a single statement although two ``i``
@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 from te_grad.errors import InternalError
 
 from .affine import isl_cond, isl_expr
-from .isl_bridge import IslError, empty_set, parse_map
+from .isl_bridge import IslError, LoopNest, Unsupported, Unverified, empty_set, parse_map
 
 
 def _nest_text(domain, nest, k: int):
@@ -64,6 +64,29 @@ def _nest_text(domain, nest, k: int):
     lnames = ", ".join(loops)
     dnames = ", ".join(dims)
     return f"[{pnames}] -> {{ L[{lnames}] -> S[{dnames}] : {body} }}", None
+
+
+def scan(domain) -> List[LoopNest]:
+    """Loop nests that together visit every point of ``domain`` exactly once.
+
+    Each scan is checked by :func:`check_nests` before it is returned; a scan that fails
+    (isl's AST generator loses points of some domains with several modular constraints)
+    is retried with the dimensions in other orders, and
+    :class:`~simplify.isl_bridge.Unverified` is raised when none passes."""
+    if domain.set.is_empty():
+        return []
+    reasons: List[str] = []
+    for order, option in domain.schedules():
+        try:
+            nests = domain.scan_in(order, option)
+        except Unsupported as err:
+            reasons.append(str(err))
+            continue
+        why = check_nests(domain, nests)
+        if why is None:
+            return nests
+        reasons.append(f"the scan in order {order}{' (' + option + ')' if option else ''}: {why}")
+    raise Unverified("; ".join(dict.fromkeys(reasons)))
 
 
 def check_nests(domain, nests) -> Optional[str]:

@@ -126,7 +126,7 @@ def iterations(tensors) -> int:
     from simplify import iterations as _iterations
     return _iterations(tensors)
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402 - one place for it
 
 __all__ = [
     "TeGradError", "UserError", "InternalError", "Expr", "Tensor", "dtypes",

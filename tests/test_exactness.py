@@ -79,9 +79,9 @@ def test_the_defect_of_the_first_example_is_in_isls_ast_and_is_caught():
     dom = isl_bridge.Domain([("p0", tg.ir.Var("j0"), 3), ("p1", tg.ir.Var("j1"), 5)],
                             [("r0", "i"), ("r1", "j")],
                             ["0 <= r0 < 4", "0 <= r1 < 5", "((r0 + r1) mod 3) = p0", "((r1 + 1) mod 5) = p1"])
-    plain = dom._scan([0, 1])
+    plain = dom.scan_in([0, 1])
     assert validate.check_nests(dom, plain) is not None  # isl's own scan misses points
-    nests = dom.scan()
+    nests = validate.scan(dom)
     assert validate.check_nests(dom, nests) is None
 
 
@@ -223,12 +223,12 @@ def test_validation_runs_on_every_scan(monkeypatch):
 def test_a_bad_scan_falls_back_and_says_so(monkeypatch):
     """Drop one loop nest from every scan isl returns: validation must refuse each of them,
     and the gradient must come back exact, through a form correct by construction."""
-    real_scan = isl_bridge.Domain._scan
+    real_scan = isl_bridge.Domain.scan_in
 
     def lossy(self, order, option=None):  # every nest loses its points where dimension 0 is 0
         return [isl_bridge.LoopNest(n.guards, n.axes, n.filters + [n.values[0] != 0], n.values, n.strided)
                 for n in real_scan(self, order, option)]
-    monkeypatch.setattr(isl_bridge.Domain, "_scan", lossy)
+    monkeypatch.setattr(isl_bridge.Domain, "scan_in", lossy)
     X = tg.placeholder((6,), name="X", dtype="float64")
     Y = tg.compute((4,), lambda i: X[i] * X[i + 2], name="Y")
     H = tg.placeholder((4,), name="H", dtype="float64")
