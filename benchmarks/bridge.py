@@ -13,7 +13,7 @@ For every op of the reference suite, in one process, at the same thread count:
 
 It prints the ratios and the geometric means, and the per-call overhead of the bridge (a
 one-element op: te_grad custom op vs ``torch.mul``). Timings are medians of interleaved
-runs (te_grad.benchmark.Timer).
+runs (te_grad.tools.benchmark.Timer).
 """
 import argparse
 import math
@@ -24,7 +24,7 @@ import torch
 
 import te_grad as tg
 import te_grad.torch as tgt
-from te_grad.benchmark import Timer, cpu_name, pin_threads, torch_table
+from te_grad.tools.benchmark import Timer, cpu_name, pin_threads, torch_table
 from te_grad.suite import SUITE, workload
 
 

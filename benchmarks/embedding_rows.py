@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import te_grad as tg  # noqa: E402
-from te_grad.benchmark import Timer, pin_threads, rel_err  # noqa: E402
+from te_grad.tools.benchmark import Timer, pin_threads, rel_err  # noqa: E402
 from te_grad.suite import workload  # noqa: E402
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 import te_grad as tg
 from te_grad import nn
-from te_grad.benchmark import Timer, cpu_name, script_options
+from te_grad.tools.benchmark import Timer, cpu_name, script_options
 
 
 def dense(n):

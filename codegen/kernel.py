@@ -160,10 +160,6 @@ class Kernel:
         """The host assembly of the kernel (text)."""
         return self.wait()._compiled.asm
 
-    def _repr_html_(self):
-        from te_grad.display import kernel_html
-        return kernel_html(self)
-
     def __repr__(self):
         ins = ", ".join(t.name for t in self.inputs)
         outs = ", ".join(t.name for t in self.outputs)

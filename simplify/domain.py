@@ -29,10 +29,6 @@ class IterationDomain:
         extra = f"\n  filtered by: {' and '.join(self.filters)}" if self.filters else ""
         return f"iteration domain of {self.tensor.name}: {self.isl}{extra}"
 
-    def _repr_html_(self):
-        from te_grad.display import text_html
-        return text_html(f"iteration domain of {self.tensor.name}", repr(self).split(": ", 1)[1])
-
 
 def domains(tensor: Tensor) -> List[IterationDomain]:
     """The iteration domain of every reduction in ``tensor``'s body."""

@@ -127,6 +127,8 @@ def iterations(tensors) -> int:
     return _iterations(tensors)
 
 from .version import __version__  # noqa: E402 - one place for it
+from . import display as _display  # noqa: E402
+_display.install()  # the notebook forms (HTML, LaTeX) of tensors, results, kernels, domains
 
 __all__ = [
     "TeGradError", "UserError", "InternalError", "Expr", "Tensor", "dtypes",

@@ -1,6 +1,9 @@
-"""Rich (HTML) display of te_grad objects in Jupyter; plain text stays the terminal form.
+"""Rich (HTML, LaTeX) display of te_grad objects in Jupyter; plain text stays the terminal form.
 
-Each function returns an HTML string; the objects' ``_repr_html_`` call them.
+Each function returns an HTML string. The objects do not import this module: :func:`install`
+gives their classes the ``_repr_html_`` (and tensors ``_repr_latex_``) that Jupyter calls,
+and ``import te_grad`` runs it. So the IR core, the simplifier and the code generator know
+nothing of notebooks, and this module sits above them all, just below the facade.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ def tensor_html(tensor) -> str:
 def result_html(res) -> str:
     """A differentiation result: per input, the gradient and its exact cost, raw vs simplified."""
     from .printer import show
-    from . import iterations
+    from simplify import iterations
     forward = iterations(list(res.outputs))
     rows = []
     for x, g, raw in zip(res.inputs, res.gradients, res.raw):
@@ -59,3 +62,29 @@ def kernel_html(kernel) -> str:
 
 def text_html(title: str, text: str) -> str:
     return f"<b>{html.escape(title)}</b>" + _pre(text)
+
+
+def _tensor_latex(tensor):
+    """The tensor's own formula as a LaTeX equation (sympy renders it)."""
+    from .symbolic import latex
+    if tensor.is_placeholder:
+        return None
+    return "$$" + latex(tensor, dependencies=False) + "$$"
+
+
+def _domain_html(domain) -> str:
+    return text_html(f"iteration domain of {domain.tensor.name}", repr(domain).split(": ", 1)[1])
+
+
+def install():
+    """Give te_grad's objects their notebook forms: tensors (HTML and LaTeX), differentiation
+    results, compiled kernels and iteration domains."""
+    from codegen.kernel import Kernel
+    from simplify.domain import IterationDomain
+    from .autodiff import DifferentiationResult
+    from .ir import Tensor
+    Tensor._repr_html_ = tensor_html
+    Tensor._repr_latex_ = _tensor_latex
+    DifferentiationResult._repr_html_ = result_html
+    Kernel._repr_html_ = kernel_html
+    IterationDomain._repr_html_ = _domain_html

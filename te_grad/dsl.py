@@ -9,182 +9,21 @@ from __future__ import annotations
 import builtins
 import inspect
 import numbers
-import operator
 from typing import Callable
 
-import numpy as np
 
 from . import dtypes, ops
 from .errors import UserError
 from .deep import deep_entry
 from .graph import free_vars
-from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce,
-                 ReduceAxis, Select, Tensor, Unary, Var)
+from .ir import Call, ComputeOp, Expr, PlaceholderOp, Reduce, ReduceAxis, Select, Tensor, Var
+# the typed make-functions live beside the nodes (the Python operators call them); re-exported here
+from .ir import _operands, as_expr, binary, cast, compare, const, read, unary  # noqa: F401
 from .visitor import Visitor
 
 # ---------------------------------------------------------------------------
-# scalars and promotion
+# conditions, functions, reductions
 # ---------------------------------------------------------------------------
-
-
-def const(value, dtype=None) -> Const:
-    """A constant. Without ``dtype``: bool -> bool, int -> int64, float -> float32."""
-    if isinstance(value, Expr):
-        raise UserError(f"tg.const expects a Python number, got the expression {value}")
-    if dtype is None:
-        if isinstance(value, (bool, np.bool_)):
-            dtype = dtypes.BOOL
-        elif isinstance(value, numbers.Integral):
-            dtype = dtypes.INT64
-        elif isinstance(value, numbers.Real):
-            dtype = dtypes.DEFAULT_FLOAT
-        else:
-            raise UserError(f"cannot make a constant from {value!r} of type {type(value).__name__}")
-    dtype = dtypes.canonical(dtype)
-    if dtypes.is_float(dtype):
-        value = float(value)
-    elif dtype == dtypes.BOOL:
-        value = bool(value)
-    else:
-        if isinstance(value, float) and not float(value).is_integer():
-            raise UserError(f"constant {value!r} is not an integer but dtype {dtype} was asked for")
-        value = int(value)
-        info = np.iinfo(dtype)
-        if not info.min <= value <= info.max:
-            raise UserError(f"constant {value} does not fit in {dtype}")
-    return Const(value, dtype)
-
-
-def _is_scalar(x) -> bool:
-    return isinstance(x, (numbers.Number, np.bool_)) and not isinstance(x, Expr)
-
-
-def as_expr(x, like: str = None) -> Expr:
-    """``x`` as an expression; a Python scalar is typed weakly against dtype ``like``."""
-    if isinstance(x, Expr):
-        return x
-    if isinstance(x, Tensor):
-        raise UserError(f"tensor {x.name} used as a scalar; read an element with {x.name}[...]")
-    if not _is_scalar(x):
-        raise UserError(f"cannot use {x!r} (type {type(x).__name__}) in a tensor expression")
-    if isinstance(x, (bool, np.bool_)):
-        return const(bool(x), dtypes.BOOL)
-    if isinstance(x, numbers.Integral):
-        if like is None or like == dtypes.BOOL:
-            return const(int(x), dtypes.INT64)
-        return const(int(x), like)
-    if like is not None and dtypes.is_float(like):
-        return const(float(x), like)
-    return const(float(x), dtypes.DEFAULT_FLOAT)
-
-
-def _operands(a, b):
-    """Both operands as expressions of one promoted dtype."""
-    if not isinstance(a, Expr) and not isinstance(b, Expr):
-        a, b = as_expr(a), as_expr(b)
-    a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
-    b = as_expr(b, a.dtype)
-    dt = dtypes.promote(a.dtype, b.dtype)
-    return cast(dt, a), cast(dt, b)
-
-
-def cast(dtype, x) -> Expr:
-    """``x`` converted to ``dtype`` (no node if it already has that dtype): ``tg.cast("int64", e)``.
-
-    Float to integer truncates toward zero; anything to ``bool`` is ``!= 0``."""
-    if isinstance(dtype, (Expr, Tensor)) or isinstance(x, (str, np.dtype, type)):
-        raise UserError(f"tg.cast(dtype, x) takes the dtype first, then the expression; got "
-                        f"tg.cast({dtype!r}, {x!r})")
-    dtype = dtypes.canonical(dtype)
-    x = as_expr(x, dtype)
-    if x.dtype == dtype:
-        return x
-    if isinstance(x, Const):  # fold: same conversion as the Cast node would do
-        return const(np.array(x.value, dtype=x.dtype).astype(dtype).item(), dtype)
-    return Cast(dtype, x)
-
-
-def binary(op: str, a, b) -> Expr:
-    """A typed binary node: arithmetic, min/max, pow or logical and/or."""
-    a, b = _operands(a, b)
-    dt = a.dtype
-    if op in ("and", "or"):
-        if dt != dtypes.BOOL:
-            raise UserError(f"'{op}' needs two conditions, got {a} ({a.dtype}) and {b} ({b.dtype})")
-        return Binary(op, a, b)
-    if dt == dtypes.BOOL:
-        raise UserError(f"arithmetic '{op}' on two conditions ({a}, {b}); "
-                        "use & and | to combine conditions or tg.cast to convert them")
-    if op == "div" and not dtypes.is_float(dt):
-        a, b = cast(dtypes.DEFAULT_FLOAT, a), cast(dtypes.DEFAULT_FLOAT, b)
-    if op == "pow" and not dtypes.is_float(dt):
-        a, b = cast(dtypes.DEFAULT_FLOAT, a), cast(dtypes.DEFAULT_FLOAT, b)
-    if op in ("floordiv", "floormod"):
-        if not dtypes.is_int(dt):
-            sym = "//" if op == "floordiv" else "%"
-            raise UserError(f"'{sym}' needs integer operands, got {a} ({a.dtype}) {sym} {b} ({b.dtype}); "
-                            "for floats use tg.floor(a / b)")
-        if isinstance(b, Const) and b.value == 0:
-            raise UserError(f"integer division by zero in {a} // 0")
-    return _folded(op, a, b)
-
-
-_INT_FOLD = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
-             "floormod": operator.mod, "min": builtins.min, "max": builtins.max}
-
-
-def _is(e: Expr, value) -> bool:
-    return isinstance(e, Const) and e.value == value
-
-
-def _folded(op: str, a: Expr, b: Expr) -> Expr:
-    """``Binary(op, a, b)`` without exact identities: integer constants are folded, and
-    ``x * 1``, ``x / 1``, ``x + 0``, ``x - 0`` are ``x`` (for floats up to the sign of a zero)."""
-    if isinstance(a, Const) and isinstance(b, Const) and dtypes.is_int(a.dtype) and op in _INT_FOLD:
-        return const(_INT_FOLD[op](a.value, b.value), a.dtype)
-    if (op == "mul" and _is(b, 1)) or (op in ("add", "sub") and _is(b, 0)) or (op == "div" and _is(b, 1)):
-        return a
-    if (op == "mul" and _is(a, 1)) or (op == "add" and _is(a, 0)):
-        return b
-    if op in ("floordiv",) and _is(b, 1) and dtypes.is_int(a.dtype):
-        return a
-    if op == "add" and dtypes.is_int(a.dtype):
-        whole = _undo_divmod(a, b)
-        if whole is None:
-            whole = _undo_divmod(b, a)
-        if whole is not None:
-            return whole
-    return Binary(op, a, b)
-
-
-def _undo_divmod(q: Expr, r: Expr):
-    """``x`` if ``q + r`` is ``(x // c) * c + x % c`` (an identity for integers), else None."""
-    if not (isinstance(r, Binary) and r.op == "floormod" and isinstance(r.b, Const)):
-        return None
-    if isinstance(q, Binary) and q.op == "mul":
-        for div, c in ((q.a, q.b), (q.b, q.a)):
-            if (isinstance(div, Binary) and div.op == "floordiv" and isinstance(c, Const)
-                    and isinstance(div.b, Const) and c.value == div.b.value == r.b.value
-                    and div.a.same_as(r.a)):
-                return r.a
-    return None
-
-
-def unary(op: str, a) -> Expr:
-    a = as_expr(a)
-    if op == "not":
-        if a.dtype != dtypes.BOOL:
-            raise UserError(f"'~' / tg.logical_not needs a condition, got {a} ({a.dtype})")
-    elif a.dtype == dtypes.BOOL:
-        raise UserError(f"cannot negate the condition {a}; use ~ for logical not")
-    return Unary(op, a)
-
-
-def compare(op: str, a, b) -> Compare:
-    a, b = _operands(a, b)
-    if a.dtype == dtypes.BOOL and op not in ("eq", "ne"):
-        raise UserError(f"ordering comparison '{op}' between conditions {a} and {b}")
-    return Compare(op, a, b)
 
 
 def if_then_else(cond, then_value, else_value) -> Expr:
@@ -470,32 +309,3 @@ def check_scopes(body: Expr, axes, name: str):
                             f"reduction over it (wrap the expression in tg.sum(..., axis={v.name}))")
         if not builtins.any(v is a for a in axes):
             raise UserError(f"in compute {name!r}: index variable {v.name!r} belongs to another compute")
-
-
-def read(tensor: Tensor, indices) -> Read:
-    """``tensor[indices]``: checks the number of indices and that they are integers."""
-    if not isinstance(indices, tuple):
-        indices = tuple(indices) if isinstance(indices, list) else (indices,)
-    if len(indices) == 1 and isinstance(indices[0], (tuple, list)):
-        indices = tuple(indices[0])
-    if len(indices) != tensor.ndim:
-        raise UserError(f"tensor {tensor.name} has {tensor.ndim} dimensions {list(tensor.shape)} "
-                        f"but was indexed with {len(indices)} indices")
-    out = []
-    for d, ix in enumerate(indices):
-        if isinstance(ix, (slice, type(None), type(Ellipsis))):
-            raise UserError(f"tensor {tensor.name} index {d} is {ix!r}; te_grad reads one element at "
-                            "a time: use index variables")
-        if isinstance(ix, Tensor):
-            raise UserError(f"tensor {ix.name} used as index {d} of {tensor.name}; read one element "
-                            f"of it, e.g. {ix.name}[i]")
-        e = as_expr(ix, dtypes.INDEX)
-        if not dtypes.is_int(e.dtype):
-            raise UserError(f"index {d} of tensor {tensor.name} is {e} of dtype {e.dtype}; "
-                            "indices must be integers (a float tensor cannot be used as an index)")
-        e = cast(dtypes.INDEX, e)
-        if isinstance(e, Const) and not 0 <= e.value < tensor.shape[d]:
-            raise UserError(f"constant index {e.value} is out of bounds for dimension {d} of "
-                            f"tensor {tensor.name} with shape {list(tensor.shape)}")
-        out.append(e)
-    return Read(tensor, tuple(out))

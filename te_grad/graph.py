@@ -1,29 +1,8 @@
 """Queries over expressions and tensor graphs: reads, free variables, order."""
 from typing import Dict, Iterable, List, Tuple
 
-from .ir import Expr, Read, Reduce, Tensor, Var, ComputeOp
-
-
-def reads_in(expr: Expr) -> List[Read]:
-    """Every Read node of ``expr`` in a fixed left-to-right order (repeats kept).
-
-    Iterative (an explicit stack), like the other queries here: depth does not matter."""
-    reads: List[Read] = []
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Read):
-            reads.append(node)
-        stack.extend(reversed(node.children()))
-    return reads
-
-
-def tensors_read(expr: Expr) -> Tuple[Tensor, ...]:
-    """The distinct tensors read by ``expr``, in order of first read."""
-    seen: Dict[int, Tensor] = {}
-    for r in reads_in(expr):
-        seen.setdefault(id(r.tensor), r.tensor)
-    return tuple(seen.values())
+from .ir import Expr, Reduce, Tensor, Var, ComputeOp
+from .ir import reads_in, tensors_read  # noqa: F401 - the walks the nodes themselves need
 
 
 def free_vars(expr: Expr) -> Tuple[Var, ...]:

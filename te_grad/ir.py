@@ -8,13 +8,26 @@ loops). The Python operators on expressions build IR, as in TVM:
 ``i == j`` is a :class:`Compare` node. Its truth value (used by dict lookups)
 is structural equality of the two sides, so expressions still work as keys.
 
-Nodes are built through :mod:`te_grad.dsl`, which promotes dtypes and checks
-arguments; constructors here assume well-typed operands.
+Nodes are built through the typed make-functions at the end of this module
+(:func:`const`, :func:`as_expr`, :func:`cast`, :func:`binary`, :func:`unary`,
+:func:`compare`, :func:`read`: they promote dtypes and check arguments; the node
+constructors assume well-typed operands). The Python operators call them, and
+:mod:`te_grad.dsl` re-exports them beside the user's constructors.
+
+This module is the bottom of the IR core: it imports only :mod:`te_grad.dtypes`,
+:mod:`te_grad.ops` and :mod:`te_grad.errors`. The floors above install what they own on
+the nodes: :mod:`te_grad.printer` the text form (``repr``), :mod:`te_grad.display` and
+:mod:`te_grad.symbolic` the notebook forms (``_repr_html_``, ``_repr_latex_``).
 """
 from __future__ import annotations
 
+import builtins
+import numbers
+import operator
 from dataclasses import dataclass, fields
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
 
 from . import dtypes, ops
 from .errors import UserError
@@ -93,44 +106,39 @@ class Expr:
             f"the symbolic expression {self} has no Python truth value; "
             "use tg.if_then_else, tg.all / tg.any, or & | ~ to combine conditions")
 
-    def __repr__(self):
-        from .printer import expr_to_str
-        return expr_to_str(self)
+    def __repr__(self):  # te_grad.printer installs the readable form
+        return f"<{type(self).__name__} expression>"
 
     __str__ = __repr__
 
-    # -- operators build IR ----------------------------------------------------
-    def _dsl(self):
-        from . import dsl
-        return dsl
-
-    def __add__(self, o): return self._dsl().binary("add", self, o)
-    def __radd__(self, o): return self._dsl().binary("add", o, self)
-    def __sub__(self, o): return self._dsl().binary("sub", self, o)
-    def __rsub__(self, o): return self._dsl().binary("sub", o, self)
-    def __mul__(self, o): return self._dsl().binary("mul", self, o)
-    def __rmul__(self, o): return self._dsl().binary("mul", o, self)
-    def __truediv__(self, o): return self._dsl().binary("div", self, o)
-    def __rtruediv__(self, o): return self._dsl().binary("div", o, self)
-    def __floordiv__(self, o): return self._dsl().binary("floordiv", self, o)
-    def __rfloordiv__(self, o): return self._dsl().binary("floordiv", o, self)
-    def __mod__(self, o): return self._dsl().binary("floormod", self, o)
-    def __rmod__(self, o): return self._dsl().binary("floormod", o, self)
-    def __pow__(self, o): return self._dsl().binary("pow", self, o)
-    def __rpow__(self, o): return self._dsl().binary("pow", o, self)
-    def __neg__(self): return self._dsl().unary("neg", self)
+    # -- operators build IR (the typed make-functions at the end of this module) ----------------------------------------------------
+    def __add__(self, o): return binary("add", self, o)
+    def __radd__(self, o): return binary("add", o, self)
+    def __sub__(self, o): return binary("sub", self, o)
+    def __rsub__(self, o): return binary("sub", o, self)
+    def __mul__(self, o): return binary("mul", self, o)
+    def __rmul__(self, o): return binary("mul", o, self)
+    def __truediv__(self, o): return binary("div", self, o)
+    def __rtruediv__(self, o): return binary("div", o, self)
+    def __floordiv__(self, o): return binary("floordiv", self, o)
+    def __rfloordiv__(self, o): return binary("floordiv", o, self)
+    def __mod__(self, o): return binary("floormod", self, o)
+    def __rmod__(self, o): return binary("floormod", o, self)
+    def __pow__(self, o): return binary("pow", self, o)
+    def __rpow__(self, o): return binary("pow", o, self)
+    def __neg__(self): return unary("neg", self)
     def __pos__(self): return self
-    def __invert__(self): return self._dsl().unary("not", self)
-    def __and__(self, o): return self._dsl().binary("and", self, o)
-    def __rand__(self, o): return self._dsl().binary("and", o, self)
-    def __or__(self, o): return self._dsl().binary("or", self, o)
-    def __ror__(self, o): return self._dsl().binary("or", o, self)
-    def __lt__(self, o): return self._dsl().compare("lt", self, o)
-    def __le__(self, o): return self._dsl().compare("le", self, o)
-    def __gt__(self, o): return self._dsl().compare("gt", self, o)
-    def __ge__(self, o): return self._dsl().compare("ge", self, o)
-    def __eq__(self, o): return self._dsl().compare("eq", self, o)
-    def __ne__(self, o): return self._dsl().compare("ne", self, o)
+    def __invert__(self): return unary("not", self)
+    def __and__(self, o): return binary("and", self, o)
+    def __rand__(self, o): return binary("and", o, self)
+    def __or__(self, o): return binary("or", self, o)
+    def __ror__(self, o): return binary("or", o, self)
+    def __lt__(self, o): return compare("lt", self, o)
+    def __le__(self, o): return compare("le", self, o)
+    def __gt__(self, o): return compare("gt", self, o)
+    def __ge__(self, o): return compare("ge", self, o)
+    def __eq__(self, o): return compare("eq", self, o)
+    def __ne__(self, o): return compare("ne", self, o)
 
     # -- numpy meets an expression ---------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
@@ -190,7 +198,6 @@ def _numpy_call_message(what: str, expr, write: Optional[str]) -> str:
 
 def _numpy_ufunc(expr, ufunc, method, inputs, kwargs):
     """A numpy ufunc with an expression among its operands (see ``Expr.__array_ufunc__``)."""
-    import numpy as np
     name = ufunc.__name__
     # numpy hands a numpy scalar over as a 0-d array for some operators (np.float32(2) < x)
     inputs = tuple(x[()] if isinstance(x, np.ndarray) and x.ndim == 0 else x for x in inputs)
@@ -446,7 +453,6 @@ class ComputeOp:
     def inputs(self):
         got = self.__dict__.get("_inputs")
         if got is None:  # computed once: graph walks ask every op for its inputs, often
-            from .graph import tensors_read
             got = tensors_read(self.body)
             object.__setattr__(self, "_inputs", got)
         return got
@@ -473,7 +479,6 @@ class ScatterOp:
         got = self.__dict__.get("_inputs")
         if got is not None:
             return got
-        from .graph import tensors_read
         parts = [ax.lo for ax in self.axes] + [ax.hi for ax in self.axes] + list(self.indices) + [self.value]
         if self.where is not None:
             parts.append(self.where)
@@ -528,7 +533,6 @@ class Tensor:
         return isinstance(self.op, PlaceholderOp)
 
     def __getitem__(self, indices):
-        from .dsl import read
         return read(self, indices)
 
     def __repr__(self):
@@ -558,13 +562,223 @@ class Tensor:
                         f"formula with te_grad (tg.compute, tg.sum over a tg.reduce_axis, tg.nn) or evaluate "
                         f"the tensor first (tg.evaluate / tg.build)")
 
-    def _repr_html_(self):
-        from .display import tensor_html
-        return tensor_html(self)
 
-    def _repr_latex_(self):
-        """The tensor's own formula as a LaTeX equation (sympy renders it)."""
-        from .symbolic import latex
-        if self.is_placeholder:
-            return None
-        return "$$" + latex(self, dependencies=False) + "$$"
+# ---------------------------------------------------------------------------
+# reads (the graph queries of te_grad.graph build on these)
+# ---------------------------------------------------------------------------
+
+
+def reads_in(expr: Expr) -> List[Read]:
+    """Every Read node of ``expr`` in a fixed left-to-right order (repeats kept).
+
+    Iterative (an explicit stack), like the other queries here: depth does not matter."""
+    reads: List[Read] = []
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Read):
+            reads.append(node)
+        stack.extend(reversed(node.children()))
+    return reads
+
+
+def tensors_read(expr: Expr) -> Tuple[Tensor, ...]:
+    """The distinct tensors read by ``expr``, in order of first read."""
+    seen: Dict[int, Tensor] = {}
+    for r in reads_in(expr):
+        seen.setdefault(id(r.tensor), r.tensor)
+    return tuple(seen.values())
+
+
+# ---------------------------------------------------------------------------
+# typed make-functions: the Python operators above call these; te_grad.dsl re-exports them
+# ---------------------------------------------------------------------------
+
+
+def const(value, dtype=None) -> Const:
+    """A constant. Without ``dtype``: bool -> bool, int -> int64, float -> float32."""
+    if isinstance(value, Expr):
+        raise UserError(f"tg.const expects a Python number, got the expression {value}")
+    if dtype is None:
+        if isinstance(value, (bool, np.bool_)):
+            dtype = dtypes.BOOL
+        elif isinstance(value, numbers.Integral):
+            dtype = dtypes.INT64
+        elif isinstance(value, numbers.Real):
+            dtype = dtypes.DEFAULT_FLOAT
+        else:
+            raise UserError(f"cannot make a constant from {value!r} of type {type(value).__name__}")
+    dtype = dtypes.canonical(dtype)
+    if dtypes.is_float(dtype):
+        value = float(value)
+    elif dtype == dtypes.BOOL:
+        value = bool(value)
+    else:
+        if isinstance(value, float) and not float(value).is_integer():
+            raise UserError(f"constant {value!r} is not an integer but dtype {dtype} was asked for")
+        value = int(value)
+        info = np.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            raise UserError(f"constant {value} does not fit in {dtype}")
+    return Const(value, dtype)
+
+
+def _is_scalar(x) -> bool:
+    return isinstance(x, (numbers.Number, np.bool_)) and not isinstance(x, Expr)
+
+
+def as_expr(x, like: str = None) -> Expr:
+    """``x`` as an expression; a Python scalar is typed weakly against dtype ``like``."""
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, Tensor):
+        raise UserError(f"tensor {x.name} used as a scalar; read an element with {x.name}[...]")
+    if not _is_scalar(x):
+        raise UserError(f"cannot use {x!r} (type {type(x).__name__}) in a tensor expression")
+    if isinstance(x, (bool, np.bool_)):
+        return const(bool(x), dtypes.BOOL)
+    if isinstance(x, numbers.Integral):
+        if like is None or like == dtypes.BOOL:
+            return const(int(x), dtypes.INT64)
+        return const(int(x), like)
+    if like is not None and dtypes.is_float(like):
+        return const(float(x), like)
+    return const(float(x), dtypes.DEFAULT_FLOAT)
+
+
+def _operands(a, b):
+    """Both operands as expressions of one promoted dtype."""
+    if not isinstance(a, Expr) and not isinstance(b, Expr):
+        a, b = as_expr(a), as_expr(b)
+    a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
+    b = as_expr(b, a.dtype)
+    dt = dtypes.promote(a.dtype, b.dtype)
+    return cast(dt, a), cast(dt, b)
+
+
+def cast(dtype, x) -> Expr:
+    """``x`` converted to ``dtype`` (no node if it already has that dtype): ``tg.cast("int64", e)``.
+
+    Float to integer truncates toward zero; anything to ``bool`` is ``!= 0``."""
+    if isinstance(dtype, (Expr, Tensor)) or isinstance(x, (str, np.dtype, type)):
+        raise UserError(f"tg.cast(dtype, x) takes the dtype first, then the expression; got "
+                        f"tg.cast({dtype!r}, {x!r})")
+    dtype = dtypes.canonical(dtype)
+    x = as_expr(x, dtype)
+    if x.dtype == dtype:
+        return x
+    if isinstance(x, Const):  # fold: same conversion as the Cast node would do
+        return const(np.array(x.value, dtype=x.dtype).astype(dtype).item(), dtype)
+    return Cast(dtype, x)
+
+
+def binary(op: str, a, b) -> Expr:
+    """A typed binary node: arithmetic, min/max, pow or logical and/or."""
+    a, b = _operands(a, b)
+    dt = a.dtype
+    if op in ("and", "or"):
+        if dt != dtypes.BOOL:
+            raise UserError(f"'{op}' needs two conditions, got {a} ({a.dtype}) and {b} ({b.dtype})")
+        return Binary(op, a, b)
+    if dt == dtypes.BOOL:
+        raise UserError(f"arithmetic '{op}' on two conditions ({a}, {b}); "
+                        "use & and | to combine conditions or tg.cast to convert them")
+    if op == "div" and not dtypes.is_float(dt):
+        a, b = cast(dtypes.DEFAULT_FLOAT, a), cast(dtypes.DEFAULT_FLOAT, b)
+    if op == "pow" and not dtypes.is_float(dt):
+        a, b = cast(dtypes.DEFAULT_FLOAT, a), cast(dtypes.DEFAULT_FLOAT, b)
+    if op in ("floordiv", "floormod"):
+        if not dtypes.is_int(dt):
+            sym = "//" if op == "floordiv" else "%"
+            raise UserError(f"'{sym}' needs integer operands, got {a} ({a.dtype}) {sym} {b} ({b.dtype}); "
+                            "for floats use tg.floor(a / b)")
+        if isinstance(b, Const) and b.value == 0:
+            raise UserError(f"integer division by zero in {a} // 0")
+    return _folded(op, a, b)
+
+
+_INT_FOLD = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
+             "floormod": operator.mod, "min": builtins.min, "max": builtins.max}
+
+
+def _is(e: Expr, value) -> bool:
+    return isinstance(e, Const) and e.value == value
+
+
+def _folded(op: str, a: Expr, b: Expr) -> Expr:
+    """``Binary(op, a, b)`` without exact identities: integer constants are folded, and
+    ``x * 1``, ``x / 1``, ``x + 0``, ``x - 0`` are ``x`` (for floats up to the sign of a zero)."""
+    if isinstance(a, Const) and isinstance(b, Const) and dtypes.is_int(a.dtype) and op in _INT_FOLD:
+        return const(_INT_FOLD[op](a.value, b.value), a.dtype)
+    if (op == "mul" and _is(b, 1)) or (op in ("add", "sub") and _is(b, 0)) or (op == "div" and _is(b, 1)):
+        return a
+    if (op == "mul" and _is(a, 1)) or (op == "add" and _is(a, 0)):
+        return b
+    if op in ("floordiv",) and _is(b, 1) and dtypes.is_int(a.dtype):
+        return a
+    if op == "add" and dtypes.is_int(a.dtype):
+        whole = _undo_divmod(a, b)
+        if whole is None:
+            whole = _undo_divmod(b, a)
+        if whole is not None:
+            return whole
+    return Binary(op, a, b)
+
+
+def _undo_divmod(q: Expr, r: Expr):
+    """``x`` if ``q + r`` is ``(x // c) * c + x % c`` (an identity for integers), else None."""
+    if not (isinstance(r, Binary) and r.op == "floormod" and isinstance(r.b, Const)):
+        return None
+    if isinstance(q, Binary) and q.op == "mul":
+        for div, c in ((q.a, q.b), (q.b, q.a)):
+            if (isinstance(div, Binary) and div.op == "floordiv" and isinstance(c, Const)
+                    and isinstance(div.b, Const) and c.value == div.b.value == r.b.value
+                    and div.a.same_as(r.a)):
+                return r.a
+    return None
+
+
+def unary(op: str, a) -> Expr:
+    a = as_expr(a)
+    if op == "not":
+        if a.dtype != dtypes.BOOL:
+            raise UserError(f"'~' / tg.logical_not needs a condition, got {a} ({a.dtype})")
+    elif a.dtype == dtypes.BOOL:
+        raise UserError(f"cannot negate the condition {a}; use ~ for logical not")
+    return Unary(op, a)
+
+
+def compare(op: str, a, b) -> Compare:
+    a, b = _operands(a, b)
+    if a.dtype == dtypes.BOOL and op not in ("eq", "ne"):
+        raise UserError(f"ordering comparison '{op}' between conditions {a} and {b}")
+    return Compare(op, a, b)
+
+
+def read(tensor: Tensor, indices) -> Read:
+    """``tensor[indices]``: checks the number of indices and that they are integers."""
+    if not isinstance(indices, tuple):
+        indices = tuple(indices) if isinstance(indices, list) else (indices,)
+    if len(indices) == 1 and isinstance(indices[0], (tuple, list)):
+        indices = tuple(indices[0])
+    if len(indices) != tensor.ndim:
+        raise UserError(f"tensor {tensor.name} has {tensor.ndim} dimensions {list(tensor.shape)} "
+                        f"but was indexed with {len(indices)} indices")
+    out = []
+    for d, ix in enumerate(indices):
+        if isinstance(ix, (slice, type(None), type(Ellipsis))):
+            raise UserError(f"tensor {tensor.name} index {d} is {ix!r}; te_grad reads one element at "
+                            "a time: use index variables")
+        if isinstance(ix, Tensor):
+            raise UserError(f"tensor {ix.name} used as index {d} of {tensor.name}; read one element "
+                            f"of it, e.g. {ix.name}[i]")
+        e = as_expr(ix, dtypes.INDEX)
+        if not dtypes.is_int(e.dtype):
+            raise UserError(f"index {d} of tensor {tensor.name} is {e} of dtype {e.dtype}; "
+                            "indices must be integers (a float tensor cannot be used as an index)")
+        e = cast(dtypes.INDEX, e)
+        if isinstance(e, Const) and not 0 <= e.value < tensor.shape[d]:
+            raise UserError(f"constant index {e.value} is out of bounds for dimension {d} of "
+                            f"tensor {tensor.name} with shape {list(tensor.shape)}")
+        out.append(e)
+    return Read(tensor, tuple(out))

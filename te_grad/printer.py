@@ -170,3 +170,8 @@ def show(tensors: Union[Tensor, Iterable[Tensor]]) -> str:
 
 def show_html(tensors) -> str:
     return "<pre>" + html.escape(show(tensors)) + "</pre>"
+
+
+# The IR core does not import its printer: the printer installs the text form of every
+# expression node (``repr`` and ``str``) when it is loaded, which the package does first.
+Expr.__repr__ = Expr.__str__ = expr_to_str

@@ -166,7 +166,7 @@ def build_vjp(outputs, inputs, wrt=None, save=None, **build_options) -> VJP:
     ``save``: ``None`` for the default policy (see the module docstring), or a list of
     forward tensors to save (``[]``: recompute everything). ``build_options`` go to
     ``tg.build`` (``threads``, ``fast_math``)."""
-    from . import build
+    from codegen import build
     from .autodiff import differentiate
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     inputs = list(inputs)

@@ -4,7 +4,7 @@ import re
 import pytest
 
 import te_grad as tg
-from te_grad.__main__ import SHOW_OPS, main
+from te_grad.tools.cli import SHOW_OPS, main
 
 
 def run(capsys, *argv):

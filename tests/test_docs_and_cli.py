@@ -21,7 +21,7 @@ def test_readme_starts_with_the_two_commands():
 
 
 def test_demo_in_process():
-    from te_grad.__main__ import demo
+    from te_grad.tools.cli import demo
     out = io.StringIO()
     assert demo(out) == 0
     text = out.getvalue()
@@ -32,7 +32,7 @@ def test_demo_in_process():
 
 
 def test_bench_command_runs_and_checks(capsys):
-    from te_grad.__main__ import main
+    from te_grad.tools.cli import main
     assert main(["bench", "--quick", "--ops", "bias_add", "--no-torch", "--no-jax"]) == 0
     assert "bias_add" in capsys.readouterr().out
 
@@ -54,10 +54,10 @@ def test_version_and_help_without_markup():
 
 
 def test_every_public_function_is_documented_and_the_reference_is_current():
-    from te_grad.apidoc import missing_docstrings, render
+    from te_grad.tools.apidoc import missing_docstrings, render
     assert missing_docstrings() == []
     assert (ROOT / "docs" / "API.md").read_text() == render(), \
-        "docs/API.md is stale: python -m te_grad.apidoc > docs/API.md"
+        "docs/API.md is stale: python -m te_grad.tools.apidoc > docs/API.md"
 
 
 def test_license_matches_setup_cfg():
@@ -76,7 +76,7 @@ def test_notebook_install_hints_pin_torch():
 
 
 def test_the_reference_covers_the_kernel_the_trainer_and_the_constructors():
-    from te_grad.apidoc import render
+    from te_grad.tools.apidoc import render
     text = render()
     flat = " ".join(text.split())
     for phrase in ["keyword arguments by placeholder name", "out= must not overlap any input or other output"]:

@@ -1,4 +1,4 @@
-"""Random programs: every stage of te_grad against the others (see te_grad/fuzz).
+"""Random programs: every stage of te_grad against the others (see te_grad/tools/fuzz).
 
 A fixed budget runs here, through hypothesis (which shrinks a failing program
 choice by choice); ``python -m te_grad fuzz --programs N`` runs any number.
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from te_grad import fuzz
-from te_grad.fuzz import Program, check, from_choices, from_seed, shrink
+from te_grad.tools.fuzz import Program, check, from_choices, from_seed, shrink
 
 
 @settings(max_examples=300, deadline=None, derandomize=True,
@@ -160,7 +160,7 @@ IDS = {I0: 1}
     # a product nested in one over k1 (where=i0 <= k1: varying bounds) that reads S2 at
     # k1 - 1 under its own guard: lifted over k1's hull, it keeps k1's bounds as its filter
     "nested_in_varying_bounds_guarded": """
-# a random te_grad program (te_grad.fuzz); DT is the float dtype
+# a random te_grad program (te_grad.tools.fuzz); DT is the float dtype
 C = lambda value: tg.const(value, DT)
 X0 = tg.placeholder((1, 1), dtype=DT, name='X0')
 S0 = tg.compute((), lambda : tg.cast(DT, (X0[0, 0] / (X0[0, 0] * X0[0, 0] + 0.5))), name='S0')
@@ -177,7 +177,7 @@ INPUTS = [X0]
 IDS = {}
 """,
     "single_term_min_compared": """
-# a random te_grad program (te_grad.fuzz); DT is the float dtype
+# a random te_grad program (te_grad.tools.fuzz); DT is the float dtype
 C = lambda value: tg.const(value, DT)
 X0 = tg.placeholder((3, 3, 1), dtype=DT, name='X0')
 k0 = tg.reduce_axis((0, 1), name='k0')

@@ -1,4 +1,4 @@
-"""te_grad.plot: the points drawn are the exact domains (checked against isl) and the ratios."""
+"""te_grad.tools.plot: the points drawn are the exact domains (checked against isl) and the ratios."""
 import json
 import sys
 
@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import islpy as isl  # noqa: E402
 
 import te_grad as tg  # noqa: E402
-from te_grad.plot import plot_domain, plot_ratios, plot_raw_vs_simplified  # noqa: E402
+from te_grad.tools.plot import plot_domain, plot_ratios, plot_raw_vs_simplified  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -51,10 +51,6 @@ class DifferentiationResult(Sequence):
         pairs = ", ".join(f"{x.name} -> {g.name}" for x, g in zip(self.inputs, self.gradients))
         return f"DifferentiationResult({pairs})"
 
-    def _repr_html_(self):
-        from ..display import result_html
-        return result_html(self)
-
 
 def _as_list(x, what: str) -> List:
     if isinstance(x, Tensor):

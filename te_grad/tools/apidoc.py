@@ -1,4 +1,4 @@
-"""The API reference, generated from the docstrings: ``python -m te_grad.apidoc > docs/API.md``.
+"""The API reference, generated from the docstrings: ``python -m te_grad.tools.apidoc > docs/API.md``.
 
 Every public name of ``te_grad`` (``__all__``), of ``te_grad.nn`` and of the other
 public modules is listed with its signature and docstring; a class with its constructor's
@@ -19,12 +19,12 @@ from typing import List
 import te_grad
 
 #: modules documented by importing them, and modules read from their source
-IMPORTED = ["te_grad", "te_grad.nn", "te_grad.testing", "te_grad.fuzz", "codegen"]
+IMPORTED = ["te_grad", "te_grad.nn", "te_grad.testing", "te_grad.tools.fuzz", "codegen"]
 #: classes whose instances te_grad makes (their constructors are no API)
 MADE_BY_TE_GRAD = {"codegen.Kernel": "tg.build", "te_grad.Tensor": "tg.placeholder and tg.compute",
                    "te_grad.Expr": "indexing tensors and the scalar functions",
                    "te_grad.DifferentiationResult": "tg.differentiate", "te_grad.RowGradient": "tg.row_gradient",
-                   "te_grad.fuzz.Outcome": "the fuzzer", "te_grad.fuzz.Program": "the fuzzer"}
+                   "te_grad.tools.fuzz.Outcome": "the fuzzer", "te_grad.tools.fuzz.Program": "the fuzzer"}
 FROM_SOURCE = ["te_grad/torch.py", "te_grad/jax.py"]
 OPTIONAL = ["te_grad.train", "te_grad.export"]
 
@@ -125,7 +125,7 @@ def _source_section(path: str) -> List[str]:
 
 def render() -> str:
     lines = ["# API reference", "",
-             "Generated from the docstrings by `python -m te_grad.apidoc > docs/API.md`; do not edit.", ""]
+             "Generated from the docstrings by `python -m te_grad.tools.apidoc > docs/API.md`; do not edit.", ""]
     for mod_name in IMPORTED:
         lines += _section(mod_name)
     for path in FROM_SOURCE:

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Tuple
 
-from .. import ops
+from ... import ops
 
 Draw = Callable[[int], int]
 
@@ -247,7 +247,7 @@ class _Gen:
 
     # -- the program ---------------------------------------------------------------------------
     def program(self) -> str:
-        self.lines.append("# a random te_grad program (te_grad.fuzz); DT is the float dtype")
+        self.lines.append("# a random te_grad program (te_grad.tools.fuzz); DT is the float dtype")
         self.lines.append("C = lambda value: tg.const(value, DT)")
         n_inputs = 1 + self.draw(3)
         for k in range(n_inputs):

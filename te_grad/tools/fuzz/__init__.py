@@ -30,7 +30,7 @@ def script(program: Program, outcome: Outcome, seed: int) -> str:
     """A self-contained Python script that reruns ``program``'s checks."""
     detail = "\n".join("# " + line for line in outcome.detail.strip().splitlines()[-12:])
     return (f"# te_grad fuzz: {outcome.kind}\n{detail}\n"
-            "from te_grad.fuzz import Program, check\n\n"
+            "from te_grad.tools.fuzz import Program, check\n\n"
             f"source = '''\n{program.source}'''\n"
             f"print(check(Program(source), seed={seed}))\n")
 

@@ -21,11 +21,11 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .errors import UserError
-from .graph import reductions_in
-from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, ScatterOp, Select, Tensor,
+from ..errors import UserError
+from ..graph import reductions_in
+from ..ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, ScatterOp, Select, Tensor,
                  Unary, Var)
-from .ops import INTRINSICS
+from ..ops import INTRINSICS
 
 __all__ = ["plot_domain", "plot_raw_vs_simplified", "plot_ratios", "DomainPicture", "RatioPicture"]
 
@@ -40,7 +40,7 @@ def _pyplot():
     try:
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UserError("te_grad.plot needs matplotlib, which is not installed: "
+        raise UserError("te_grad.tools.plot needs matplotlib, which is not installed: "
                         "pip install te_grad[notebooks]") from None
     return plt
 
@@ -404,7 +404,7 @@ def plot_raw_vs_simplified(result, input_index: int = 0, at=None, dims=None, red
     variables both draw. Returns the two :class:`DomainPicture` objects (raw,
     simplified).
     """
-    from .autodiff import DifferentiationResult
+    from ..autodiff import DifferentiationResult
     if not isinstance(result, DifferentiationResult):
         raise UserError(f"plot_raw_vs_simplified expects the result of tg.differentiate, got {result!r}")
     if not 0 <= input_index < len(result.gradients):

@@ -28,10 +28,10 @@ from typing import Dict, List
 
 import numpy as np
 
-from .. import dsl
-from ..errors import InternalError, SimplificationWarning, UserError
-from ..graph import topo_order
-from ..ir import ScatterOp
+from ... import dsl
+from ...errors import InternalError, SimplificationWarning, UserError
+from ...graph import topo_order
+from ...ir import ScatterOp
 from .program import Program
 
 #: outcomes that are not failures ("rejected": an invalid program that every stage refused)
@@ -86,7 +86,7 @@ def _close(got, want, rtol, what, kind, atol=0.0):
 
 
 def _objective(out, head_value, feed):
-    from ..evaluator import evaluate
+    from ...evaluator import evaluate
     return float(np.sum(evaluate([out], feed)[0] * head_value))
 
 
@@ -260,7 +260,7 @@ def _second_order(out, inputs, ids, head, feed, first, rng, compile_) -> str:
     gradient (itself checked against finite differences of the forward); the simplified
     against the raw, both by the evaluator; the compiled kernel against the evaluator."""
     import te_grad as tg
-    from ..evaluator import evaluate
+    from ...evaluator import evaluate
     vs = [dsl.placeholder(x.shape, dtype="float64", name=f"V{k}") for k, x in enumerate(inputs)]
     for v in vs:
         feed[v] = rng.standard_normal(v.shape)
