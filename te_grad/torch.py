@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from .errors import UserError
-from .frontends.base import MAX_SHAPES, FrontendOp, Spec, dtype_table
+from .frontends.base import MAX_SHAPES, FrontendOp, dtype_table
 
 _TO_TE = dtype_table(lambda name: getattr(torch, name))
 _TO_TORCH = {v: k for k, v in _TO_TE.items()}

@@ -91,7 +91,8 @@ def test_specs_are_built_once_per_shape_and_the_least_recent_is_dropped(monkeypa
 
 
 def test_attributes_and_arguments_are_checked_by_the_base():
-    with pytest.raises(UserError, match=r"\['sclae'\] are not attributes of scaled_exp \(its attributes: \['scale'\]\)"):
+    with pytest.raises(UserError,
+                       match=r"\['sclae'\] are not attributes of scaled_exp \(its attributes: \['scale'\]\)"):
         NumpyOp(scaled_exp, sclae=3.0)
     with pytest.raises(UserError, match=r"^mylib::op: \['sclae'\] are not attributes"):
         NumpyOp(scaled_exp, label="mylib::op", sclae=3.0)
