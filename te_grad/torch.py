@@ -43,101 +43,22 @@ Conventions:
 """
 from __future__ import annotations
 
-import threading
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
 
-from . import dsl, dtypes
-from .bridge import MAX_SHAPES, ShapeBounded, SpecCache, tensor_params
 from .errors import UserError
-from .ir import Tensor
+from .frontends.base import MAX_SHAPES, FrontendOp, dtype_table
 
-_TO_TE = {torch.float32: "float32", torch.float64: "float64", torch.int32: "int32", torch.int64: "int64",
-          torch.bool: "bool"}
+_TO_TE = dtype_table(lambda name: getattr(torch, name))
 _TO_TORCH = {v: k for k, v in _TO_TE.items()}
-
-
-class _Spec:
-    """The te_grad graph of an op for one combination of input shapes and dtypes, and its kernels."""
-
-    def __init__(self, fn, names, attrs, key, save, threads):
-        self.key = key
-        self.save = save
-        self.threads = threads
-        self.inputs = [dsl.placeholder(shape, dtype=dt, name=n) for n, (shape, dt) in zip(names, key)]
-        out = fn(*self.inputs, **attrs)
-        self.single = isinstance(out, Tensor)
-        self.outputs = [out] if self.single else list(out)
-        for y in self.outputs:
-            if not isinstance(y, Tensor):
-                raise UserError(f"{getattr(fn, '__name__', 'the op')} must return te_grad tensors, got {y!r}")
-            if y.dtype not in _TO_TORCH:
-                raise UserError(f"output {y.name} has dtype {y.dtype}, which PyTorch cannot receive")
-        self.differentiable = [dtypes.is_float(x.dtype) for x in self.inputs]
-        self.plain_outputs = None  # outputs distinct computed tensors: the kernel writes torch's memory
-        self._vjp = None
-        self._backward: Dict[tuple, object] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def vjp(self):
-        """The forward kernel and the residual choice (compiled on first use)."""
-        with self._lock:
-            if self._vjp is None:
-                from .residuals import build_vjp
-                wrt = [x for x, d in zip(self.inputs, self.differentiable) if d]
-                options = {} if self.threads is None else {"threads": self.threads}
-                self._vjp = build_vjp(self.outputs, self.inputs, wrt=wrt, save=self.save, **options)
-            return self._vjp
-
-    def residual_shapes(self):
-        return [(t.shape, t.dtype) for t in self.vjp.residuals]
-
-    def saved_from(self, outputs, residuals):
-        """The saved values in the VJP's ``saved`` order, from the forward op's results."""
-        by_id = {id(t): v for t, v in zip(self.outputs + self.vjp.residuals, list(outputs) + list(residuals))}
-        return [by_id[id(t)] for t in self.vjp.saved]
-
-    def backward_for(self, needs: Tuple[bool, ...]):
-        """The VJP whose backward kernel computes the gradients of the inputs in ``needs``
-        from the residuals of :attr:`vjp` (its ``saved`` are some of those)."""
-        with self._lock:
-            got = self._backward.get(needs)
-        if got is not None:
-            return got
-        vjp = self.vjp
-        if all(needs[k] == self.differentiable[k] for k in range(len(needs))):
-            got = vjp
-        else:
-            from .residuals import build_vjp
-            wrt = [x for x, n in zip(self.inputs, needs) if n]
-            options = {} if self.threads is None else {"threads": self.threads}
-            got = build_vjp(self.outputs, self.inputs, wrt=wrt, save=vjp.saved, **options)
-        with self._lock:
-            self._backward[needs] = got
-        return got
 
 
 def check_device(name: str, device) -> None:
     """te_grad kernels run on the CPU ("meta" tensors are fine: torch.compile traces with them)."""
     if device.type not in ("cpu", "meta"):
         raise UserError(f"argument {name} is on {device}: te_grad kernels run on the CPU; move it with .cpu()")
-
-
-def _key(args, names) -> tuple:
-    key = []
-    for name, a in zip(names, args):
-        if not isinstance(a, torch.Tensor):
-            raise UserError(f"argument {name} must be a torch.Tensor, got {type(a).__name__}")
-        check_device(name, a.device)
-        dt = _TO_TE.get(a.dtype)
-        if dt is None:
-            raise UserError(f"argument {name} has dtype {a.dtype}; te_grad supports "
-                            f"{', '.join(str(d) for d in _TO_TORCH.values())}")
-        key.append((tuple(int(n) for n in a.shape), dt))  # a symbolic size is specialized: one build per shape
-    return tuple(key)
 
 
 def _numpy(a: torch.Tensor) -> np.ndarray:
@@ -151,7 +72,7 @@ def _empty(shape, dtype, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=_TO_TORCH[dtype], device=like.device)
 
 
-class TorchOp(ShapeBounded):
+class TorchOp(FrontendOp):
     """A te_grad op registered with ``torch.library`` (see the module docstring).
 
     Calling it runs the op on torch tensors; ``fwd`` and ``bwd`` are the registered
@@ -160,44 +81,29 @@ class TorchOp(ShapeBounded):
     kept (an attribute too; the least recently used are dropped and rebuilt when seen
     again), so a run over ever new shapes stays flat in memory."""
 
+    framework = "PyTorch"
+    noun = "tensors"
+    dtypes = _TO_TE
+
     def __init__(self, name: str, fn: Callable, save=None, threads: Optional[int] = None,
                  max_shapes: int = MAX_SHAPES, **attrs):
         if "::" not in name:
             raise UserError(f"custom_op name {name!r} must be 'namespace::name'")
         self.name = name
-        self.fn = fn
-        self.names, defaults = tensor_params(fn)
-        unknown = set(attrs) - set(defaults)
-        if unknown:
-            raise UserError(f"{name}: {sorted(unknown)} are not attributes of {fn.__name__} "
-                            f"(its attributes: {sorted(defaults)})")
-        self.attrs = {**defaults, **attrs}
-        self.save = save
-        self.threads = threads
-        self._specs = SpecCache(max_shapes, on_evict=self._forget)
-        self._seen: Dict[tuple, _Spec] = {}  # torch's own shapes, dtypes and device: the fast path
+        super().__init__(fn, save=save, threads=threads, max_shapes=max_shapes, label=name, **attrs)
         self._register()
 
-    def _forget(self, spec: _Spec):
-        for k in [k for k, v in list(self._seen.items()) if v is spec]:
-            self._seen.pop(k, None)
+    def shape_dtype(self, name, a):
+        if not isinstance(a, torch.Tensor):
+            raise UserError(f"argument {name} must be a torch.Tensor, got {type(a).__name__}")
+        check_device(name, a.device)
+        return a.shape, a.dtype
 
-    def spec(self, *args) -> _Spec:
-        try:  # the common case: shapes, dtypes and device seen before
-            spec = self._seen[tuple((a.shape, a.dtype, a.device) for a in args)]
-        except (KeyError, AttributeError, TypeError):
-            spec = None
-        key = spec.key if spec is not None else _key(args, self.names)
-        with self._specs.lock:  # refreshed in the LRU order (or made); the fast key points to it
-            spec = self._specs.get(key, lambda: _Spec(self.fn, self.names, self.attrs, key, self.save,
-                                                      self.threads))
-            self._seen[tuple((a.shape, a.dtype, a.device) for a in args)] = spec
-        return spec
+    def fast_key(self, args):
+        return tuple((a.shape, a.dtype, a.device) for a in args)  # torch's own shapes, dtypes and device
 
     def __call__(self, *args):
-        if len(args) != len(self.names):
-            raise UserError(f"{self.name} takes {len(self.names)} tensors ({', '.join(self.names)}), "
-                            f"got {len(args)}")
+        self.check_arity(args)
         if _REGISTERED.get(self.name) is not self:
             # another op took this name since: torch.ops and self.fwd run that one's code
             # now, this object keeps running its own (eagerly, as an autograd.Function)
@@ -217,9 +123,6 @@ class TorchOp(ShapeBounded):
         def forward_impl(*args):
             spec = op.spec(*args)
             kern = spec.vjp.forward
-            if spec.plain_outputs is None:
-                spec.plain_outputs = not any(t.is_placeholder for t in kern.outputs) and \
-                    len({id(t) for t in kern.outputs}) == len(kern.outputs)
             if not spec.plain_outputs:  # an output that is an input, or twice the same tensor
                 got = kern(*[_numpy(a) for a in args])
                 got = got if isinstance(got, tuple) else (got,)
@@ -231,8 +134,7 @@ class TorchOp(ShapeBounded):
 
         def forward_fake(*args):
             spec = op.spec(*args)
-            return [_empty(t.shape, t.dtype, args[0]) for t in spec.outputs] + \
-                   [_empty(shape, dt, args[0]) for shape, dt in spec.residual_shapes()]
+            return [_empty(shape, dt, args[0]) for shape, dt in spec.forward_results]
 
         self.fwd = torch.library.custom_op(f"{ns}::{base}_fwd", mutates_args=(),
                                            schema=f"({arglist}) -> Tensor[]")(forward_impl)
@@ -244,10 +146,7 @@ class TorchOp(ShapeBounded):
             vjp = spec.backward_for(tuple(needs))
             if vjp.backward is None:
                 return []
-            by_input = {id(x): a for x, a in zip(spec.inputs, inputs)}
-            by_tensor = {id(t): r for t, r in zip(spec.vjp.saved, residuals)}
-            args = [by_tensor[id(t)] for t in vjp.saved] + [by_input[id(x)] for x in vjp.needed_inputs] + \
-                [g for g, used in zip(grads, vjp.head_used) if used]
+            args = spec.backward_arguments(vjp, inputs, residuals, grads)
             args = [a if a.is_contiguous() else a.contiguous() for a in args]
             kern = vjp.backward
             results = [torch.empty(t.shape, dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
@@ -289,14 +188,13 @@ def _input_gradients(op: "TorchOp", ctx, needs_input_grad, grads, run_backward):
     tensors = ctx.saved_tensors
     inputs, saved = list(tensors[:ctx.n_in]), list(tensors[ctx.n_in:])
     spec = op.spec(*inputs)
-    needs = [bool(n) and d for n, d in zip(needs_input_grad, spec.differentiable)]
+    needs = spec.needs(needs_input_grad)
     if not any(needs):
         return tuple([None] * ctx.n_in)
     heads = []
     for g, y in zip(list(grads)[:ctx.n_out], spec.outputs):
         heads.append(g if g is not None else torch.zeros(y.shape, dtype=_TO_TORCH[y.dtype]))
-    got = iter(run_backward(inputs, saved, heads, needs))
-    return tuple(next(got) if n else None for n in needs)
+    return spec.spread(run_backward(inputs, saved, heads, list(needs)), needs)
 
 
 class _Superseded(torch.autograd.Function):

@@ -3,9 +3,9 @@
 Every public name of ``te_grad`` (``__all__``), of ``te_grad.nn`` and of the other
 public modules is listed with its signature and docstring; a class with its constructor's
 signature (unless te_grad makes it, as ``tg.build`` makes a ``codegen.Kernel``) and its
-public methods and properties that have a docstring. The framework bridges
-(``te_grad.torch``, ``te_grad.jax``) are read from their source, so the reference
-is generated the same without PyTorch or JAX installed. ``tests/test_docs_and_cli.py``
+public methods and properties that have a docstring. The framework frontends
+(``te_grad.torch``, ``te_grad.jax``) and their base (``te_grad.frontends.base``) are read
+from their source, so the reference is generated the same without PyTorch or JAX installed. ``tests/test_docs_and_cli.py``
 checks that every public function has a docstring and that docs/API.md is current.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ MADE_BY_TE_GRAD = {"codegen.Kernel": "tg.build", "te_grad.Tensor": "tg.placehold
                    "te_grad.Expr": "indexing tensors and the scalar functions",
                    "te_grad.DifferentiationResult": "tg.differentiate", "te_grad.RowGradient": "tg.row_gradient",
                    "te_grad.tools.fuzz.Outcome": "the fuzzer", "te_grad.tools.fuzz.Program": "the fuzzer"}
-FROM_SOURCE = ["te_grad/torch.py", "te_grad/jax.py"]
+FROM_SOURCE = ["te_grad/torch.py", "te_grad/jax.py", "te_grad/frontends/base.py"]
 OPTIONAL = ["te_grad.train", "te_grad.export"]
 
 
