@@ -20,9 +20,9 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 
 from te_grad import dsl
-from te_grad.evaluator import evaluate
 from te_grad.graph import free_vars
-from te_grad.ir import ComputeOp, Const, Expr, ReduceAxis, Tensor, Var
+from te_grad.intervals import grid_values
+from te_grad.ir import Const, Expr, ReduceAxis, Var
 from te_grad.transform import substitute
 
 from .loopir import Loop, Nest, Stage, rewrite_nests
@@ -65,17 +65,19 @@ def split_interior(axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
     dep = [(a, n) for a, n in zip(axes, shape) if id(a) in used]
     if int(np.prod([n for _, n in dep])) > (1 << 22):
         return same
-    grid = Tensor("grid", tuple(n for _, n in dep), "bool", ComputeOp(tuple(a for a, _ in dep), dsl.const(True)))
+    grid_axes, grid_shape = tuple(a for a, _ in dep), tuple(n for _, n in dep)
     values = []
     for r in red_axes:
         for b in (r.lo, r.hi):
-            probe = Tensor("bound", grid.shape, "int64", ComputeOp(grid.op.axes, dsl.cast("int64", b)))
-            values.append(evaluate([probe], {})[0])
+            got = grid_values(b, grid_axes, grid_shape)
+            if got is None:  # not integer index arithmetic of the output axes: keep the bounds
+                return same
+            values.append(got)
     uniform = _uniform_pieces(dep, values, red_axes, full)
     if uniform is not None:
         return uniform
     typical = [int(np.bincount(v.ravel() - v.min()).argmax() + v.min()) for v in values]
-    inside = np.ones(grid.shape, dtype=bool)
+    inside = np.ones(grid_shape, dtype=bool)
     for v, c in zip(values, typical):
         inside &= v == c
     where = np.nonzero(inside)

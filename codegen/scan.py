@@ -23,10 +23,10 @@ import numpy as np
 
 from simplify.linear import normalize
 from te_grad import dsl
-from te_grad.evaluator import evaluate
 from te_grad.ops import identity_of
 from te_grad.graph import free_vars
-from te_grad.ir import ComputeOp, Const, Expr, ReduceAxis, Tensor, Var
+from te_grad.intervals import grid_values
+from te_grad.ir import Const, Expr, ReduceAxis, Tensor, Var
 from te_grad.transform import substitute
 
 from .loopir import Loop, Nest, Stage, Store, carried_scan, guarded, nest
@@ -137,8 +137,10 @@ def _monotonic(t: Tensor, v: Var, moving: Expr, fixed: Expr) -> bool:
         return False
     values = []
     for b in (moving, fixed):
-        probe = Tensor("bound", dims, "int64", ComputeOp(tuple(used), dsl.cast("int64", b)))
-        values.append(evaluate([probe], {})[0])
+        got = grid_values(b, used, dims)
+        if got is None:  # not integer index arithmetic of the output axes
+            return False
+        values.append(got)
     along = next(k for k, a in enumerate(used) if a is v)
     if np.any(np.diff(values[0], axis=along) < 0):
         return False

@@ -433,29 +433,6 @@ class _ExprEvaluator:
             self.env.pop(id(ax), None)
 
 
-def check_feed(tensor: Tensor, value) -> np.ndarray:
-    """``value`` as an array for placeholder ``tensor``, or a UserError naming the mismatch."""
-    if isinstance(value, np.ndarray):
-        arr = value
-        if arr.dtype != np.dtype(tensor.dtype):
-            raise UserError(f"placeholder {tensor.name} expects dtype {tensor.dtype} but got an array of "
-                            f"{arr.dtype}; convert it with .astype(np.{tensor.dtype})")
-    else:  # Python scalars and lists are converted, but never with a loss of value
-        try:
-            given = np.asarray(value)
-            arr = given.astype(tensor.dtype)
-        except (TypeError, ValueError) as err:
-            raise UserError(f"cannot convert the value for placeholder {tensor.name} to "
-                            f"{tensor.dtype}: {err}") from None
-        if given.dtype.kind in "fc" and not dtypes.is_float(tensor.dtype) and not np.array_equal(arr, given):
-            raise UserError(f"placeholder {tensor.name} is {tensor.dtype} but was given non-integral "
-                            f"values {value!r}")
-    if arr.shape != tensor.shape:
-        raise UserError(f"placeholder {tensor.name} expects shape {list(tensor.shape)} but got "
-                        f"{list(arr.shape)}")
-    return arr
-
-
 @deep_entry
 def evaluate(tensors: Sequence[Tensor], feed: Dict[Tensor, object]) -> List[np.ndarray]:
     """Compute ``tensors`` with numpy from the placeholder values in ``feed``.
@@ -482,6 +459,7 @@ def evaluate(tensors: Sequence[Tensor], feed: Dict[Tensor, object]) -> List[np.n
     missing = [t.name for t in order if t.is_placeholder and t not in feed]
     if missing:
         raise UserError(f"no value in the feed for placeholder(s) {', '.join(missing)}")
+    from codegen.argcheck import check_feed  # the kernels' own check (here, not at import: codegen is heavy)
     with np.errstate(all="ignore"):
         for t in order:
             if isinstance(t.op, PlaceholderOp):
