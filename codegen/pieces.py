@@ -5,8 +5,9 @@ only (``max(0, 1 - i) <= r < min(3, 33 - i)``): no loop order is legal for the w
 domain (the bounds use the output loops) and the edges would decide for the interior.
 :func:`split_interior` finds boxes (the interior, edges, corners; each kernel position
 of a weight gradient) on which the bounds are constant, probing them at every output
-point, and :func:`split_pieces` rewrites each accumulating nest of a stage as one nest
-per box, with those constants as bounds.
+point (:func:`te_grad.intervals.grid_values`, integer arithmetic; a bound that is not index
+arithmetic of the output axes is kept as it is), and :func:`split_pieces` rewrites each
+accumulating nest of a stage as one nest per box, with those constants as bounds.
 
 Promises: the boxes cover the output domain exactly once; on each, the bounds given are
 the original bounds' values at every one of its points (a box where they are not constant

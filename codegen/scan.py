@@ -129,7 +129,8 @@ def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], r: Red
 
 def _monotonic(t: Tensor, v: Var, moving: Expr, fixed: Expr) -> bool:
     """True if ``moving`` never decreases along ``v`` and the rows are long enough on average
-    for a scan to pay, probed at every output point the bounds depend on."""
+    for a scan to pay, probed at every output point the bounds depend on (in integer
+    arithmetic, :func:`te_grad.intervals.grid_values`; False for a bound it cannot evaluate)."""
     used = [a for a in t.op.axes if any(a is x for b in (moving, fixed) for x in free_vars(b))]
     extent = dict(zip(map(id, t.op.axes), t.shape))
     dims = tuple(extent[id(a)] for a in used)
