@@ -9,11 +9,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from te_grad.errors import InternalError, UserError
-from te_grad.evaluator import check_feed
 from te_grad.graph import reads_in
 from te_grad.ir import Tensor
 
 from . import team_ir
+from te_grad.argcheck import check_feed
 from .jit import Pending
 from .llvm_module import RUN_REGION, RUN_STAGES
 from .regions import plan, row_blocks

@@ -5,8 +5,9 @@ only (``max(0, 1 - i) <= r < min(3, 33 - i)``): no loop order is legal for the w
 domain (the bounds use the output loops) and the edges would decide for the interior.
 :func:`split_interior` finds boxes (the interior, edges, corners; each kernel position
 of a weight gradient) on which the bounds are constant, probing them at every output
-point, and :func:`split_pieces` rewrites each accumulating nest of a stage as one nest
-per box, with those constants as bounds.
+point (:func:`te_grad.intervals.grid_values`, integer arithmetic; a bound that is not index
+arithmetic of the output axes is kept as it is), and :func:`split_pieces` rewrites each
+accumulating nest of a stage as one nest per box, with those constants as bounds.
 
 Promises: the boxes cover the output domain exactly once; on each, the bounds given are
 the original bounds' values at every one of its points (a box where they are not constant
@@ -20,9 +21,9 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 
 from te_grad import dsl
-from te_grad.evaluator import evaluate
 from te_grad.graph import free_vars
-from te_grad.ir import ComputeOp, Const, Expr, ReduceAxis, Tensor, Var
+from te_grad.intervals import grid_values
+from te_grad.ir import Const, Expr, ReduceAxis, Var
 from te_grad.transform import substitute
 
 from .loopir import Loop, Nest, Stage, rewrite_nests
@@ -65,17 +66,19 @@ def split_interior(axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
     dep = [(a, n) for a, n in zip(axes, shape) if id(a) in used]
     if int(np.prod([n for _, n in dep])) > (1 << 22):
         return same
-    grid = Tensor("grid", tuple(n for _, n in dep), "bool", ComputeOp(tuple(a for a, _ in dep), dsl.const(True)))
+    grid_axes, grid_shape = tuple(a for a, _ in dep), tuple(n for _, n in dep)
     values = []
     for r in red_axes:
         for b in (r.lo, r.hi):
-            probe = Tensor("bound", grid.shape, "int64", ComputeOp(grid.op.axes, dsl.cast("int64", b)))
-            values.append(evaluate([probe], {})[0])
+            got = grid_values(b, grid_axes, grid_shape)
+            if got is None:  # not integer index arithmetic of the output axes: keep the bounds
+                return same
+            values.append(got)
     uniform = _uniform_pieces(dep, values, red_axes, full)
     if uniform is not None:
         return uniform
     typical = [int(np.bincount(v.ravel() - v.min()).argmax() + v.min()) for v in values]
-    inside = np.ones(grid.shape, dtype=bool)
+    inside = np.ones(grid_shape, dtype=bool)
     for v, c in zip(values, typical):
         inside &= v == c
     where = np.nonzero(inside)

@@ -23,10 +23,10 @@ import numpy as np
 
 from simplify.linear import normalize
 from te_grad import dsl
-from te_grad.evaluator import evaluate
 from te_grad.ops import identity_of
 from te_grad.graph import free_vars
-from te_grad.ir import ComputeOp, Const, Expr, ReduceAxis, Tensor, Var
+from te_grad.intervals import grid_values
+from te_grad.ir import Const, Expr, ReduceAxis, Tensor, Var
 from te_grad.transform import substitute
 
 from .loopir import Loop, Nest, Stage, Store, carried_scan, guarded, nest
@@ -129,7 +129,8 @@ def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], r: Red
 
 def _monotonic(t: Tensor, v: Var, moving: Expr, fixed: Expr) -> bool:
     """True if ``moving`` never decreases along ``v`` and the rows are long enough on average
-    for a scan to pay, probed at every output point the bounds depend on."""
+    for a scan to pay, probed at every output point the bounds depend on (in integer
+    arithmetic, :func:`te_grad.intervals.grid_values`; False for a bound it cannot evaluate)."""
     used = [a for a in t.op.axes if any(a is x for b in (moving, fixed) for x in free_vars(b))]
     extent = dict(zip(map(id, t.op.axes), t.shape))
     dims = tuple(extent[id(a)] for a in used)
@@ -137,8 +138,10 @@ def _monotonic(t: Tensor, v: Var, moving: Expr, fixed: Expr) -> bool:
         return False
     values = []
     for b in (moving, fixed):
-        probe = Tensor("bound", dims, "int64", ComputeOp(tuple(used), dsl.cast("int64", b)))
-        values.append(evaluate([probe], {})[0])
+        got = grid_values(b, used, dims)
+        if got is None:  # not integer index arithmetic of the output axes
+            return False
+        values.append(got)
     along = next(k for k, a in enumerate(used) if a is v)
     if np.any(np.diff(values[0], axis=along) < 0):
         return False

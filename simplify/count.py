@@ -10,27 +10,34 @@ index equality is a filter, shows its full |dX| x |domain| cost.
 
 Counting is exact and symbolic where it can be: every variable with constant
 bounds that no other bound or guard mentions contributes a factor; the rest is
-enumerated, vectorized, with the innermost loop's trip count in closed form.
-(isl's ``count_val`` enumerates points one by one, which is too slow for the
-10^12-point raw domains; the tests check both agree on small domains.)
+enumerated, vectorized, in integer arithmetic on the index expressions
+(:func:`te_grad.intervals.index_values`), with the innermost loop's trip count in
+closed form. Points are enumerated in blocks of at most :data:`BLOCK` at a time, so
+memory stays bounded. (isl's ``count_val`` enumerates points one by one, which is too
+slow for the 10^12-point raw domains; the tests check both agree on small domains.)
+A guard that reads data or computes in floats restricts nothing here.
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
-from te_grad import dsl
-from te_grad.evaluator import evaluate
+from te_grad.errors import InternalError
 from te_grad.graph import free_vars, reads_in, reductions_in, topo_order
-from te_grad.ir import (ComputeOp, Expr, PlaceholderOp, ReduceAxis, ScatterOp, Tensor, Var)
+from te_grad.intervals import NotAnIndex, index_values, is_index_expr
+from te_grad.ir import Expr, PlaceholderOp, ReduceAxis, ScatterOp, Tensor, Var
+
+#: most points enumerated at once
+BLOCK = 1 << 22
 
 Loop = Tuple[Expr, Expr, Expr]  # (variable, lo, hi)
 
 
 def _count_nest(out_axes: Sequence[Var], shape: Sequence[int], loops: Sequence[ReduceAxis],
                 guards: Sequence[Expr]) -> int:
-    guards = [g for g in guards if not reads_in(g)]  # data-dependent guards restrict nothing here
+    # data-dependent (or float) guards restrict nothing here
+    guards = [g for g in guards if not reads_in(g) and is_index_expr(g)]
     mentioned = set()
     for ax in loops:
         mentioned |= {id(v) for v in free_vars(ax.lo)} | {id(v) for v in free_vars(ax.hi)}
@@ -54,18 +61,84 @@ def _count_nest(out_axes: Sequence[Var], shape: Sequence[int], loops: Sequence[R
     loop_ids = {id(ax) for ax in rest_loops}
     inner = [g for g in guards if any(id(v) in loop_ids for v in free_vars(g))]
     outer = [g for g in guards if not any(id(v) in loop_ids for v in free_vars(g))]
-    if inner:  # a guard inside the loops (a select in an enclosing reduction): count point by point
-        body = dsl.sum(dsl.const(1), list(rest_loops), where=dsl.all(inner))
-    elif not rest_loops:
-        body = dsl.const(1)
-    else:
-        last = rest_loops[-1]
-        trip = dsl.maximum(last.hi - last.lo, 0)
-        body = dsl.sum(trip, list(rest_loops[:-1])) if len(rest_loops) > 1 else trip
-    if outer:
-        body = dsl.if_then_else(dsl.all(outer), body, dsl.const(0))
-    counter = Tensor("count", tuple(rest_shape), "int64", ComputeOp(tuple(rest_out), body))
-    return factor * int(np.sum(evaluate([counter], {})[0], dtype=np.int64))
+    try:
+        return factor * _enumerate(rest_out, rest_shape, rest_loops, inner, outer)
+    except NotAnIndex as err:
+        names = ", ".join(ax.name for ax in rest_loops)
+        raise InternalError(f"cannot count the iterations of loops ({names}): {err}") from None
+
+
+def _enumerate(out_axes: Sequence[Var], shape: Sequence[int], loops: Sequence[ReduceAxis],
+               inner: Sequence[Expr], outer: Sequence[Expr]) -> int:
+    """Points ``(out, loops)`` with ``0 <= out < shape``, every loop within its bounds,
+    ``outer`` holding at the output point and ``inner`` at the whole point."""
+    total = 0
+    size = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    for start in range(0, size, BLOCK):
+        flat = np.arange(start, min(size, start + BLOCK), dtype=np.int64)
+        coords = np.unravel_index(flat, tuple(shape)) if shape else ()
+        env = {id(a): c.astype(np.int64) for a, c in zip(out_axes, coords)}
+        n = len(flat)
+        if outer:
+            keep = np.ones(n, dtype=bool)
+            for g in outer:
+                keep &= np.broadcast_to(index_values(g, env), (n,))
+            env = {k: v[keep] for k, v in env.items()}
+            n = int(keep.sum())
+        total += _count_loops(env, n, list(loops), inner)
+    return total
+
+
+def _column(e: Expr, env: Dict[int, np.ndarray], n: int) -> np.ndarray:
+    return np.broadcast_to(index_values(e, env), (n,)).astype(np.int64)
+
+
+def _count_loops(env: Dict[int, np.ndarray], n: int, loops: List[ReduceAxis], inner: Sequence[Expr]) -> int:
+    """Points of ``loops`` (outermost first) at each of the ``n`` points of ``env`` where
+    every guard of ``inner`` holds."""
+    if n == 0:
+        return 0
+    if not loops:
+        if not inner:
+            return n
+        keep = np.ones(n, dtype=bool)
+        for g in inner:
+            keep &= np.broadcast_to(index_values(g, env), (n,))
+        return int(keep.sum())
+    ax = loops[0]
+    lo, hi = _column(ax.lo, env, n), _column(ax.hi, env, n)
+    sizes = np.maximum(hi - lo, 0)
+    if len(loops) == 1 and not inner:  # the innermost trip count in closed form
+        return int(sizes.sum(dtype=np.int64))
+    total = 0
+    for rows, values in _expand(lo, sizes):
+        sub = {k: v[rows] for k, v in env.items()}
+        sub[id(ax)] = values
+        total += _count_loops(sub, len(rows), loops[1:], inner)
+    return total
+
+
+def _expand(lo: np.ndarray, sizes: np.ndarray) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    """``(rows, values)`` blocks listing each point ``k`` once per value of
+    ``range(lo[k], lo[k] + sizes[k])``, about :data:`BLOCK` values per block."""
+    rows = np.nonzero(sizes > 0)[0]
+    lo, sizes = lo[rows], sizes[rows]
+    pieces = -(-sizes // BLOCK)  # a range longer than a block is cut into pieces
+    if np.any(pieces > 1):
+        first = np.repeat(np.cumsum(pieces) - pieces, pieces)
+        k = np.arange(int(pieces.sum()), dtype=np.int64) - first
+        rows, lo, sizes = np.repeat(rows, pieces), np.repeat(lo, pieces), np.repeat(sizes, pieces)
+        lo, sizes = lo + k * BLOCK, np.minimum(sizes - k * BLOCK, BLOCK)
+    ends = np.cumsum(sizes)
+    group = (ends - sizes) // BLOCK  # each group starts within one block of values
+    cuts = np.nonzero(np.diff(group))[0] + 1
+    for s, e in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(rows)]])):
+        if s == e:
+            continue
+        size = sizes[s:e]
+        at = np.repeat(np.arange(e - s), size)
+        offset = np.arange(int(size.sum()), dtype=np.int64) - np.repeat(np.cumsum(size) - size, size)
+        yield rows[s:e][at], np.repeat(lo[s:e], size) + offset
 
 
 def tensor_iterations(t: Tensor) -> int:

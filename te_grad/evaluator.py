@@ -34,6 +34,7 @@ import numpy as np
 from . import dtypes, ops
 from .deep import deep_entry
 from .errors import InternalError, UserError
+from .argcheck import check_feed  # the kernels' own check
 from .graph import free_vars, topo_order
 from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce,
                  ScatterOp, Select, Tensor, Unary, Var)
@@ -431,29 +432,6 @@ class _ExprEvaluator:
     def _unbind(self, axes):
         for ax in axes:
             self.env.pop(id(ax), None)
-
-
-def check_feed(tensor: Tensor, value) -> np.ndarray:
-    """``value`` as an array for placeholder ``tensor``, or a UserError naming the mismatch."""
-    if isinstance(value, np.ndarray):
-        arr = value
-        if arr.dtype != np.dtype(tensor.dtype):
-            raise UserError(f"placeholder {tensor.name} expects dtype {tensor.dtype} but got an array of "
-                            f"{arr.dtype}; convert it with .astype(np.{tensor.dtype})")
-    else:  # Python scalars and lists are converted, but never with a loss of value
-        try:
-            given = np.asarray(value)
-            arr = given.astype(tensor.dtype)
-        except (TypeError, ValueError) as err:
-            raise UserError(f"cannot convert the value for placeholder {tensor.name} to "
-                            f"{tensor.dtype}: {err}") from None
-        if given.dtype.kind in "fc" and not dtypes.is_float(tensor.dtype) and not np.array_equal(arr, given):
-            raise UserError(f"placeholder {tensor.name} is {tensor.dtype} but was given non-integral "
-                            f"values {value!r}")
-    if arr.shape != tensor.shape:
-        raise UserError(f"placeholder {tensor.name} expects shape {list(tensor.shape)} but got "
-                        f"{list(arr.shape)}")
-    return arr
 
 
 @deep_entry

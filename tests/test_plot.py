@@ -219,3 +219,34 @@ def test_ratios_from_plain_tables():
 def test_ratio_errors(bad, match):
     with pytest.raises(tg.UserError, match=match):
         plot_ratios(bad)
+
+
+@pytest.mark.parametrize("fn, name", [(tg.erf, "erf"), (tg.atan, "atan"), (tg.log1p, "log1p"),
+                                      (tg.expm1, "expm1"), (tg.asin, "asin"), (tg.acos, "acos")])
+def test_filters_with_any_intrinsic_are_evaluated(fn, name):
+    """A filter computed with an intrinsic (here erf, atan, ... of the index) is evaluated by the
+    reference evaluator's own meaning of it: the contributing points are those where it holds,
+    counted independently with the intrinsic's numpy function."""
+    X = tg.placeholder((8, 12), name="X")
+    k = tg.reduce_axis(12, "k")
+    u = (tg.cast("float64", k) - 5.5) / 6.0  # in (-1, 1): inside asin's and acos's domain
+    Y = tg.compute((8,), lambda i: tg.sum(X[i, k], axis=k, where=fn(u) > fn((tg.cast("float64", i) - 3.5) / 6.0)),
+                   name="Y")
+    numpy_fn = tg.ops.intrinsic(name).numpy
+    for i in range(8):
+        pic = plot_domain(Y, (i,))
+        want = int(np.sum(numpy_fn((np.arange(12) - 5.5) / 6.0) > numpy_fn((i - 3.5) / 6.0)))
+        assert 0 < want < 12  # the filter cuts the domain
+        assert (pic.n_iterated, pic.n_contributing) == (12, want)
+
+
+def test_filter_with_atan2_is_evaluated():
+    X = tg.placeholder((6, 6), name="X")
+    k = tg.reduce_axis(6, "k")
+    Y = tg.compute((6,), lambda i: tg.sum(X[i, k], axis=k, where=tg.atan2(tg.cast("float64", k) - 2.5,
+                                                                          tg.cast("float64", i) - 2.5) > 0),
+                   name="Y")
+    for i in range(6):
+        pic = plot_domain(Y, (i,))
+        want = int(np.sum(np.arctan2(np.arange(6) - 2.5, i - 2.5) > 0))
+        assert (pic.n_iterated, pic.n_contributing) == (6, want)

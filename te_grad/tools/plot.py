@@ -22,10 +22,9 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ..errors import UserError
-from ..graph import reductions_in
-from ..ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, ScatterOp, Select, Tensor,
-                 Unary, Var)
-from ..ops import INTRINSICS
+from ..evaluator import expression_evaluator
+from ..graph import free_vars, reads_in, reductions_in
+from ..ir import Binary, ComputeOp, Const, Expr, ScatterOp, Select, Tensor, Unary
 
 __all__ = ["plot_domain", "plot_raw_vs_simplified", "plot_ratios", "DomainPicture", "RatioPicture"]
 
@@ -54,50 +53,20 @@ class _Unbound(Exception):
     """The expression uses a variable not bound here (e.g. one of an inner reduction)."""
 
 
-_ARITH = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
-          "min": np.minimum, "max": np.maximum, "pow": np.power}
-_CMP = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
-        "eq": np.equal, "ne": np.not_equal}
-_CALL = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh, "abs": np.abs,
-         "sin": np.sin, "cos": np.cos, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc,
-         "round": np.rint, "stop_gradient": lambda x: x, "sigmoid": INTRINSICS["sigmoid"].numpy}
-
-
 def _ev(e: Expr, env: Dict[int, np.ndarray]) -> np.ndarray:
-    """``e`` at every point: ``env`` maps variables to equally long arrays."""
-    if isinstance(e, Const):
-        return np.asarray(e.value)
-    if isinstance(e, Var):  # also ReduceAxis
-        try:
-            return env[id(e)]
-        except KeyError:
-            raise _Unbound(e.name) from None
-    if isinstance(e, Read):
-        raise _NeedsData(e.tensor.name)
-    if isinstance(e, Binary):
-        a = _ev(e.a, env)
-        b = _ev(e.b, env)
-        if e.op == "and":
-            return np.logical_and(a, b)
-        if e.op == "or":
-            return np.logical_or(a, b)
-        if e.op in ("floordiv", "floormod"):
-            b = np.where(b == 0, 1, b)  # outside the points where it matters; never an error here
-            return np.floor_divide(a, b) if e.op == "floordiv" else np.remainder(a, b)
-        return _ARITH[e.op](a, b)
-    if isinstance(e, Unary):
-        a = _ev(e.a, env)
-        return np.logical_not(a) if e.op == "not" else np.negative(a)
-    if isinstance(e, Compare):
-        return _CMP[e.op](_ev(e.a, env), _ev(e.b, env))
-    if isinstance(e, Select):
-        return np.where(_ev(e.cond, env), _ev(e.t, env), _ev(e.f, env))
-    if isinstance(e, Cast):
-        a = _ev(e.a, env)
-        return np.trunc(a).astype(e.dtype) if e.dtype.startswith("int") else a.astype(e.dtype)
-    if isinstance(e, Call) and e.name in _CALL:
-        return _CALL[e.name](*[_ev(a, env) for a in e.args])
-    raise _NeedsData(type(e).__name__)
+    """``e`` at every point: ``env`` maps variables to equally long arrays. Evaluated by the
+    reference evaluator (every operation and intrinsic it knows), once ``e`` is known to
+    read no tensor (:class:`_NeedsData`) and to use only variables bound here
+    (:class:`_Unbound`)."""
+    reads = reads_in(e)
+    if reads:
+        raise _NeedsData(reads[0].tensor.name)
+    if reductions_in(e):
+        raise _NeedsData("Reduce")
+    unbound = [v.name for v in free_vars(e) if id(v) not in env]
+    if unbound:
+        raise _Unbound(unbound[0])
+    return expression_evaluator({}, where="te_grad.plot")(e, env)
 
 
 def _is_zero(e: Expr) -> bool:
