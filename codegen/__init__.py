@@ -77,8 +77,10 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     if needed:
         raise UserError(f"tg.build: the outputs need placeholder(s) {', '.join(t.name for t in needed)} "
                         "that are not among the inputs")
-    disabled_pass_names(options.disabled_passes)  # a clear error for a name that is no pass
-    options = options.replace(machine=options.resolved_machine())
+    # the machine resolved and the passes named as the registry names them (a clear error
+    # for a name that is no pass): both part of the build's cache key
+    options = options.replace(machine=options.resolved_machine(),
+                              disabled_passes=disabled_pass_names(options.disabled_passes))
     with using(options):
         return _build(outs, inputs, options, wait)
 

@@ -12,10 +12,12 @@ import pytest
 import codegen
 import te_grad as tg
 from codegen import disk_cache, jit, kernel as kernel_module, packing, schedule, team
+from codegen.machine import Machine
 from codegen.options import CompileOptions, Thresholds, compile_options, current_options
 from codegen.schedule import PASSES, bisect, optional_passes
 from te_grad import nn
 from te_grad.checking import enabled as verifying
+from te_grad.formulations import conv_pad_stage_s2, resize_exact
 
 ENV = {"TE_GRAD_NUM_THREADS": "3", "TE_GRAD_VERIFY": "1", "TE_GRAD_JIT_CACHE": "5",
        "TE_GRAD_COMPILE_WORKER": "0", "TE_GRAD_SPIN_US": "7", "TE_GRAD_CACHE": "0"}
@@ -127,8 +129,15 @@ def _graphs():
     k = tg.reduce_axis((0, 10), "k")
     yield "cumsum", with_gradient(tg.compute((6, 10), lambda i, j: tg.sum(x[i, k], axis=k, where=k <= j),
                                              name="cumsum"), [x])
-    x = ph((40, 48), "X")
-    yield "transpose", with_gradient(tg.compute((48, 40), lambda i, j: x[j, i] * 2.0, name="T"), [x])
+    x = ph((64, 72), "X", "float32")  # 8 x 8 blocks transpose 32-bit values (exactly)
+    yield "transpose", with_gradient(tg.compute((72, 64), lambda i, j: x[j, i] * 2.0, name="T"), [x])
+    x = ph((5, 6), "X")
+    yield "upsample", with_gradient(tg.compute((10, 12), lambda i, j: x[i // 2, j // 2] * (1.0 + (j % 2)),
+                                               name="up"), [x])
+    x = ph((1, 2, 6, 6), "X")
+    yield "resize", with_gradient(resize_exact(x, 11, 11), [x])
+    strided = conv_pad_stage_s2("float64", small=True)  # a stride-2 convolution over a padding stage
+    yield "conv_pad_stage_s2", with_gradient(strided.output, list(strided.inputs))
 
 
 GRAPHS = dict(_graphs())
@@ -136,18 +145,25 @@ GRAPHS = dict(_graphs())
 SMALL = CompileOptions(thresholds=packing.EVERY_COPY, disk_cache=False)
 
 
-def _loops(name, disabled=()):
+#: the stock thresholds: no copy on graphs this small (the passes then see the operands)
+STOCK = CompileOptions(disk_cache=False)
+#: caches so small that every contraction is tiled
+TINY = STOCK.replace(machine=Machine(vector_bits=256, vector_registers=16, l1_bytes=1024, l2_bytes=2048))
+
+
+def _loops(name, disabled=(), options=SMALL):
     outs, inputs, _ = GRAPHS[name]
-    return tg.build(outs, inputs, options=SMALL.replace(disabled_passes=frozenset(disabled))).loops
+    return tg.build(outs, inputs, options=options.replace(disabled_passes=frozenset(disabled))).loops
 
 
+@pytest.mark.parametrize("options", [SMALL, STOCK, TINY], ids=["every_copy", "stock", "tiny_caches"])
 @pytest.mark.parametrize("name", sorted(GRAPHS))
-def test_each_pass_switched_off_still_computes_the_right_numbers(name):
+def test_each_pass_switched_off_still_computes_the_right_numbers(name, options):
     outs, inputs, feed = GRAPHS[name]
     want = tg.evaluate(outs, feed)
-    full = tg.build(outs, inputs, options=SMALL)
+    full = tg.build(outs, inputs, options=options)
     for off in optional_passes():
-        kern = tg.build(outs, inputs, options=SMALL.replace(disabled_passes=frozenset({off})))
+        kern = tg.build(outs, inputs, options=options.replace(disabled_passes=frozenset({off})))
         for got, w, t in zip(kern(*[feed[t] for t in inputs]), want, outs):
             np.testing.assert_allclose(got, w, rtol=1e-10, atol=1e-10, err_msg=f"{name}: {t.name} without {off}")
         assert kern.options.disabled_passes == {off} and full.options.disabled_passes == set()
@@ -159,7 +175,7 @@ def test_switching_a_pass_off_shows_in_the_loops():
     changed = set()
     for off in optional_passes():
         for name in GRAPHS:
-            if _loops(name, {off}) != _loops(name):
+            if any(_loops(name, {off}, o) != _loops(name, (), o) for o in (SMALL, STOCK, TINY)):
                 changed.add(off)
                 break
     assert changed == set(optional_passes())
@@ -168,7 +184,7 @@ def test_switching_a_pass_off_shows_in_the_loops():
     assert "in vector registers" not in _loops("dense", {"register_blocking"})
     assert "_packed" in _loops("dense") and "_packed" not in _loops("dense", {"packing"})
     with_scan, without = _loops("cumsum"), _loops("cumsum", {"scans"})
-    assert "scan" in with_scan and "scan" not in without
+    assert "a register carried along" in with_scan and "a register carried along" not in without
     # a module's name switches off its passes
     assert _loops("conv_strided", {"congruence"}) == _loops("conv_strided", {"interleave_classes", "split_classes"})
 
@@ -178,12 +194,14 @@ def test_the_disk_cache_tells_options_apart(monkeypatch, tmp_path):
     monkeypatch.setenv("TE_GRAD_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TE_GRAD_CACHE", "1")
     outs, inputs, _ = _dense()
-    first = tg.build(outs, inputs).loops
+    every = packing.EVERY_COPY
+    first = tg.build(outs, inputs, thresholds=every).loops
     assert "in vector registers" in first
-    again = tg.build(outs, inputs, disabled_passes={"register_blocking"}).loops
+    again = tg.build(outs, inputs, thresholds=every, disabled_passes={"register_blocking"}).loops
     assert "in vector registers" not in again
-    assert tg.build(outs, inputs).loops == first
-    assert tg.build(outs, inputs, disabled_passes={"block_registers"}).loops == again
+    assert tg.build(outs, inputs, thresholds=every).loops == first
+    assert tg.build(outs, inputs, thresholds=every, disabled_passes={"block_registers"}).loops == again
+    assert len(list(tmp_path.glob("build-*"))) == 2
 
 
 def _broken(name):
@@ -207,7 +225,8 @@ def test_bisection_names_a_broken_pass(monkeypatch, culprit):
         return tg.build(outs, inputs, options=options)
 
     def right(kern):
-        return all(np.allclose(g, w, rtol=1e-10, atol=1e-10) for g, w in zip(kern(*[feed[t] for t in inputs]), want))
+        (got,) = [kern(*[feed[t] for t in inputs])]  # one output: one array
+        return np.allclose(got, want[0], rtol=1e-10, atol=1e-10)
 
     base = CompileOptions(disk_cache=False)  # the cache knows the code's files, not a patched pass
     assert bisect(build, right, base=base) is None
