@@ -3,11 +3,11 @@
 :func:`build` simplifies the graph (isl), schedules each tensor as loop nests
 (:mod:`.schedule`), lowers them to one LLVM module (:mod:`.llvm_module`, a function per stage by :mod:`.llvm_emit`),
 optimizes and JIT-compiles it for the host CPU (:mod:`.jit`), and wraps it as
-a callable :class:`~codegen.kernel.Kernel`.
+a callable :class:`~codegen.kernel.Kernel`. Every setting of a build is a field of
+:class:`~codegen.options.CompileOptions` (:mod:`.options`).
 """
 from __future__ import annotations
 
-import numbers
 from typing import Sequence, Union
 
 from simplify import simplify
@@ -16,28 +16,36 @@ from te_grad.errors import UserError
 from te_grad.graph import reads_in, topo_order
 from te_grad.ir import Tensor
 
-from . import build_codec, disk_cache, packing
+from . import build_codec, disk_cache
 from .jit import cached_module, compile_module, module_key
 from .kernel import CompiledStage, Kernel, default_threads
 from .llvm_module import RUN_REGION, RUN_STAGES, emit_module
 from .loopir import tensors_of
-from .machine import Machine, host_machine
+from .machine import Machine
+from .options import FIELDS, CompileOptions, compile_options, current_options, using
 from .regions import regions
-from .schedule import stages_for
+from .schedule import disabled_pass_names, stages_for
 
-__all__ = ["build", "Kernel"]
+__all__ = ["build", "Kernel", "CompileOptions", "compile_options", "current_options"]
 
 
-def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *, fast_math: bool = True,
-          threads: int = None, machine: Machine = None, wait: bool = True) -> Kernel:
+def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *, options: CompileOptions = None,
+          fast_math: bool = None, threads: int = None, machine: Machine = None, wait: bool = True,
+          **changes) -> Kernel:
     """Compile ``outputs`` as functions of the placeholders ``inputs`` into one kernel.
 
-    ``fast_math`` lets reductions reassociate (so they vectorize) and products
-    and sums contract into fused multiply-adds. ``threads`` defaults to the
+    ``options`` (a :class:`codegen.options.CompileOptions`; default: the options in force,
+    :func:`codegen.options.current_options`, i.e. the innermost ``with compile_options(...)``
+    block's, else the environment's) holds every setting; keywords naming its fields
+    (``fast_math=``, ``threads=``, ``machine=``, ``disabled_passes=``, ``thresholds=``,
+    ``verify=``, ``disk_cache=``, ...) override them, and the whole build runs under the
+    result. ``fast_math`` (default True) lets reductions reassociate (so they vectorize) and
+    products and sums contract into fused multiply-adds. ``threads`` defaults to the
     CPUs available (or ``TE_GRAD_NUM_THREADS``). ``machine`` (a
     :class:`codegen.machine.Machine`: vector width and registers, cache sizes)
     is what the loops are sized for; by default this machine's own
-    (:func:`codegen.machine.host_machine`). With ``wait=False`` the kernel is returned as
+    (:func:`codegen.machine.host_machine`). ``disabled_passes`` names schedule passes to
+    skip (:data:`codegen.schedule.PASSES`). With ``wait=False`` the kernel is returned as
     soon as its LLVM module is handed to the compile worker (LLVM then runs in another
     process while the caller prepares its next kernel); its first call, or
     ``kernel.wait()``, waits for the machine code. LLVM's own errors then come from there.
@@ -50,18 +58,36 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     for t in inputs:
         if not t.is_placeholder:
             raise UserError(f"input {t.name} of tg.build is not a placeholder")
-    if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
-            raise UserError(f"tg.build: threads must be a positive int, got {threads!r}")
-        threads = int(threads)
+    if options is not None and not isinstance(options, CompileOptions):
+        raise UserError(f"tg.build: options must be a codegen.options.CompileOptions, got {options!r}")
+    for name, value in (("fast_math", fast_math), ("threads", threads), ("machine", machine)):
+        if value is not None:
+            changes[name] = value
+    unknown = sorted(set(changes) - set(FIELDS))
+    if unknown:
+        raise UserError(f"tg.build got unknown keyword(s) {', '.join(unknown)}; the options are "
+                        f"{', '.join(FIELDS)} (and wait)")
+    try:
+        options = (options if options is not None else current_options()).replace(**changes)
+    except UserError as err:
+        raise UserError(f"tg.build: {err}") from None
     if len({id(t) for t in inputs}) != len(inputs):
         raise UserError("tg.build lists the same input twice")
     needed = [t for t in topo_order(outs) if t.is_placeholder and not any(t is x for x in inputs)]
     if needed:
         raise UserError(f"tg.build: the outputs need placeholder(s) {', '.join(t.name for t in needed)} "
                         "that are not among the inputs")
-    machine = machine if machine is not None else host_machine()
-    cached = _cached_build(outs, inputs, fast_math, threads, machine)
+    # the machine resolved and the passes named as the registry names them (a clear error
+    # for a name that is no pass): both part of the build's cache key
+    options = options.replace(machine=options.resolved_machine(),
+                              disabled_passes=disabled_pass_names(options.disabled_passes))
+    with using(options):
+        return _build(outs, inputs, options, wait)
+
+
+def _build(outs, inputs, options: CompileOptions, wait: bool) -> Kernel:
+    fast_math, machine = options.fast_math, options.machine
+    cached = _cached_build(outs, inputs, options)
     if cached is not None:
         return cached
     undecided = []  # reads simplify.check_bounds could not prove in bounds
@@ -70,7 +96,7 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     # index that is not quasi-affine, in kernels that have such a read (proven graphs keep
     # their code as it was)
     bound_checks = any(not any(reads_in(i) for i in c.read.indices) for c in undecided)
-    stages = stages_for(simplified, machine)
+    stages = stages_for(simplified, machine, options)
     buffers = list(inputs)
     index = {id(t): n for n, t in enumerate(buffers)}
     for s in stages:
@@ -87,20 +113,22 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     compiled = compile_module(text, [RUN_STAGES, RUN_REGION], wait=wait)
     compiled_stages = [CompiledStage(s, w) for s, w in zip(stages, works)]
     kernel = Kernel(simplified, inputs, buffers, compiled_stages, regions(stages), compiled,
-                    threads if threads is not None else default_threads())
+                    options.resolved_threads())
     kernel.fast_math = fast_math  # what Kernel.export re-emits the stages with
     kernel.bound_checks = bound_checks
-    _remember_build(outs, inputs, fast_math, machine, kernel, text)
+    kernel.options = options
+    _remember_build(outs, inputs, options, kernel, text)
     return kernel
 
 
-def _build_key(outs, inputs, fast_math, machine) -> str:
+def _build_key(outs, inputs, options: CompileOptions) -> str:
+    """The disk-cache key of a build: the graph's structure and the options that change the
+    code (``CompileOptions.code_key``)."""
     from te_grad.fingerprint import fingerprint
-    return disk_cache.key(fingerprint(outs, inputs, extra=f"fast_math={fast_math};{machine!r};"
-                                                        f"{packing.thresholds()!r}"))
+    return disk_cache.key(fingerprint(outs, inputs, extra=options.code_key()))
 
 
-def _remember_build(outs, inputs, fast_math, machine, kernel, text):
+def _remember_build(outs, inputs, options, kernel, text):
     """Store the build in the disk cache (as JSON: :mod:`.build_codec`)."""
     if not disk_cache.enabled():
         return
@@ -111,7 +139,7 @@ def _remember_build(outs, inputs, fast_math, machine, kernel, text):
         value = build_codec.encode(entry)
     except ValueError:
         return  # something the codec does not hold: not cached
-    disk_cache.store_json("build", _build_key(outs, inputs, fast_math, machine), value)
+    disk_cache.store_json("build", _build_key(outs, inputs, options), value)
 
 
 def _checked_build(entry, inputs):
@@ -136,11 +164,11 @@ def _checked_build(entry, inputs):
     return entry
 
 
-def _cached_build(outs, inputs, fast_math, threads, machine):
+def _cached_build(outs, inputs, options: CompileOptions):
     """The kernel of an identical earlier build (this process or another), or None."""
     if not disk_cache.enabled():
         return None
-    key = _build_key(outs, inputs, fast_math, machine)
+    key = _build_key(outs, inputs, options)
     value = disk_cache.load_json("build", key)
     if value is None:
         return None
@@ -159,9 +187,10 @@ def _cached_build(outs, inputs, fast_math, threads, machine):
     buffers = [swap.get(id(t), t) for t in entry["buffers"]]
     stages = [CompiledStage(stage, work) for stage, work in entry["stages"]]
     kernel = Kernel(entry["outputs"], inputs, buffers, stages, entry["regions"], compiled,
-                    threads if threads is not None else default_threads())
+                    options.resolved_threads())
     for o, n in zip(old_inputs, inputs):  # the stages read the cached placeholders
         kernel._index[id(o)] = kernel._index[id(n)]
-    kernel.fast_math = fast_math
+    kernel.fast_math = options.fast_math
+    kernel.options = options
     kernel.bound_checks = entry["bound_checks"]
     return kernel

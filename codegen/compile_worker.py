@@ -7,8 +7,8 @@ file does not). A process that builds thousands of distinct kernels (a framework
 fed varying shapes) would grow without bound. So modules are compiled here, in a worker
 process started on first use, which returns the object file and the optimized IR; the
 worker is replaced after :data:`MAX_JOBS` modules, and the process that asked only loads
-objects. ``TE_GRAD_COMPILE_WORKER=0`` compiles in-process instead; so does a worker that
-cannot be started.
+objects. The compile option ``compile_worker=False`` (``TE_GRAD_COMPILE_WORKER=0``, see
+:mod:`codegen.options`) compiles in-process instead; so does a worker that cannot be started.
 
 Protocol on the worker's stdin/stdout: an 8-byte little-endian length, then a pickle:
 ``(text, triple, cpu, features)`` in, ``("object", object bytes)`` or ``("error", message)``
@@ -36,10 +36,6 @@ MAX_JOBS = 400
 _lock = threading.Lock()
 _worker: Optional[subprocess.Popen] = None
 _jobs = 0
-
-
-def enabled() -> bool:
-    return os.environ.get("TE_GRAD_COMPILE_WORKER", "1") not in ("0", "", "false", "no")
 
 
 def _send(stream, obj):

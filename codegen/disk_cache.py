@@ -20,8 +20,9 @@ other kind, or a file of another program is ignored, removed and rebuilt (never 
 kernel, never a crash). Object bytes are also checked to be an object file of the host's
 format before LLVM sees them (see :func:`plausible_object`).
 
-Where: ``TE_GRAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/te_grad``, else ``~/.cache/te_grad``;
-``TE_GRAD_CACHE=0`` turns it off. Safe with concurrent processes (an entry is written to a
+Where: the compile options' ``cache_dir`` (``TE_GRAD_CACHE_DIR``), else
+``$XDG_CACHE_HOME/te_grad``, else ``~/.cache/te_grad``; ``disk_cache=False``
+(``TE_GRAD_CACHE=0``) turns it off (see :mod:`codegen.options`). Safe with concurrent processes (an entry is written to a
 temporary file and renamed into place, atomically); a directory that cannot be written is
 no error (nothing is cached).
 """
@@ -42,15 +43,15 @@ _DIGEST = 32
 
 
 def enabled() -> bool:
-    return os.environ.get("TE_GRAD_CACHE", "1") not in ("0", "", "false", "no")
+    """``disk_cache`` of the compile options in force."""
+    from .options import current_options
+    return current_options().disk_cache
 
 
 def directory() -> str:
-    explicit = os.environ.get("TE_GRAD_CACHE_DIR")
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "te_grad")
+    """The cache's directory: the compile options' ``cache_dir``, else the standard place."""
+    from .options import current_options
+    return current_options().resolved_cache_dir()
 
 
 _CODE = None

@@ -4,13 +4,13 @@ Modules are optimized at O3 with llvmlite's new pass builder (loop and SLP
 vectorization on) for the host CPU's name and features, so kernels use the
 widest vector units the machine has. Compiled modules are cached by a key made
 of the module's text and the target (triple, CPU, features): in this process
-(at most :func:`cache_limit` engines, least recently used evicted; a kernel keeps
+(at most :func:`cache_limit` engines, ``jit_cache`` of the compile options, least recently used evicted; a kernel keeps
 its own engine alive), and on disk (:mod:`.disk_cache`), where another process
 finds the machine code and skips LLVM altogether.
 """
 from __future__ import annotations
 
-import os
+import contextvars
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -20,6 +20,7 @@ from te_grad.errors import InternalError
 
 from . import compile_worker, disk_cache
 from .llvm import binding as llvm
+from .options import current_options
 
 _lock = threading.RLock()  # compile_module holds it while loading from the disk cache
 _target = None
@@ -27,11 +28,9 @@ _cache: "OrderedDict[str, Compiled]" = OrderedDict()
 
 
 def cache_limit() -> int:
-    """Engines kept in this process for reuse (``TE_GRAD_JIT_CACHE``, default 64)."""
-    try:
-        return max(0, int(os.environ.get("TE_GRAD_JIT_CACHE", "64")))
-    except ValueError:
-        return 64
+    """Engines kept in this process for reuse (``jit_cache`` of the compile options in force:
+    ``TE_GRAD_JIT_CACHE``, default 64)."""
+    return current_options().jit_cache
 
 
 @dataclass
@@ -161,12 +160,14 @@ def compile_module(text: str, functions: List[str], wait: bool = True):
         if compiled is not None:
             _remember(key, compiled)
             return compiled
-    if compile_worker.enabled():
+    if current_options().compile_worker:
         if not wait:
             if _background is None:
                 from concurrent.futures import ThreadPoolExecutor
                 _background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="te_grad-compile")
-            return Pending(_background.submit(_compile_or_here, text, key, functions))
+            # the compile runs under the caller's options (its disk cache)
+            context = contextvars.copy_context()
+            return Pending(_background.submit(context.run, _compile_or_here, text, key, functions))
         compiled = _remote(text, key, functions)
         if compiled is not None:
             return compiled

@@ -18,6 +18,7 @@ from .jit import Pending
 from .llvm_module import RUN_REGION, RUN_STAGES
 from .regions import plan, row_blocks
 from .loopir import Stage, program_text, stmt_reads, stmt_stores
+from .options import current_options
 from .team import team
 
 #: the parallel range given to stages run whole (each clamps it to its own loop)
@@ -27,14 +28,9 @@ _TABLE = -1
 
 
 def default_threads() -> int:
-    """``TE_GRAD_NUM_THREADS`` if set, else the number of CPUs this process may use."""
-    env = os.environ.get("TE_GRAD_NUM_THREADS")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            raise UserError(f"TE_GRAD_NUM_THREADS must be a whole number of threads, got {env!r}") from None
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """``threads`` of the compile options in force (``TE_GRAD_NUM_THREADS`` if set), else the
+    number of CPUs this process may use."""
+    return current_options().resolved_threads()
 
 
 def refuse_overlaps(inputs: Sequence[Tuple[str, np.ndarray]], outputs: Sequence[Tuple[str, np.ndarray]]):

@@ -45,8 +45,6 @@ body. Terms that do not match are left as they are.
 """
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -61,42 +59,25 @@ from te_grad.ir import Binary, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Va
 from te_grad.transform import substitute
 from te_grad.visitor import Mutator
 
-@dataclass(frozen=True)
-class Thresholds:
-    """When a copy pays (speed only: every copy is exact whatever its size)."""
-    #: rows (output elements not indexing the operand) each element of a transposed copy must serve
-    min_reuse: int = 16
-    #: the shortest reduction worth a transposed copy
-    min_reduction: int = 16
-    #: the fewest multiply-adds of a contraction worth a copy
-    min_work: int = 1 << 16
-    #: multiply-adds per element of a padded or split copy below which it is not made
-    min_padded_reuse: int = 16
-    #: how much larger than the operand a padded copy may be
-    max_padded_growth: float = 2.0
-
+from .options import Thresholds, compile_options, current_options
 
 #: the thresholds kernels are built with
 DEFAULT = Thresholds()
 #: every valid copy, whatever its size: lets tests and the fuzzer exercise the copies on
 #: small programs
 EVERY_COPY = Thresholds(min_reuse=2, min_reduction=2, min_work=0, min_padded_reuse=0, max_padded_growth=1e9)
-_current = [DEFAULT]
 
 
 def thresholds() -> Thresholds:
-    """The thresholds in force (part of a build's cache key)."""
-    return _current[-1]
+    """The thresholds in force: ``thresholds`` of the compile options (part of a build's
+    cache key)."""
+    return current_options().thresholds
 
 
-@contextlib.contextmanager
 def using(t: Thresholds):
-    """Build kernels with thresholds ``t`` inside the ``with`` block."""
-    _current.append(t)
-    try:
-        yield t
-    finally:
-        _current.pop()
+    """Build kernels with thresholds ``t`` inside the ``with`` block (shorthand for
+    ``compile_options(thresholds=t)``)."""
+    return compile_options(thresholds=t)
 
 
 class Copies:

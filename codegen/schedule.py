@@ -25,13 +25,21 @@ It then runs the scheduling passes in a fixed order (:data:`PASSES`), each a
 10. :func:`.cache_tiling.tile_stage`: cache tiles for the machine's L2.
 
 Operands may first be replaced by copies in a better layout, stages of their own
-(:mod:`.packing`). A scatter becomes a zero-fill split among threads, then a serial
+(:mod:`.packing`, the pass ``"packing"``). Each pass is a :class:`SchedulePass` of the
+registry :data:`PASSES`, named, with its one-line promise; the compile option
+``disabled_passes`` (:mod:`.options`) switches passes off by name (or by module name:
+``"register_blocking"``, ``"congruence"``...): a switched-off pass returns its input
+unchanged, so a wrong kernel can be bisected to the pass that made it
+(:func:`bisect`). The two loop-order passes cannot be switched off: they
+mark the loop each nest splits among threads, and a stage split among threads with an
+unmarked nest would run that nest whole on every thread (a race, wrong sums). A scatter becomes a zero-fill split among threads, then a serial
 stage that accumulates with run-time checked indices. Each pass's output computes
 exactly what its input did (:mod:`.interpret` runs both; the tests compare).
 """
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Callable, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -40,6 +48,7 @@ from te_grad.lift import normalized_body
 from te_grad.ops import identity_of
 from te_grad.graph import topo_order
 from te_grad.transform import summands
+from te_grad.errors import UserError
 from te_grad.ir import Binary, Const, Expr, PlaceholderOp, Reduce, ScatterOp, Select, Tensor, Var
 from te_grad.transform import sum_terms
 
@@ -48,7 +57,8 @@ from .congruence import interleave_classes, split_classes
 from .guard_ranges import narrow_guarded_loops
 from .loop_order import lane_var, order_elementwise, order_reductions, parallel_axis
 from .loopir import Stage, Store, guarded, nest
-from .machine import PORTABLE, Machine, host_machine
+from .machine import PORTABLE, Machine
+from .options import CompileOptions, current_options, using
 from .packing import Copies, pack_operands
 from .pieces import const_bounds, split_pieces
 from .register_blocking import block_registers
@@ -110,40 +120,97 @@ def definition(t: Tensor, body: Expr) -> Stage:
     return Stage(t, stmts, dict(zip(map(id, axes), shape))[id(par)] if par is not None else 0, parallel_axis=par)
 
 
-#: the scheduling passes in order: ``(name, pass, final)``; each pass takes a stage and the
-#: machine, and a ``final`` pass that changes the stage ends the schedule
+@dataclass(frozen=True)
+class SchedulePass:
+    """A scheduling pass of the registry :data:`PASSES`: ``run(stage, machine) -> stage``
+    (None for ``"packing"``, which rewrites a tensor's operands before its stages are made);
+    a ``final`` pass that changes the stage ends the schedule; ``needed`` says why the pass
+    cannot be switched off (None: it only makes code faster)."""
+    name: str
+    module: str
+    run: Optional[Callable[[Stage, Machine], Stage]]
+    promise: str
+    final: bool = False
+    needed: Optional[str] = None
+
+
+#: the scheduling passes in order, each with its promise (the stage it returns computes
+#: what its input did)
 PASSES = (
-    ("order_elementwise", lambda stage, machine: order_elementwise(stage), False),
-    ("tile_transposes", lambda stage, machine: tile_transposes(stage), True),
-    ("scans", lambda stage, machine: scans(stage), True),
-    ("interleave_classes", lambda stage, machine: interleave_classes(stage), False),
-    ("split_classes", lambda stage, machine: split_classes(stage), False),
-    ("split_pieces", lambda stage, machine: split_pieces(stage), False),
-    ("narrow_guarded_loops", lambda stage, machine: narrow_guarded_loops(stage), False),
-    ("order_reductions", lambda stage, machine: order_reductions(stage), False),
-    ("block_registers", block_registers, False),
-    ("tile_stage", tile_stage, False),
+    SchedulePass("packing", "packing", None,
+                 "contraction operands read from copies in the layout their loops want (same values)"),
+    SchedulePass("order_elementwise", "loop_order", lambda stage, machine: order_elementwise(stage),
+                 "the initialization nest's loop order; the stage's parallel axis split among threads",
+                 needed="it marks the loop the initialization nest splits among threads"),
+    SchedulePass("tile_transposes", "transpose_tiling", lambda stage, machine: tile_transposes(stage),
+                 "an element-wise transpose in tiles and 8 x 8 register blocks (then done)", final=True),
+    SchedulePass("scans", "scan", lambda stage, machine: scans(stage),
+                 "a running reduction as a linear scan (then done)", final=True),
+    SchedulePass("interleave_classes", "congruence", lambda stage, machine: interleave_classes(stage),
+                 "a divided innermost output axis of the initialization nest in congruence classes"),
+    SchedulePass("split_classes", "congruence", lambda stage, machine: split_classes(stage),
+                 "reduction terms split into congruence classes of their output index"),
+    SchedulePass("split_pieces", "pieces", lambda stage, machine: split_pieces(stage),
+                 "reduction terms cut into pieces on which every bound is constant"),
+    SchedulePass("narrow_guarded_loops", "guard_ranges", lambda stage, machine: narrow_guarded_loops(stage),
+                 "guards bounding an output loop by constants moved into its range"),
+    SchedulePass("order_reductions", "loop_order", lambda stage, machine: order_reductions(stage),
+                 "each accumulating nest's own best loop order, the stage's parallel axis split",
+                 needed="it marks the loop each accumulating nest splits among threads"),
+    SchedulePass("block_registers", "register_blocking", block_registers,
+                 "register blocks sized for the machine's vector registers"),
+    SchedulePass("tile_stage", "cache_tiling", tile_stage, "cache tiles sized for the machine's L2"),
 )
 
 
-def schedule_steps(t: Tensor, body: Expr, machine: Machine = PORTABLE) -> Iterator[Tuple[str, Stage]]:
+def optional_passes() -> List[str]:
+    """The names of the passes that may be switched off, in order."""
+    return [p.name for p in PASSES if p.needed is None]
+
+
+def disabled_pass_names(names: Iterable[str]) -> FrozenSet[str]:
+    """The passes ``names`` switch off (a name is a pass's or its module's), checked: an
+    unknown name, or a pass needed for correct code, is a UserError."""
+    out = set()
+    for name in sorted(set(names)):
+        chosen = [p for p in PASSES if name in (p.name, p.module)]
+        if not chosen:
+            modules = sorted({p.module for p in PASSES} - {p.name for p in PASSES})
+            raise UserError(f"unknown schedule pass {name!r} in disabled_passes; the passes are "
+                            f"{', '.join(p.name for p in PASSES)} (or by module: {', '.join(modules)})")
+        for p in chosen:
+            if p.needed is not None:
+                raise UserError(f"the schedule pass {p.name} cannot be disabled: {p.needed} (without it the "
+                                f"kernel would compute wrong values); the passes that can be are "
+                                f"{', '.join(optional_passes())}")
+            out.add(p.name)
+    return frozenset(out)
+
+
+def schedule_steps(t: Tensor, body: Expr, machine: Machine = PORTABLE,
+                   disabled: Iterable[str] = ()) -> Iterator[Tuple[str, Stage]]:
     """``(pass name, stage)`` after the definition and after each pass of :data:`PASSES`:
-    every intermediate schedule of ``t`` (each computes ``t``; the tests interpret them all)."""
+    every intermediate schedule of ``t`` (each computes ``t``; the tests interpret them all).
+    A pass in ``disabled`` (names as :func:`disabled_pass_names` takes them) returns its
+    input unchanged."""
+    off = disabled_pass_names(disabled)
     stage = definition(t, body)
     yield "definition", stage
-    for name, run, final in PASSES:
-        new = run(stage, machine)
-        yield name, new
-        if final and new is not stage:
+    for p in PASSES:
+        if p.run is None:
+            continue
+        new = stage if p.name in off else p.run(stage, machine)
+        yield p.name, new
+        if p.final and new is not stage:
             return
         stage = new
 
 
-def compute_stage(t: Tensor, body: Expr, machine: Machine = PORTABLE) -> Stage:
+def compute_stage(t: Tensor, body: Expr, machine: Machine = PORTABLE, disabled: Iterable[str] = ()) -> Stage:
     """The stage of compute ``t`` whose body (in terms form) is ``body``, scheduled for
-    ``machine`` by :data:`PASSES`."""
+    ``machine`` by :data:`PASSES` (but those ``disabled``)."""
     stage = None
-    for _, stage in schedule_steps(t, body, machine):
+    for _, stage in schedule_steps(t, body, machine, disabled):
         pass
     return stage
 
@@ -162,10 +229,19 @@ def scatter_stages(t: Tensor) -> List[Stage]:
     return [zero_fill, Stage(t, acc, 0)]
 
 
-def stages_for(outputs: Sequence[Tensor], machine: Optional[Machine] = None) -> List[Stage]:
+def stages_for(outputs: Sequence[Tensor], machine: Optional[Machine] = None,
+               options: Optional[CompileOptions] = None) -> List[Stage]:
     """The stages computing every non-placeholder tensor behind ``outputs``, producers first,
-    scheduled for ``machine`` (default: this one)."""
-    machine = machine if machine is not None else host_machine()
+    scheduled for ``machine`` (default: that of ``options``, else this one) with ``options``
+    (default: the compile options in force: their packing thresholds, their disabled passes)."""
+    options = options if options is not None else current_options()
+    machine = machine if machine is not None else options.resolved_machine()
+    off = disabled_pass_names(options.disabled_passes)
+    with using(options):  # what the packing thresholds are read from
+        return _stages(outputs, machine, off)
+
+
+def _stages(outputs: Sequence[Tensor], machine: Machine, off: FrozenSet[str]) -> List[Stage]:
     copies = Copies()
     stages: List[Stage] = []
     done = set()
@@ -180,9 +256,41 @@ def stages_for(outputs: Sequence[Tensor], machine: Optional[Machine] = None) -> 
             body, lifted = normalized_body(t)
             for lt in lifted:  # lifted reductions are in terms form by construction
                 if id(lt) not in done:
-                    stages.append(compute_stage(lt, lt.op.body, machine))
+                    stages.append(compute_stage(lt, lt.op.body, machine, off))
                     done.add(id(lt))
-        body, packed = pack_operands(t, body, split_terms(body)[1], lane_var, copies)
-        stages.extend(compute_stage(p, p.op.body, machine) for p in packed)
-        stages.append(compute_stage(t, body, machine))
+        packed = []
+        if "packing" not in off:
+            body, packed = pack_operands(t, body, split_terms(body)[1], lane_var, copies)
+        stages.extend(compute_stage(p, p.op.body, machine, off) for p in packed)
+        stages.append(compute_stage(t, body, machine, off))
     return stages
+
+
+def bisect(build_fn: Callable[[CompileOptions], object], check_fn: Callable[[object], bool],
+           passes: Optional[Sequence[str]] = None, base: Optional[CompileOptions] = None) -> Optional[str]:
+    """The schedule pass that makes a build wrong, or None if the build is right.
+
+    ``build_fn(options)`` builds (a kernel, say) with ``options``; ``check_fn(result)`` is
+    True when the result is right. The passes that may be switched off (``passes``, default
+    every optional pass in order) are bisected: the first pass of the order that, switched
+    on together with every pass before it, makes the check fail. A UserError if the build
+    is wrong with every such pass off (the fault is elsewhere)."""
+    base = base if base is not None else current_options()
+    order = list(passes) if passes is not None else list(optional_passes())
+
+    def good(enabled: int) -> bool:  # the first ``enabled`` passes on, the rest off
+        off = base.disabled_passes | frozenset(order[enabled:])
+        return bool(check_fn(build_fn(base.replace(disabled_passes=off))))
+
+    if good(len(order)):
+        return None
+    if not good(0):
+        raise UserError("bisect: the build is wrong with every optional schedule pass switched off")
+    lo, hi = 0, len(order)  # good(lo), not good(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if good(mid):
+            lo = mid
+        else:
+            hi = mid
+    return order[hi - 1]

@@ -3,8 +3,8 @@
 One team per process, shared by every kernel. Its workers are Python threads
 that spend their life inside the native worker loop (:mod:`.team_ir`, the GIL
 released): after a job they keep polling for the next one for
-:func:`spin_seconds` (``TE_GRAD_SPIN_US``, default 2000 µs), yielding their core
-after the first 50 µs, so that kernels called back to back (a training loop, a
+:func:`spin_seconds` (the compile option ``spin_us``: ``TE_GRAD_SPIN_US``, default
+2000 µs), yielding their core after the first 50 µs, so that kernels called back to back (a training loop, a
 model of many small stages) hand work over in a few atomic operations instead of
 waking a thread. A worker idle for longer returns to Python and sleeps on an
 event until the next kernel call wakes it; that call does not wait for it (the
@@ -28,17 +28,16 @@ import numpy as np
 
 from . import team_ir
 from .jit import compile_module, host_target
+from .options import current_options
 
 _lock = threading.Lock()
 _team: Optional["Team"] = None
 
 
 def spin_seconds() -> float:
-    """How long an idle worker polls for work before it sleeps (``TE_GRAD_SPIN_US``)."""
-    try:
-        return max(0.0, float(os.environ.get("TE_GRAD_SPIN_US", "2000"))) * 1e-6
-    except ValueError:
-        return 2e-3
+    """How long an idle worker polls for work before it sleeps (``spin_us`` of the compile
+    options in force: ``TE_GRAD_SPIN_US``)."""
+    return current_options().spin_us * 1e-6
 
 
 class Team:

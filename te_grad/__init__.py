@@ -35,9 +35,12 @@ def build(outputs, inputs, **options):
     ``kern = tg.build([Y, dX], inputs=[X, W]); y, dx = kern(x, w)``: a ``codegen.Kernel``
     (its call convention, ``loops``, ``export`` and ``profile`` are under ``codegen`` in
     docs/API.md). The keyword ``options`` are those of ``codegen.build``, documented there
-    too: ``fast_math`` (default True), ``threads`` (default: the CPUs, or
-    ``TE_GRAD_NUM_THREADS``), ``machine`` (the vector width and caches the loops are sized
-    for) and ``wait`` (False: compile in the background).
+    too: ``options=`` (a ``codegen.options.CompileOptions`` holding every setting; default:
+    the options in force, ``with codegen.options.compile_options(...)`` or the environment),
+    and keywords overriding its fields: ``fast_math`` (default True), ``threads`` (default:
+    the CPUs, or ``TE_GRAD_NUM_THREADS``), ``machine`` (the vector width and caches the loops
+    are sized for), ``disabled_passes`` (schedule passes to skip, by name), ``thresholds``,
+    ``verify``...; and ``wait`` (False: compile in the background).
     """
     from codegen import build as _build
     return _build(outputs, inputs, **options)

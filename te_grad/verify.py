@@ -14,24 +14,20 @@ every pass relies on:
 
 A violation is an :class:`~te_grad.errors.InternalError` that says which stage
 produced the graph (``"autodiff"``, ``"simplify"``, ...) and what is wrong where.
-Tests run it between stages; ``TE_GRAD_VERIFY=1`` makes ``tg.differentiate``,
-``tg.simplify`` and ``tg.build`` run it on everything they produce.
+Tests run it between stages; ``TE_GRAD_VERIFY=1`` (the default of the compile options'
+``verify``, see :mod:`codegen.options`), or ``with codegen.options.compile_options(verify=True):``,
+makes ``tg.differentiate``, ``tg.simplify`` and ``tg.build`` run it on everything they produce.
 """
 from __future__ import annotations
 
-import os
 from typing import List
 
 from . import dtypes, ops
+from .checking import enabled
 from .errors import InternalError
 from .graph import topo_order
 from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ReduceAxis,
                  ScatterOp, Select, Tensor, Unary, Var)
-
-
-def enabled() -> bool:
-    """True when ``TE_GRAD_VERIFY`` asks for verification between stages."""
-    return os.environ.get("TE_GRAD_VERIFY", "") not in ("", "0")
 
 
 def verify(tensors, stage: str = "the caller") -> None:
