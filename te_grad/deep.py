@@ -13,7 +13,7 @@ Deep *graphs* (chains of thousands of compute stages, unrolled recurrences) need
 such thread: every walk over tensors is iterative (topological order, explicit stacks),
 and no pass builds an expression whose depth grows with the number of stages (the
 adjoint of a tensor read by every stage sums its contributions as a balanced tree,
-:func:`te_grad.transform.sum_terms`). tests/test_deep_graphs.py runs 10,000 stages.
+:func:`te_grad.transform.sum_terms`). tests/core/test_deep_graphs.py runs 10,000 stages.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ rule), the differentiator takes the derivative rule, the reference evaluator
 the numpy lowering, the printers the name, the symbolic checks the sympy
 name, and the native backend the C math library symbol or LLVM intrinsic.
 Adding a function means adding one :class:`Intrinsic` here; a completeness
-test (``tests/test_ops.py``) checks that every stage can handle every record,
+test (``tests/core/test_ops.py``) checks that every stage can handle every record,
 so a missing piece is an error where the op is defined, not a ``KeyError``
 deep in a pipeline.
 

@@ -3,7 +3,7 @@
 :func:`to_sympy` translates a scalar expression (reads become indexed symbols,
 index variables integer symbols, reductions ``Sum`` / ``Product`` / a max or min
 over a range); :func:`latex` renders tensors as LaTeX equations, which is what
-``Tensor._repr_latex_`` shows in Jupyter. ``tests/test_ops.py`` checks every
+``Tensor._repr_latex_`` shows in Jupyter. ``tests/core/test_ops.py`` checks every
 derivative rule of :mod:`te_grad.ops` against sympy's own derivative of the same
 function. sympy is imported here only, when one of these is called.
 """

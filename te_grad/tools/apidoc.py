@@ -5,7 +5,7 @@ public modules is listed with its signature and docstring; a class with its cons
 signature (unless te_grad makes it, as ``tg.build`` makes a ``codegen.Kernel``) and its
 public methods and properties that have a docstring. The framework frontends
 (``te_grad.torch``, ``te_grad.jax``) and their base (``te_grad.frontends.base``) are read
-from their source, so the reference is generated the same without PyTorch or JAX installed. ``tests/test_docs_and_cli.py``
+from their source, so the reference is generated the same without PyTorch or JAX installed. ``tests/tools/test_docs_and_cli.py``
 checks that every public function has a docstring and that docs/API.md is current.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ differences of the first order; ``out=`` overlapping an input or another output 
 reads out of bounds under data conditions refused by the kernel wherever the evaluator
 refuses them), prints the count of each outcome and of the programs that exercised each
 construct, and prints every failing program,
-shrunk (:mod:`.shrink`), as a script that reproduces it. ``tests/test_fuzz.py`` runs a
+shrunk (:mod:`.shrink`), as a script that reproduces it. ``tests/tools/test_fuzz.py`` runs a
 fixed budget of programs through hypothesis, which shrinks failures the same way.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ import te_grad as tg
 from codegen.export import C_TYPES
 
 RNG = np.random.default_rng(14)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CROSS = {
     "host": ("cc", []),
     "aarch64-linux-gnu": ("aarch64-linux-gnu-gcc", ["qemu-aarch64"]),

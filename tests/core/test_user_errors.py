@@ -237,7 +237,7 @@ def _run_pytest_with_missing_packages(tmp_path, require_all):
     import shutil
     import subprocess
     import sys
-    shutil.copy(os.path.join(os.path.dirname(__file__), "conftest.py"), tmp_path / "conftest.py")
+    shutil.copy(os.path.join(os.path.dirname(os.path.dirname(__file__)), "conftest.py"), tmp_path / "conftest.py")
     (tmp_path / "test_optional.py").write_text(
         "import sys\nimport pytest\n"
         "sys.modules['torch'] = None  # as if PyTorch were not installed\n"

@@ -4,7 +4,7 @@ Congruence classes (``j = m*a + p``, with ``//`` and ``%`` folded), interior spl
 (pieces of the output domain with constant reduce bounds) and scans (running
 reductions) rewrite index arithmetic and iteration domains. Every combination of
 the parameters below is compiled and compared, element by element, with the
-reference evaluator in float64 (the fuzzer, tests/test_fuzz.py, covers random
+reference evaluator in float64 (the fuzzer, tests/tools/test_fuzz.py, covers random
 programs; these sweep the patterns the rewrites target).
 """
 import itertools

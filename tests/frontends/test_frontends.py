@@ -16,7 +16,7 @@ import te_grad as tg
 from te_grad.errors import UserError
 from te_grad.frontends.base import FrontendOp, Spec, dtype_table
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 class NumpyOp(FrontendOp):

@@ -10,7 +10,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from te_grad import fuzz
+from te_grad.tools import fuzz
 from te_grad.tools.fuzz import Program, check, from_choices, from_seed, shrink
 
 

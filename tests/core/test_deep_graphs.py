@@ -20,7 +20,7 @@ import numpy as np
 
 import te_grad as tg
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 S = 8  # elements per stage
 
 
@@ -168,7 +168,8 @@ def case_build(kind, n):
 
 def run_case(name, *args, timeout=600):
     """Run ``case_<name>(*args)`` in a fresh interpreter; returns the timings it reports."""
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.dirname(os.path.dirname(__file__))!r}); "
+            f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
             "limit = sys.getrecursionlimit()\n"
             "import test_deep_graphs as m\n"
             f"took = m.case_{name}(*{args!r})\n"

@@ -16,7 +16,7 @@ import modules of its own floor or of a lower one, never of a higher one; and:
 import ast
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("te_grad", "simplify", "codegen")
 
 #: the floors, lowest first: ``(name, modules)``; a name ending in ``.`` is a package prefix
