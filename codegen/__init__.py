@@ -70,7 +70,7 @@ def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *,
     # index that is not quasi-affine, in kernels that have such a read (proven graphs keep
     # their code as it was)
     bound_checks = any(not any(reads_in(i) for i in c.read.indices) for c in undecided)
-    stages = stages_for(simplified, machine)
+    stages = stages_for(simplified, machine, fast_math)
     buffers = list(inputs)
     index = {id(t): n for n, t in enumerate(buffers)}
     for s in stages:

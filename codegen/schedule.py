@@ -48,6 +48,7 @@ from .congruence import interleave_classes, split_classes
 from .guard_ranges import narrow_guarded_loops
 from .loop_order import lane_var, order_elementwise, order_reductions, parallel_axis
 from .loopir import Stage, Store, guarded, nest
+from .lower_blocks import decide_blocks
 from .machine import PORTABLE, Machine, host_machine
 from .packing import Copies, pack_operands
 from .pieces import const_bounds, split_pieces
@@ -162,9 +163,10 @@ def scatter_stages(t: Tensor) -> List[Stage]:
     return [zero_fill, Stage(t, acc, 0)]
 
 
-def stages_for(outputs: Sequence[Tensor], machine: Optional[Machine] = None) -> List[Stage]:
+def stages_for(outputs: Sequence[Tensor], machine: Optional[Machine] = None, fast_math: bool = True) -> List[Stage]:
     """The stages computing every non-placeholder tensor behind ``outputs``, producers first,
-    scheduled for ``machine`` (default: this one)."""
+    scheduled for ``machine`` (default: this one), each annotated loop kept only where it has
+    a vector form for ``fast_math`` (:func:`.lower_blocks.decide_blocks`)."""
     machine = machine if machine is not None else host_machine()
     copies = Copies()
     stages: List[Stage] = []
@@ -185,4 +187,6 @@ def stages_for(outputs: Sequence[Tensor], machine: Optional[Machine] = None) -> 
         body, packed = pack_operands(t, body, split_terms(body)[1], lane_var, copies)
         stages.extend(compute_stage(p, p.op.body, machine) for p in packed)
         stages.append(compute_stage(t, body, machine))
-    return stages
+    # -- lowering decisions, the last pass before emission: register blocks and transposes
+    # without a vector form back to plain nests (so the loop program shows what is emitted)
+    return [decide_blocks(s, fast_math) for s in stages]
