@@ -7,8 +7,8 @@ splat), accumulators in registers across the loops around it, optionally
 several jammed copies for consecutive values of a second output variable, and
 an overlapping last block instead of a scalar remainder. When its lanes run
 along a reduce axis, the vectors accumulate across all the loops and their
-lanes are combined once at the end. Its layout is :func:`.lower_blocks.block_plan`;
-a block without one never reaches the emitter (:func:`.lower_blocks.decide_blocks`
+lanes are combined once at the end. Its layout is :func:`.register_blocking.block_plan`;
+a block without one never reaches the emitter (:func:`.register_blocking.decide_blocks`
 turned it back into its plain nest).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from te_grad.ir import Const, Read
 from .llvm import ir
 from .llvm_types import I32, I64, MEMORY, SCALAR, SIZE, strides
 from .loopir import RegisterBlock, Store
-from .lower_blocks import block_plan, memory_step, row_step
+from .register_blocking import block_plan, memory_step, row_step
 
 
 class RegisterBlockEmitter:
@@ -30,9 +30,9 @@ class RegisterBlockEmitter:
 
     def register_block(self, blk: RegisterBlock):
         plan = block_plan(blk, self.ranges, self.fast)
-        if plan is None:  # lower_blocks.decide_blocks leaves only blocks with a vector form
+        if plan is None:  # register_blocking.decide_blocks leaves only blocks with a vector form
             raise InternalError(f"the register block along {blk.var.name} in {self.stage.tensor.name} has no "
-                                "vector form: its stage did not go through codegen.lower_blocks.decide_blocks")
+                                "vector form: its stage did not go through codegen.register_blocking.decide_blocks")
         width, full, tail = plan
         if blk.reduce_lanes:
             self.reduction_lanes(blk, width, full, tail, self.accumulators(blk, width), _iota(width))

@@ -40,7 +40,7 @@ from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, 
 from te_grad.intervals import interval, speculatable
 from simplify.affine import isl_cond, isl_expr
 from .llvm_blocks import RegisterBlockEmitter
-from .lower_blocks import transpose_fits
+from .register_blocking import transpose_fits
 from .llvm_types import FCMP, I1, I8, I32, I64, MEMORY, SCALAR, SIZE, lowering, strides
 from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, Stage, Store, TransposeBlock, Transposed,
                      stmt_exprs, stmt_stores, tensors_of)
@@ -256,9 +256,9 @@ class StageEmitter(RegisterBlockEmitter):
         """Eight vector loads of the crossing read, an 8 x 8 transpose in registers (three
         rounds of shuffles), then each of the eight store rows computed as one vector."""
         st, rd = blk.store, blk.read
-        if not transpose_fits(blk, self.stage, self.ranges):  # lower_blocks.decide_blocks unmarks those
+        if not transpose_fits(blk, self.stage, self.ranges):  # register_blocking.decide_blocks unmarks those
             raise InternalError(f"the 8 x 8 transpose block in {self.stage.tensor.name} has no vector form: "
-                                "its stage did not go through codegen.lower_blocks.decide_blocks")
+                                "its stage did not go through codegen.register_blocking.decide_blocks")
         u0, v0 = self.expr(blk.u0), self.expr(blk.v0)
         row_t = ir.VectorType(MEMORY[rd.tensor.dtype], 8)
         rows = []

@@ -48,11 +48,10 @@ from .congruence import interleave_classes, split_classes
 from .guard_ranges import narrow_guarded_loops
 from .loop_order import lane_var, order_elementwise, order_reductions, parallel_axis
 from .loopir import Stage, Store, guarded, nest
-from .lower_blocks import decide_blocks
 from .machine import PORTABLE, Machine, host_machine
 from .packing import Copies, pack_operands
 from .pieces import const_bounds, split_pieces
-from .register_blocking import block_registers
+from .register_blocking import block_registers, decide_blocks
 from .scan import scans
 from .transpose_tiling import tile_transposes
 
@@ -166,7 +165,7 @@ def scatter_stages(t: Tensor) -> List[Stage]:
 def stages_for(outputs: Sequence[Tensor], machine: Optional[Machine] = None, fast_math: bool = True) -> List[Stage]:
     """The stages computing every non-placeholder tensor behind ``outputs``, producers first,
     scheduled for ``machine`` (default: this one), each annotated loop kept only where it has
-    a vector form for ``fast_math`` (:func:`.lower_blocks.decide_blocks`)."""
+    a vector form for ``fast_math`` (:func:`.register_blocking.decide_blocks`)."""
     machine = machine if machine is not None else host_machine()
     copies = Copies()
     stages: List[Stage] = []

@@ -1,4 +1,4 @@
-"""Lowering decisions before emission (:mod:`codegen.lower_blocks`).
+"""Lowering decisions before emission (:func:`codegen.register_blocking.decide_blocks`).
 
 A loop the schedule marks as a register block or an 8 x 8 transpose is kept only where
 it has a vector form; otherwise it is turned back into its plain nest before emission,
@@ -13,7 +13,7 @@ import te_grad as tg
 from codegen.llvm import ir
 from codegen.llvm_emit import StageEmitter
 from codegen.loopir import Carried, RegisterBlocked, Transposed, loops_of_kind, program_text, tensors_of
-from codegen.lower_blocks import decide_blocks
+from codegen.register_blocking import decide_blocks
 from codegen.machine import Machine
 from codegen.schedule import compute_stage, stages_for
 from te_grad import formulations
@@ -100,7 +100,7 @@ def test_the_emitter_raises_on_a_block_without_vector_form():
     (s,) = simplify([y])
     stage = undecided_stage(s, AVX2)
     index = {id(t): n for n, t in enumerate(tensors_of(stage))}
-    with pytest.raises(InternalError, match="lower_blocks"):
+    with pytest.raises(InternalError, match="decide_blocks"):
         StageEmitter(ir.Module(), stage, "f", index).emit()
     decided = decide_blocks(stage)
     assert not marked(decided.body, RegisterBlocked)
