@@ -7,30 +7,32 @@ splat), accumulators in registers across the loops around it, optionally
 several jammed copies for consecutive values of a second output variable, and
 an overlapping last block instead of a scalar remainder. When its lanes run
 along a reduce axis, the vectors accumulate across all the loops and their
-lanes are combined once at the end. Anything the plan cannot prove safe is
-emitted as the equivalent plain loop nest.
+lanes are combined once at the end. Its layout is :func:`.register_blocking.block_plan`;
+a block without one never reaches the emitter (:func:`.register_blocking.decide_blocks`
+turned it back into its plain nest).
 """
 from __future__ import annotations
 
+from te_grad.errors import InternalError
 from te_grad.ops import identity_of
 from te_grad.graph import free_vars
 from simplify.linear import coefficient
 from te_grad.ir import Const, Read
 
-from te_grad.intervals import interval, speculatable
 from .llvm import ir
-from .llvm_types import I32, I64, MEMORY, SCALAR, SIZE, strides, vectorizable
+from .llvm_types import I32, I64, MEMORY, SCALAR, SIZE, strides
 from .loopir import RegisterBlock, Store
+from .register_blocking import block_plan, memory_step, row_step
 
 
 class RegisterBlockEmitter:
     """Mixin of :class:`~codegen.llvm_emit.StageEmitter` for register blocks."""
 
     def register_block(self, blk: RegisterBlock):
-        plan = self.block_plan(blk)
-        if plan is None:
-            self.stmts(blk.plain())
-            return
+        plan = block_plan(blk, self.ranges, self.fast)
+        if plan is None:  # register_blocking.decide_blocks leaves only blocks with a vector form
+            raise InternalError(f"the register block along {blk.var.name} in {self.stage.tensor.name} has no "
+                                "vector form: its stage did not go through codegen.register_blocking.decide_blocks")
         width, full, tail = plan
         if blk.reduce_lanes:
             self.reduction_lanes(blk, width, full, tail, self.accumulators(blk, width), _iota(width))
@@ -57,10 +59,10 @@ class RegisterBlockEmitter:
         align = SIZE[st.tensor.dtype]
         accs = self.accumulators(blk, width)
         iota = _iota(width)
-        if _row_step(st, blk.var) is not None:  # 2 to 4: a strided row (a congruence class)
-            row = StridedRow(self.b, SCALAR[st.tensor.dtype], width, _row_step(st, blk.var), align)
+        if row_step(st, blk.var) is not None:  # 2 to 4: a strided row (a congruence class)
+            row = StridedRow(self.b, SCALAR[st.tensor.dtype], width, row_step(st, blk.var), align)
         else:  # lanes far apart in memory: read and written element by element, once per block
-            row = ScatteredRow(self.b, SCALAR[st.tensor.dtype], width, _memory_step(st, blk.var))
+            row = ScatteredRow(self.b, SCALAR[st.tensor.dtype], width, memory_step(st, blk.var))
 
         def one_block(v0, keep_from):
             lanes = self.b.add(self.splat(v0, width), iota)
@@ -181,69 +183,6 @@ class RegisterBlockEmitter:
         self.vec = saved
         self.counted(lo, hi, lp.var.name, body)
 
-    def block_plan(self, blk: RegisterBlock):
-        """``(width, full, tail)``, or None to emit the plain nest: ``full`` blocks of ``width``
-        lanes from the block's first element, then at most one overlapping block ``tail =
-        (start, keep_from, block width)`` whose lanes before ``keep_from`` are already done (a
-        closed form: its size never depends on the axis length)."""
-        st = blk.store
-        dt = st.tensor.dtype
-        if dt not in ("float32", "float64") or st.combine is None or st.checked:
-            return None
-        idx = st.indices
-        if blk.reduce_lanes:
-            if any(coefficient(i, blk.var) != 0 for i in idx):
-                return None
-            if not self.fast and st.combine in ("sum", "prod"):
-                return None  # lanes reassociate the reduction
-        elif _row_step(st, blk.var) is None and not _memory_step(st, blk.var):
-            return None
-        parts = [st.value] + ([blk.cond] if blk.cond is not None else [])
-        if any(not vectorizable(p, dt) for p in parts):
-            return None
-        ranges = dict(self.ranges)
-        for j in blk.jams:
-            outer = ranges.get(id(j.outer))
-            if outer is None:
-                return None
-            ranges[id(j.var)] = j.var_range(outer)
-        for lp in blk.loops:
-            lo_iv, hi_iv = interval(lp.lo, ranges), interval(lp.hi, ranges)
-            if lo_iv is None or hi_iv is None:
-                return None
-            ranges[id(lp.var)] = (lo_iv[0], hi_iv[1] - 1)
-        lo, hi = int(blk.lo.value), int(blk.hi.value)
-        ranges[id(blk.var)] = (lo, hi - 1)
-        if not all(speculatable(p, ranges) for p in parts):
-            return None
-        lanes = blk.vector_bits // (8 * SIZE[dt])  # one vector register
-        n = hi - lo
-        budget = max(1, blk.accumulators // blk.jam)  # accumulator registers for each jammed copy
-        # a power-of-two number of lanes (LLVM splits other vector lengths into scalars across
-        # loops), from 256 bits (a row shorter than one wide register still gets vectors) up to
-        # ``budget`` of the block's registers; among them the widest computing at most 1/8 more
-        # lanes than the row has, else the one computing the fewest
-        least = min(lanes, 256 // (8 * SIZE[dt]))
-        widths = [w for w in (least << k for k in range(8)) if w <= min(budget, 8) * lanes and w <= n]
-        if not widths:
-            return None
-
-        # lanes along an output axis: the last block may be narrower (a row of 34 is a block
-        # of 32 and one of 8); lanes along a reduction share one width of accumulators
-        def computed(w):
-            rest = n % w
-            if rest and not blk.reduce_lanes:
-                rest = min(x for x in widths if x >= rest)
-            return n - n % w + rest if rest else n
-
-        close = [w for w in widths if computed(w) - n <= n // 8]
-        width = max(close) if close else min(widths, key=lambda w: (computed(w), -w))
-        tail = None
-        if n % width:
-            last = width if blk.reduce_lanes else min(x for x in widths if x >= n % width)
-            tail = (hi - last, lo + (n // width) * width, last)  # overlaps the previous block
-        return width, n // width, tail
-
     def vector_read(self, e: Read):
         """The read at each lane: one vector load if contiguous in the lanes, a load and a shuffle
         if strided by 2 to 4 along a row, else lane by lane."""
@@ -284,25 +223,6 @@ class RegisterBlockEmitter:
 def _iota(width: int):
     """The vector ``[0, 1, ..., width - 1]`` of i64."""
     return ir.Constant(ir.VectorType(I64, width), [ir.Constant(I64, k) for k in range(width)])
-
-
-def _row_step(st: Store, var) -> "int | None":
-    """The step between lanes when they all lie in one row of the store (1 to 4), else None."""
-    step = coefficient(st.indices[-1], var)
-    if step in (1, 2, 3, 4) and all(coefficient(i, var) == 0 for i in st.indices[:-1]):
-        return step
-    return None
-
-
-def _memory_step(st: Store, var) -> int:
-    """Elements between the store's addresses for consecutive lanes (0 when not a constant)."""
-    total = 0
-    for ix, stride in zip(st.indices, strides(st.tensor.shape)):
-        c = coefficient(ix, var)
-        if c is None:
-            return 0
-        total += c * stride
-    return total
 
 
 class ScatteredRow:

@@ -40,7 +40,8 @@ from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, 
 from te_grad.intervals import interval, speculatable
 from simplify.affine import isl_cond, isl_expr
 from .llvm_blocks import RegisterBlockEmitter
-from .llvm_types import FCMP, I1, I8, I32, I64, MEMORY, SCALAR, SIZE, lowering, strides, vectorizable
+from .register_blocking import transpose_fits
+from .llvm_types import FCMP, I1, I8, I32, I64, MEMORY, SCALAR, SIZE, lowering, strides
 from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, Stage, Store, TransposeBlock, Transposed,
                      stmt_exprs, stmt_stores, tensors_of)
 from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
@@ -120,6 +121,7 @@ class StageEmitter(RegisterBlockEmitter):
         self.ranges: Dict[int, tuple] = {}  # inclusive value ranges of the enclosing loop variables
         self.vec = None  # inside a register block: (id of its variable, lane values, width)
         self.transposed = None  # inside a transpose block: (its read, the vector of this row)
+        self.emitted: List[Loop] = []  # the annotated loops (blocks, transposes, scans) lowered as marked
         self.exact = 0  # > 0: float arithmetic without contraction (see stored_value)
         # reciprocal multiplies (LLVM's arcp) only in stages that never test floats for
         # equality: once LLVM rewrites a division into a multiply by a reciprocal it may share
@@ -158,6 +160,8 @@ class StageEmitter(RegisterBlockEmitter):
             self.scan(Scan.of(s))
         else:
             self.loop(s, split=s.parallel and self.stage.parallel_extent > 0)
+            return
+        self.emitted.append(s)
 
     def loop(self, s: Loop, split: bool):
         lo, hi = self.expr(s.lo), self.expr(s.hi)
@@ -252,14 +256,9 @@ class StageEmitter(RegisterBlockEmitter):
         """Eight vector loads of the crossing read, an 8 x 8 transpose in registers (three
         rounds of shuffles), then each of the eight store rows computed as one vector."""
         st, rd = blk.store, blk.read
-        # the blocks load whole rows and evaluate both sides of every select: only where
-        # every read is in bounds at every point of the stage's domain
-        axes = self.stage.tensor.op.axes
-        ranges = dict(self.ranges)
-        ranges.update({id(a): (0, n - 1) for a, n in zip(axes, self.stage.tensor.shape)})
-        if not vectorizable(st.value, st.tensor.dtype) or not speculatable(st.value, ranges):
-            self.stmts(blk.plain())
-            return
+        if not transpose_fits(blk, self.stage, self.ranges):  # register_blocking.decide_blocks unmarks those
+            raise InternalError(f"the 8 x 8 transpose block in {self.stage.tensor.name} has no vector form: "
+                                "its stage did not go through codegen.register_blocking.decide_blocks")
         u0, v0 = self.expr(blk.u0), self.expr(blk.v0)
         row_t = ir.VectorType(MEMORY[rd.tensor.dtype], 8)
         rows = []

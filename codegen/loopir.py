@@ -25,7 +25,9 @@ witness for any schedule. The kinds:
   whose running value stays in a register from one ``u`` to the next (:class:`Scan`).
 
 The kinds are chosen by the scheduling passes (:mod:`.schedule` and the modules it
-calls); the emitter (:mod:`.llvm_emit`) lowers each kind by one routine.
+calls), the last of which keeps a register block or a transpose only where it has a
+vector form (:func:`.register_blocking.decide_blocks`); the emitter (:mod:`.llvm_emit`)
+lowers each kind by one routine, never falling back to the plain loops.
 """
 from __future__ import annotations
 

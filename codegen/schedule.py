@@ -61,7 +61,7 @@ from .machine import PORTABLE, Machine
 from .options import CompileOptions, current_options, using
 from .packing import Copies, pack_operands
 from .pieces import const_bounds, split_pieces
-from .register_blocking import block_registers
+from .register_blocking import block_registers, decide_blocks
 from .scan import scans
 from .transpose_tiling import tile_transposes
 
@@ -124,14 +124,16 @@ def definition(t: Tensor, body: Expr) -> Stage:
 class SchedulePass:
     """A scheduling pass of the registry :data:`PASSES`: ``run(stage, machine) -> stage``
     (None for ``"packing"``, which rewrites a tensor's operands before its stages are made);
-    a ``final`` pass that changes the stage ends the schedule; ``needed`` says why the pass
-    cannot be switched off (None: it only makes code faster)."""
+    a ``final`` pass that changes the stage ends the scheduling, and only the ``lowering``
+    passes (decisions on how marked loops are emitted) run after it; ``needed`` says why the
+    pass cannot be switched off (None: it only makes code faster)."""
     name: str
     module: str
     run: Optional[Callable[[Stage, Machine], Stage]]
     promise: str
     final: bool = False
     needed: Optional[str] = None
+    lowering: bool = False
 
 
 #: the scheduling passes in order, each with its promise (the stage it returns computes
@@ -160,6 +162,12 @@ PASSES = (
     SchedulePass("block_registers", "register_blocking", block_registers,
                  "register blocks sized for the machine's vector registers"),
     SchedulePass("tile_stage", "cache_tiling", tile_stage, "cache tiles sized for the machine's L2"),
+    # the lowering decision, last before emission: the loop program shows what is emitted
+    SchedulePass("decide_blocks", "register_blocking",
+                 lambda stage, machine: decide_blocks(stage, current_options().fast_math),
+                 "register blocks and transposes without a vector form (for these options' fast_math) "
+                 "turned back into the plain nests the emitter lowers",
+                 needed="the emitter lowers only the blocks that have a vector form", lowering=True),
 )
 
 
@@ -173,7 +181,8 @@ def disabled_pass_names(names: Iterable[str]) -> FrozenSet[str]:
     unknown name, or a pass needed for correct code, is a UserError."""
     out = set()
     for name in sorted(set(names)):
-        chosen = [p for p in PASSES if name in (p.name, p.module)]
+        # a module's name switches off its passes, not the lowering decisions it also holds
+        chosen = [p for p in PASSES if name == p.name or (name == p.module and not p.lowering)]
         if not chosen:
             modules = sorted({p.module for p in PASSES} - {p.name for p in PASSES})
             raise UserError(f"unknown schedule pass {name!r} in disabled_passes; the passes are "
@@ -196,13 +205,13 @@ def schedule_steps(t: Tensor, body: Expr, machine: Machine = PORTABLE,
     off = disabled_pass_names(disabled)
     stage = definition(t, body)
     yield "definition", stage
+    ended = False  # a final pass changed the stage: only the lowering decisions follow
     for p in PASSES:
-        if p.run is None:
+        if p.run is None or (ended and not p.lowering):
             continue
         new = stage if p.name in off else p.run(stage, machine)
         yield p.name, new
-        if p.final and new is not stage:
-            return
+        ended = ended or (p.final and new is not stage)
         stage = new
 
 

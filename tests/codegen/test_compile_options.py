@@ -99,10 +99,13 @@ def test_pass_names_are_checked():
     outs, inputs, _ = _dense()
     with pytest.raises(tg.UserError, match="unknown schedule pass 'register_block'.*block_registers"):
         tg.build(outs, inputs, disabled_passes={"register_block"})
-    for needed in ("order_elementwise", "order_reductions", "loop_order"):
+    for needed in ("order_elementwise", "order_reductions", "loop_order", "decide_blocks"):
         with pytest.raises(tg.UserError, match="cannot be disabled"):
             tg.build(outs, inputs, disabled_passes={needed})
-    assert [p.name for p in PASSES if p.needed] == ["order_elementwise", "order_reductions"]
+    assert [p.name for p in PASSES if p.needed] == ["order_elementwise", "order_reductions", "decide_blocks"]
+    # the module's name switches off its optional pass only, not the lowering decision beside it
+    kern = tg.build(outs, inputs, disabled_passes={"register_blocking"})
+    assert ": in vector registers across the loops below" not in kern.loops
     assert all(p.promise for p in PASSES) and len({p.name for p in PASSES}) == len(PASSES)
 
 
