@@ -33,7 +33,7 @@ from .llvm import ir
 
 from te_grad import dtypes
 from te_grad.errors import InternalError
-from te_grad.ops import identity_of
+from te_grad.ops import identity_of, reduction
 from te_grad.graph import free_vars, reads_in
 from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, Select, Tensor, Unary, Var)
 
@@ -65,10 +65,14 @@ def _inside(iv, n: int) -> bool:
 
 def _keeps_a_max(s: Store) -> bool:
     """True if ``s`` stores a float max or min reduction's value: accumulated, or stored
-    directly when the reduction has a single term (a winner test compares with it)."""
+    directly when the reduction has a single term (a winner test compares with it); or
+    accumulates an argmax of float values (it compares the body at two indices)."""
+    if s.index is not None:
+        return dtypes.is_float(s.value.dtype)
     body = getattr(s.tensor.op, "body", None)
     return dtypes.is_float(s.tensor.dtype) and (
-        s.combine in ("max", "min") or isinstance(body, Reduce) and body.combiner in ("max", "min"))
+        s.combine is not None and reduction(s.combine).selects
+        or isinstance(body, Reduce) and reduction(body.combiner).selects)
 
 
 def _float_equalities(stage: Stage):
@@ -241,7 +245,7 @@ class StageEmitter(RegisterBlockEmitter):
         if len(s.body) != 1 or not isinstance(s.body[0], Store):
             return False
         st = s.body[0]
-        if st.combine is None or st.checked or not (speculatable(s.cond, self.ranges)
+        if st.combine is None or st.checked or st.index is not None or not (speculatable(s.cond, self.ranges)
                                                     and speculatable(st.value, self.ranges)):
             return False
         identity = Const(identity_of(st.combine, st.tensor.dtype), st.tensor.dtype)
@@ -350,6 +354,9 @@ class StageEmitter(RegisterBlockEmitter):
         if s.checked:
             self.check_indices(t, idx)
         ptr = self.address(t, idx)
+        if s.index is not None:
+            self.store_scalar(t, self.select_pair(s, ptr), ptr)
+            return
         value = self.stored_value(s)
         if s.combine is not None:
             old = self.load_scalar(t, ptr)
@@ -357,22 +364,52 @@ class StageEmitter(RegisterBlockEmitter):
         self.store_scalar(t, value, ptr)
 
     def combine(self, op: str, dtype: str, old, new):
+        """``op(old, new)`` by the lowering of reduction record ``op`` (:data:`te_grad.ops.REDUCTIONS`)."""
+        red = reduction(op)
         flags = ("reassoc", "contract") if self.fast else ()
         if dtypes.is_float(dtype):
-            if op == "sum":
+            if red.lowering == "add":
                 return self.b.fadd(old, new, flags=flags)
-            if op == "prod":
+            if red.lowering == "mul":
                 return self.b.fmul(old, new, flags=flags)
             # NaN-propagating max/min as compares and a select, which stay vectors at any
             # width (llvm.maximum is scalarized on vectors x86 cannot hold in whole registers)
-            better = self.b.fcmp_ordered(">" if op == "max" else "<", new, old)
+            better = self.b.fcmp_ordered(red.order, new, old)
             return self.b.select(self.b.or_(better, self.b.fcmp_unordered("uno", new, new)), new, old)
-        if op == "sum":
+        if red.lowering == "add":
             return self.b.add(old, new)
-        if op == "prod":
+        if red.lowering == "mul":
             return self.b.mul(old, new)
-        cmp = self.b.icmp_signed(">" if op == "max" else "<", new, old)
+        cmp = self.b.icmp_signed(red.order, new, old)
         return self.b.select(cmp, new, old)
+
+    def select_pair(self, s: Store, ptr):
+        """The index of the winner of an indexed reduction (argmax) after the candidate
+        ``(s.value, s.index)``: the stored index (-1: none yet) is compared through the value
+        recomputed there. NaN wins, then the value by the record's order, then the smaller
+        index, so the result does not depend on the order of the candidates."""
+        red = reduction(s.combine)
+        dt = s.value.dtype
+        new_i = self.expr(s.index)
+        new_v = self.stored_value(s)
+        old_i = self.load_scalar(s.tensor, ptr)
+        none = self.b.icmp_signed("<", old_i, ir.Constant(I64, 0))
+        saved = self.env[id(s.index)]
+        self.env[id(s.index)] = self.b.select(none, new_i, old_i)  # a visited point: in bounds
+        old_v = self.stored_value(s)
+        self.env[id(s.index)] = saved
+        first = self.b.icmp_signed("<", new_i, old_i)
+        if dtypes.is_float(dt):
+            nan_new = self.b.fcmp_unordered("uno", new_v, new_v)
+            nan_old = self.b.fcmp_unordered("uno", old_v, old_v)
+            beats = self.b.or_(self.b.fcmp_ordered(red.order, new_v, old_v),
+                               self.b.and_(nan_new, self.b.not_(nan_old)))
+            tie = self.b.or_(self.b.fcmp_ordered("==", new_v, old_v), self.b.and_(nan_new, nan_old))
+        else:
+            beats = self.b.icmp_signed(red.order, new_v, old_v)
+            tie = self.b.icmp_signed("==", new_v, old_v)
+        wins = self.b.or_(none, self.b.or_(beats, self.b.and_(tie, first)))
+        return self.b.select(wins, new_i, old_i)
 
     # -- memory ---------------------------------------------------------------------------
     def address(self, t: Tensor, idx):

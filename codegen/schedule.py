@@ -37,7 +37,7 @@ import numpy as np
 
 from te_grad import dsl
 from te_grad.lift import normalized_body
-from te_grad.ops import identity_of
+from te_grad.ops import identity_of, reduction
 from te_grad.graph import topo_order
 from te_grad.transform import summands
 from te_grad.ir import Binary, Const, Expr, PlaceholderOp, Reduce, ScatterOp, Select, Tensor, Var
@@ -47,7 +47,7 @@ from .cache_tiling import tile_stage
 from .congruence import interleave_classes, split_classes
 from .guard_ranges import narrow_guarded_loops
 from .loop_order import lane_var, order_elementwise, order_reductions, parallel_axis
-from .loopir import Stage, Store, guarded, nest
+from .loopir import Stage, Store, guarded, nest, stmt_stores
 from .machine import PORTABLE, Machine, host_machine
 from .packing import Copies, pack_operands
 from .pieces import const_bounds, split_pieces
@@ -103,7 +103,10 @@ def definition(t: Tensor, body: Expr) -> Stage:
     stmts = nest(axes, full, [Store(t, tuple(axes), dsl.cast(t.dtype, init))])
     for guard, red in terms:
         conds = ([guard] if guard is not None else []) + ([red.where] if red.where is not None else [])
-        store = Store(t, tuple(axes), dsl.cast(t.dtype, red.body), combine=red.combiner)
+        if reduction(red.combiner).indexed:  # the pair (body, axis): the body keeps its dtype
+            store = Store(t, tuple(axes), red.body, combine=red.combiner, index=red.axes[0])
+        else:
+            store = Store(t, tuple(axes), dsl.cast(t.dtype, red.body), combine=red.combiner)
         bounds = {**full, **{id(r): (r.lo, r.hi) for r in red.axes}}
         stmts += nest(axes + list(red.axes), bounds, guarded(dsl.all(conds) if conds else None, store))
     par = parallel_axis(axes, shape)
@@ -131,6 +134,8 @@ def schedule_steps(t: Tensor, body: Expr, machine: Machine = PORTABLE) -> Iterat
     every intermediate schedule of ``t`` (each computes ``t``; the tests interpret them all)."""
     stage = definition(t, body)
     yield "definition", stage
+    if any(s.index is not None for s in stmt_stores(stage.body)):
+        return  # an indexed reduction stays as defined: its winner test evaluates the body at the stored index
     for name, run, final in PASSES:
         new = run(stage, machine)
         yield name, new
