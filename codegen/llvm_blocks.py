@@ -12,7 +12,7 @@ emitted as the equivalent plain loop nest.
 """
 from __future__ import annotations
 
-from te_grad.ops import identity_of
+from te_grad.ops import identity_of, reduction
 from te_grad.graph import free_vars
 from simplify.linear import coefficient
 from te_grad.ir import Const, Read
@@ -194,7 +194,7 @@ class RegisterBlockEmitter:
         if blk.reduce_lanes:
             if any(coefficient(i, blk.var) != 0 for i in idx):
                 return None
-            if not self.fast and st.combine in ("sum", "prod"):
+            if not self.fast and reduction(st.combine).lowering in ("add", "mul"):
                 return None  # lanes reassociate the reduction
         elif _row_step(st, blk.var) is None and not _memory_step(st, blk.var):
             return None

@@ -21,6 +21,7 @@ from typing import List, Tuple
 from te_grad import dsl
 from te_grad.graph import free_vars, reads_in
 from te_grad.ir import Const, Var
+from te_grad.ops import reduction
 
 from .loopir import SERIAL, Jam, Loop, Nest, Parallel, Stage, Store, guarded, nest, register_block, rewrite_nests
 from .machine import Machine
@@ -37,7 +38,8 @@ def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_
     reduce_suffix = order[k:-1]
     inner_is_output = any(inner_var is a for a in out_axes)
     constant = isinstance(bounds[id(inner_var)][0], Const) and isinstance(bounds[id(inner_var)][1], Const)
-    lanes_on_reduction = not inner_is_output and store.combine in ("sum", "max", "min")
+    red = reduction(store.combine) if store.combine is not None else None
+    lanes_on_reduction = not inner_is_output and red is not None and red.lowering != "mul" and not red.indexed
     if constant and inner_var is not parallel and (inner_is_output and reduce_suffix or lanes_on_reduction):
         loops = [Loop(v, *bounds[id(v)], ()) for v in reduce_suffix]
         accumulators = accumulator_registers(machine)
