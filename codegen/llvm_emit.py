@@ -125,6 +125,7 @@ class StageEmitter(RegisterBlockEmitter):
         self.vec = None  # inside a register block: (id of its variable, lane values, width)
         self.transposed = None  # inside a transpose block: (its read, the vector of this row)
         self.exact = 0  # > 0: float arithmetic without contraction (see stored_value)
+        self.pair_acc = {}  # id(indexed store) -> its winner's (value, index) registers (pair_loop)
         # reciprocal multiplies (LLVM's arcp) only in stages that never test floats for
         # equality: once LLVM rewrites a division into a multiply by a reciprocal it may share
         # that form with the same division in an exact context, and a max's winner test
@@ -160,6 +161,8 @@ class StageEmitter(RegisterBlockEmitter):
             self.transpose_block(TransposeBlock.of(s))
         elif isinstance(s.kind, Carried):
             self.scan(Scan.of(s))
+        elif self.pair_loop(s):
+            pass
         else:
             self.loop(s, split=s.parallel and self.stage.parallel_extent > 0)
 
@@ -355,7 +358,9 @@ class StageEmitter(RegisterBlockEmitter):
             self.check_indices(t, idx)
         ptr = self.address(t, idx)
         if s.index is not None:
-            self.store_scalar(t, self.select_pair(s, ptr), ptr)
+            winner = self.select_pair(s, ptr)
+            if winner is not None:
+                self.store_scalar(t, winner, ptr)
             return
         value = self.stored_value(s)
         if s.combine is not None:
@@ -383,21 +388,59 @@ class StageEmitter(RegisterBlockEmitter):
         cmp = self.b.icmp_signed(red.order, new, old)
         return self.b.select(cmp, new, old)
 
+    def pair_loop(self, s: Loop) -> bool:
+        """The loop over the axis of an indexed reduction (argmax) whose body is its one
+        (guarded) store: the winner's value and index stay in registers across the loop, the
+        index is stored after it. True if emitted."""
+        body = s.body[0].body if len(s.body) == 1 and isinstance(s.body[0], If) else s.body
+        if len(body) != 1 or not isinstance(body[0], Store) or body[0].index is not s.var or s.parallel \
+                or any(v is s.var for i in body[0].indices for v in free_vars(i)):
+            return False
+        st = body[0]
+        red, dt = reduction(st.combine), st.value.dtype
+        ptr = self.address(st.tensor, [self.expr(i) for i in st.indices])
+        with self.b.goto_entry_block():
+            acc_v, acc_i = self.b.alloca(SCALAR[dt]), self.b.alloca(I64)  # promoted to registers (SROA)
+        old_i = self.load_scalar(st.tensor, ptr)
+        self.b.store(old_i, acc_i)
+        self.b.store(self.e_Const(Const(red.value_identity(dt), dt)), acc_v)
+        with self.b.if_then(self.b.icmp_signed(">=", old_i, ir.Constant(I64, 0))):
+            self.env[id(st.index)] = old_i  # a point visited before: in bounds
+            self.b.store(self.stored_value(st), acc_v)
+            del self.env[id(st.index)]
+        self.pair_acc[id(st)] = (acc_v, acc_i)
+        self.loop(s, split=False)
+        del self.pair_acc[id(st)]
+        self.store_scalar(st.tensor, self.b.load(acc_i), ptr)
+        return True
+
     def select_pair(self, s: Store, ptr):
         """The index of the winner of an indexed reduction (argmax) after the candidate
         ``(s.value, s.index)``: the stored index (-1: none yet) is compared through the value
-        recomputed there. NaN wins, then the value by the record's order, then the smaller
-        index, so the result does not depend on the order of the candidates."""
-        red = reduction(s.combine)
-        dt = s.value.dtype
+        recomputed there (or kept in registers by :meth:`pair_loop`)."""
         new_i = self.expr(s.index)
         new_v = self.stored_value(s)
+        if id(s) in self.pair_acc:
+            acc_v, acc_i = self.pair_acc[id(s)]
+            old_v, old_i = self.b.load(acc_v), self.b.load(acc_i)
+            wins = self.pair_wins(s, new_v, new_i, old_v, old_i)
+            self.b.store(self.b.select(wins, new_v, old_v), acc_v)
+            self.b.store(self.b.select(wins, new_i, old_i), acc_i)
+            return None
         old_i = self.load_scalar(s.tensor, ptr)
         none = self.b.icmp_signed("<", old_i, ir.Constant(I64, 0))
         saved = self.env[id(s.index)]
         self.env[id(s.index)] = self.b.select(none, new_i, old_i)  # a visited point: in bounds
         old_v = self.stored_value(s)
         self.env[id(s.index)] = saved
+        return self.b.select(self.pair_wins(s, new_v, new_i, old_v, old_i), new_i, old_i)
+
+    def pair_wins(self, s: Store, new_v, new_i, old_v, old_i):
+        """True if ``(new_v, new_i)`` beats ``(old_v, old_i)`` (``old_i`` -1: none): NaN wins, then
+        the value by the record's order, then the smaller index, so the result does not depend
+        on the order of the candidates."""
+        red, dt = reduction(s.combine), s.value.dtype
+        none = self.b.icmp_signed("<", old_i, ir.Constant(I64, 0))
         first = self.b.icmp_signed("<", new_i, old_i)
         if dtypes.is_float(dt):
             nan_new = self.b.fcmp_unordered("uno", new_v, new_v)
@@ -408,8 +451,7 @@ class StageEmitter(RegisterBlockEmitter):
         else:
             beats = self.b.icmp_signed(red.order, new_v, old_v)
             tie = self.b.icmp_signed("==", new_v, old_v)
-        wins = self.b.or_(none, self.b.or_(beats, self.b.and_(tie, first)))
-        return self.b.select(wins, new_i, old_i)
+        return self.b.or_(none, self.b.or_(beats, self.b.and_(tie, first)))
 
     # -- memory ---------------------------------------------------------------------------
     def address(self, t: Tensor, idx):

@@ -93,14 +93,17 @@ def _reduce_inside(red: Reduce) -> bool:
 def definition(t: Tensor, body: Expr) -> Stage:
     """The stage of compute ``t`` whose body (in terms form) is ``body``, as plain loops in
     the order of its axes: the initialization nest, then one accumulating nest per term.
-    Its parallel axis is chosen (:func:`.loop_order.parallel_axis`), no loop is marked yet."""
+    Its parallel axis is chosen (:func:`.loop_order.parallel_axis`), no loop is marked yet
+    (but for an indexed reduction, which no pass changes: its loop over that axis is split)."""
     ew, terms, _ = split_terms(body)
     axes, shape = list(t.op.axes), list(t.shape)
+    par = parallel_axis(axes, shape)
+    split = par if any(reduction(red.combiner).indexed for _, red in terms) else None
     init = ew
     if terms and ew is None:
         init = dsl.const(identity_of(terms[0][1].combiner, t.dtype), t.dtype)
     full = const_bounds({id(a): (0, n) for a, n in zip(axes, shape)})
-    stmts = nest(axes, full, [Store(t, tuple(axes), dsl.cast(t.dtype, init))])
+    stmts = nest(axes, full, [Store(t, tuple(axes), dsl.cast(t.dtype, init))], split)
     for guard, red in terms:
         conds = ([guard] if guard is not None else []) + ([red.where] if red.where is not None else [])
         if reduction(red.combiner).indexed:  # the pair (body, axis): the body keeps its dtype
@@ -108,8 +111,7 @@ def definition(t: Tensor, body: Expr) -> Stage:
         else:
             store = Store(t, tuple(axes), dsl.cast(t.dtype, red.body), combine=red.combiner)
         bounds = {**full, **{id(r): (r.lo, r.hi) for r in red.axes}}
-        stmts += nest(axes + list(red.axes), bounds, guarded(dsl.all(conds) if conds else None, store))
-    par = parallel_axis(axes, shape)
+        stmts += nest(axes + list(red.axes), bounds, guarded(dsl.all(conds) if conds else None, store), split)
     return Stage(t, stmts, dict(zip(map(id, axes), shape))[id(par)] if par is not None else 0, parallel_axis=par)
 
 
