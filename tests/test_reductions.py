@@ -179,3 +179,22 @@ def test_a_new_reduction_kind_is_one_record(monkeypatch, record):
     assert record.name in tg.show(R)
     with pytest.raises(UserError):
         tg.gradient(R, [X])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_arg_reductions_split_among_threads(threads):
+    X, A = _arg_graph(tg.argmax, (67, 40), 1, "float32")
+    x = _data((67, 40), "float32", ties=True)
+    np.testing.assert_array_equal(tg.build([A], [X], threads=threads)(x), np.argmax(x, axis=1))
+    k = tg.reduce_axis(40, "k")
+    B = tg.compute((67,), lambda i: tg.argmin(X[i, k] + X[i, 0], k), name="B")
+    np.testing.assert_array_equal(tg.build([A, B], [X], threads=threads)(x)[1], np.argmin(x + x[:, :1], axis=1))
+
+
+def test_printed_forms_of_an_argmax():
+    X = tg.placeholder((4, 7), dtype="float64", name="X")
+    k = tg.reduce_axis(7, "k")
+    A = tg.compute((4,), lambda i: tg.argmax(X[i, k], k, where=k > 1), name="A")
+    assert "argmax(X[i, k]" in tg.show(A) and "int64[4]" in tg.show(A)
+    # a point outside ``where`` is no candidate: its value is -inf, not the empty result -1
+    assert r"-\infty" in tg.latex(A) and r"\operatorname{argmax}" in tg.latex(A)
