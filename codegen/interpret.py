@@ -22,6 +22,7 @@ import numpy as np
 from te_grad import dtypes
 from te_grad.errors import InternalError
 from te_grad.evaluator import expression_evaluator
+from te_grad.ops import reduction
 from te_grad.ir import Tensor
 
 from .loopir import If, Loop, Stage, Store
@@ -29,15 +30,12 @@ from .loopir import If, Loop, Stage, Store
 #: the value an integer intermediate starts with (floats start as NaN)
 INT_SENTINEL = -(2 ** 31) + 7
 
-_COMBINE = {"sum": np.add, "prod": np.multiply}
-
-
 def _combine(op: str, old, new):
-    if op in _COMBINE:
-        return _COMBINE[op](old, new)
-    if dtypes.is_float(np.asarray(new).dtype.name) and np.isnan(new):
-        return new  # max and min propagate NaN, as the kernels do
-    return np.maximum(old, new) if op == "max" else np.minimum(old, new)
+    """``op(old, new)`` by reduction record ``op``: a NaN wins a selection, as in the kernels."""
+    red = reduction(op)
+    if red.lowering == "select" and dtypes.is_float(np.asarray(new).dtype.name) and np.isnan(new):
+        return new
+    return red.combine(old, new)
 
 
 class _Interpreter:
@@ -72,8 +70,25 @@ class _Interpreter:
         if any(not 0 <= i < n for i, n in zip(idx, buf.shape)):
             raise InternalError(f"stage {self.stage.tensor.name} stores {s.tensor.name}{list(idx)} outside its "
                                 f"shape {list(buf.shape)}")
+        if s.index is not None:
+            buf[idx] = self.select_pair(s, int(buf[idx]))
+            return
         new = np.asarray(self.value(s.value)).astype(buf.dtype)
         buf[idx] = new if s.combine is None else _combine(s.combine, buf[idx], new)
+
+    def select_pair(self, s: Store, old_i: int) -> int:
+        """The winner's index of an indexed reduction (argmax) after the candidate
+        ``(s.value, s.index)``; the stored one's value is the body evaluated at its index."""
+        red = reduction(s.combine)
+        new_i = int(self.value(s.index))
+        new_v = self.value(s.value)
+        if old_i < 0:
+            return new_i
+        saved = self.env[id(s.index)]
+        self.env[id(s.index)] = np.int64(old_i)
+        old_v = self.value(s.value)
+        self.env[id(s.index)] = saved
+        return new_i if bool(red.better(new_v, new_i, old_v, old_i)) else old_i
 
 
 def run(stages: Sequence[Stage], feed: Dict[Tensor, np.ndarray]) -> Dict[int, np.ndarray]:

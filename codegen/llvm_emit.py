@@ -33,7 +33,7 @@ from .llvm import ir
 
 from te_grad import dtypes
 from te_grad.errors import InternalError
-from te_grad.ops import identity_of
+from te_grad.ops import identity_of, reduction
 from te_grad.graph import free_vars, reads_in
 from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, Select, Tensor, Unary, Var)
 
@@ -66,10 +66,14 @@ def _inside(iv, n: int) -> bool:
 
 def _keeps_a_max(s: Store) -> bool:
     """True if ``s`` stores a float max or min reduction's value: accumulated, or stored
-    directly when the reduction has a single term (a winner test compares with it)."""
+    directly when the reduction has a single term (a winner test compares with it); or
+    accumulates an argmax of float values (it compares the body at two indices)."""
+    if s.index is not None:
+        return dtypes.is_float(s.value.dtype)
     body = getattr(s.tensor.op, "body", None)
     return dtypes.is_float(s.tensor.dtype) and (
-        s.combine in ("max", "min") or isinstance(body, Reduce) and body.combiner in ("max", "min"))
+        s.combine is not None and reduction(s.combine).selects
+        or isinstance(body, Reduce) and reduction(body.combiner).selects)
 
 
 def _float_equalities(stage: Stage):
@@ -123,6 +127,7 @@ class StageEmitter(RegisterBlockEmitter):
         self.transposed = None  # inside a transpose block: (its read, the vector of this row)
         self.emitted: List[Loop] = []  # the annotated loops (blocks, transposes, scans) lowered as marked
         self.exact = 0  # > 0: float arithmetic without contraction (see stored_value)
+        self.pair_acc = {}  # id(indexed store) -> its winner's (value, index) registers (pair_loop)
         # reciprocal multiplies (LLVM's arcp) only in stages that never test floats for
         # equality: once LLVM rewrites a division into a multiply by a reciprocal it may share
         # that form with the same division in an exact context, and a max's winner test
@@ -158,6 +163,8 @@ class StageEmitter(RegisterBlockEmitter):
             self.transpose_block(TransposeBlock.of(s))
         elif isinstance(s.kind, Carried):
             self.scan(Scan.of(s))
+        elif self.pair_loop(s):
+            pass
         else:
             self.loop(s, split=s.parallel and self.stage.parallel_extent > 0)
             return
@@ -245,7 +252,7 @@ class StageEmitter(RegisterBlockEmitter):
         if len(s.body) != 1 or not isinstance(s.body[0], Store):
             return False
         st = s.body[0]
-        if st.combine is None or st.checked or not (speculatable(s.cond, self.ranges)
+        if st.combine is None or st.checked or st.index is not None or not (speculatable(s.cond, self.ranges)
                                                     and speculatable(st.value, self.ranges)):
             return False
         identity = Const(identity_of(st.combine, st.tensor.dtype), st.tensor.dtype)
@@ -349,6 +356,11 @@ class StageEmitter(RegisterBlockEmitter):
         if s.checked:
             self.check_indices(t, idx)
         ptr = self.address(t, idx)
+        if s.index is not None:
+            winner = self.select_pair(s, ptr)
+            if winner is not None:
+                self.store_scalar(t, winner, ptr)
+            return
         value = self.stored_value(s)
         if s.combine is not None:
             old = self.load_scalar(t, ptr)
@@ -356,22 +368,89 @@ class StageEmitter(RegisterBlockEmitter):
         self.store_scalar(t, value, ptr)
 
     def combine(self, op: str, dtype: str, old, new):
+        """``op(old, new)`` by the lowering of reduction record ``op`` (:data:`te_grad.ops.REDUCTIONS`)."""
+        red = reduction(op)
         flags = ("reassoc", "contract") if self.fast else ()
         if dtypes.is_float(dtype):
-            if op == "sum":
+            if red.lowering == "add":
                 return self.b.fadd(old, new, flags=flags)
-            if op == "prod":
+            if red.lowering == "mul":
                 return self.b.fmul(old, new, flags=flags)
             # NaN-propagating max/min as compares and a select, which stay vectors at any
             # width (llvm.maximum is scalarized on vectors x86 cannot hold in whole registers)
-            better = self.b.fcmp_ordered(">" if op == "max" else "<", new, old)
+            better = self.b.fcmp_ordered(red.order, new, old)
             return self.b.select(self.b.or_(better, self.b.fcmp_unordered("uno", new, new)), new, old)
-        if op == "sum":
+        if red.lowering == "add":
             return self.b.add(old, new)
-        if op == "prod":
+        if red.lowering == "mul":
             return self.b.mul(old, new)
-        cmp = self.b.icmp_signed(">" if op == "max" else "<", new, old)
+        cmp = self.b.icmp_signed(red.order, new, old)
         return self.b.select(cmp, new, old)
+
+    def pair_loop(self, s: Loop) -> bool:
+        """The loop over the axis of an indexed reduction (argmax) whose body is its one
+        (guarded) store: the winner's value and index stay in registers across the loop, the
+        index is stored after it. True if emitted."""
+        body = s.body[0].body if len(s.body) == 1 and isinstance(s.body[0], If) else s.body
+        if len(body) != 1 or not isinstance(body[0], Store) or body[0].index is not s.var or s.parallel \
+                or any(v is s.var for i in body[0].indices for v in free_vars(i)):
+            return False
+        st = body[0]
+        red, dt = reduction(st.combine), st.value.dtype
+        ptr = self.address(st.tensor, [self.expr(i) for i in st.indices])
+        with self.b.goto_entry_block():
+            acc_v, acc_i = self.b.alloca(SCALAR[dt]), self.b.alloca(I64)  # promoted to registers (SROA)
+        old_i = self.load_scalar(st.tensor, ptr)
+        self.b.store(old_i, acc_i)
+        self.b.store(self.e_Const(Const(red.value_identity(dt), dt)), acc_v)
+        with self.b.if_then(self.b.icmp_signed(">=", old_i, ir.Constant(I64, 0))):
+            self.env[id(st.index)] = old_i  # a point visited before: in bounds
+            self.b.store(self.stored_value(st), acc_v)
+            del self.env[id(st.index)]
+        self.pair_acc[id(st)] = (acc_v, acc_i)
+        self.loop(s, split=False)
+        del self.pair_acc[id(st)]
+        self.store_scalar(st.tensor, self.b.load(acc_i), ptr)
+        return True
+
+    def select_pair(self, s: Store, ptr):
+        """The index of the winner of an indexed reduction (argmax) after the candidate
+        ``(s.value, s.index)``: the stored index (-1: none yet) is compared through the value
+        recomputed there (or kept in registers by :meth:`pair_loop`)."""
+        new_i = self.expr(s.index)
+        new_v = self.stored_value(s)
+        if id(s) in self.pair_acc:
+            acc_v, acc_i = self.pair_acc[id(s)]
+            old_v, old_i = self.b.load(acc_v), self.b.load(acc_i)
+            wins = self.pair_wins(s, new_v, new_i, old_v, old_i)
+            self.b.store(self.b.select(wins, new_v, old_v), acc_v)
+            self.b.store(self.b.select(wins, new_i, old_i), acc_i)
+            return None
+        old_i = self.load_scalar(s.tensor, ptr)
+        none = self.b.icmp_signed("<", old_i, ir.Constant(I64, 0))
+        saved = self.env[id(s.index)]
+        self.env[id(s.index)] = self.b.select(none, new_i, old_i)  # a visited point: in bounds
+        old_v = self.stored_value(s)
+        self.env[id(s.index)] = saved
+        return self.b.select(self.pair_wins(s, new_v, new_i, old_v, old_i), new_i, old_i)
+
+    def pair_wins(self, s: Store, new_v, new_i, old_v, old_i):
+        """True if ``(new_v, new_i)`` beats ``(old_v, old_i)`` (``old_i`` -1: none): NaN wins, then
+        the value by the record's order, then the smaller index, so the result does not depend
+        on the order of the candidates."""
+        red, dt = reduction(s.combine), s.value.dtype
+        none = self.b.icmp_signed("<", old_i, ir.Constant(I64, 0))
+        first = self.b.icmp_signed("<", new_i, old_i)
+        if dtypes.is_float(dt):
+            nan_new = self.b.fcmp_unordered("uno", new_v, new_v)
+            nan_old = self.b.fcmp_unordered("uno", old_v, old_v)
+            beats = self.b.or_(self.b.fcmp_ordered(red.order, new_v, old_v),
+                               self.b.and_(nan_new, self.b.not_(nan_old)))
+            tie = self.b.or_(self.b.fcmp_ordered("==", new_v, old_v), self.b.and_(nan_new, nan_old))
+        else:
+            beats = self.b.icmp_signed(red.order, new_v, old_v)
+            tie = self.b.icmp_signed("==", new_v, old_v)
+        return self.b.or_(none, self.b.or_(beats, self.b.and_(tie, first)))
 
     # -- memory ---------------------------------------------------------------------------
     def address(self, t: Tensor, idx):

@@ -38,6 +38,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 from te_grad import dsl
 from te_grad.graph import reads_in
 from te_grad.ir import Const, Expr, Read, ReduceAxis, Tensor, Var
+from te_grad.ops import reduction
 from te_grad.printer import ExprPrinter, Namer
 
 
@@ -150,12 +151,16 @@ class Store:
     """``tensor[indices] = value``, or ``= combine(tensor[indices], value)`` when ``combine`` is set.
 
     ``checked`` stores (scatters with data-dependent indices) verify the indices at run time.
+    ``index`` is set for an indexed reduction (argmax, see :class:`te_grad.ops.Reduction`): the
+    reduce axis whose value is the candidate stored, ``value`` the candidate's value (the stored
+    winner's value is ``value`` evaluated again with ``index`` bound to the stored index).
     """
     tensor: Tensor
     indices: Tuple[Expr, ...]
     value: Expr
     combine: Optional[str] = None
     checked: bool = False
+    index: Optional[Expr] = None
 
     def __post_init__(self):
         object.__setattr__(self, "indices", tuple(self.indices))
@@ -210,6 +215,8 @@ class StmtVisitor:
         for i in s.indices:
             self.visit_expr(i)
         self.visit_expr(s.value)
+        if s.index is not None:
+            self.visit_expr(s.index)
 
     def visit_expr(self, e: Expr):
         pass
@@ -240,9 +247,10 @@ class StmtMutator:
     def visit_Store(self, s: Store) -> Stmt:
         idx = tuple(self.visit_expr(i) for i in s.indices)
         value = self.visit_expr(s.value)
-        if value is s.value and all(a is b for a, b in zip(idx, s.indices)):
+        index = None if s.index is None else self.visit_expr(s.index)
+        if value is s.value and index is s.index and all(a is b for a, b in zip(idx, s.indices)):
             return s
-        return replace(s, indices=idx, value=value)
+        return replace(s, indices=idx, value=value, index=index)
 
     def visit_expr(self, e: Expr) -> Expr:
         return e
@@ -554,7 +562,8 @@ def carried_scan(var: Var, n: int, axis: Var, lo: Expr, hi: Expr, cond: Optional
 
 
 # -- printing ---------------------------------------------------------------------------------
-_COMBINE_SYM = {"sum": "+=", "prod": "*=", "max": "max=", "min": "min="}
+#: the printed operator of an accumulating store, by the reduction's lowering (else ``name=``)
+_COMBINE_SYM = {"add": "+=", "mul": "*="}
 
 
 def stage_text(stage: Stage, tensor_names: Namer) -> str:
@@ -593,8 +602,10 @@ def stage_text(stage: Stage, tensor_names: Namer) -> str:
             else:
                 name = tensor_names.name(s.tensor, s.tensor.name)
                 idx = "".join(f"[{p(i)}]" for i in s.indices)
-                op = "=" if s.combine is None else _COMBINE_SYM[s.combine]
-                out.append(f"{pad}{name}{idx} {op} {p(s.value)};")
+                op = "=" if s.combine is None else \
+                    _COMBINE_SYM.get(reduction(s.combine).lowering, f"{s.combine}=")
+                value = p(s.value) if s.index is None else f"({p(s.value)}, {p(s.index)})"
+                out.append(f"{pad}{name}{idx} {op} {value};")
 
     emit(stage.body, 0)
     return "\n".join(out)

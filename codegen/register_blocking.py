@@ -38,6 +38,7 @@ from te_grad import dsl
 from te_grad.graph import free_vars, reads_in
 from te_grad.intervals import interval, speculatable
 from te_grad.ir import Const, Var
+from te_grad.ops import reduction
 
 from .llvm_types import SIZE, strides, vectorizable
 from .loopir import (SERIAL, Carried, Jam, Loop, Nest, Parallel, RegisterBlock, RegisterBlocked, Stage, StmtMutator,
@@ -56,7 +57,8 @@ def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_
     reduce_suffix = order[k:-1]
     inner_is_output = any(inner_var is a for a in out_axes)
     constant = isinstance(bounds[id(inner_var)][0], Const) and isinstance(bounds[id(inner_var)][1], Const)
-    lanes_on_reduction = not inner_is_output and store.combine in ("sum", "max", "min")
+    red = reduction(store.combine) if store.combine is not None else None
+    lanes_on_reduction = not inner_is_output and red is not None and red.lowering != "mul" and not red.indexed
     if constant and inner_var is not parallel and (inner_is_output and reduce_suffix or lanes_on_reduction):
         loops = [Loop(v, *bounds[id(v)], ()) for v in reduce_suffix]
         accumulators = accumulator_registers(machine)
@@ -201,7 +203,7 @@ def block_plan(blk: RegisterBlock, ranges: Dict[int, tuple], fast_math: bool) ->
     if blk.reduce_lanes:
         if any(coefficient(i, blk.var) != 0 for i in idx):
             return None
-        if not fast_math and st.combine in ("sum", "prod"):
+        if not fast_math and reduction(st.combine).lowering in ("add", "mul"):
             return None  # lanes reassociate the reduction
     elif row_step(st, blk.var) is None and not memory_step(st, blk.var):
         return None

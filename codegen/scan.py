@@ -23,7 +23,7 @@ import numpy as np
 
 from simplify.linear import normalize
 from te_grad import dsl
-from te_grad.ops import identity_of
+from te_grad.ops import identity_of, reduction
 from te_grad.graph import free_vars
 from te_grad.intervals import grid_values
 from te_grad.ir import Const, Expr, ReduceAxis, Tensor, Var
@@ -69,8 +69,8 @@ def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], r: Red
     """``(statements, parallel axis)`` computing ``t = combiner(value for r)`` as a scan, or
     None if it is not a running reduction (see the module doc). ``order`` is the output
     loop order."""
-    if combiner not in ("sum", "prod", "max", "min"):
-        return None
+    if reduction(combiner).indexed:
+        return None  # a running argmax would need the running value beside the index
     outputs = {id(a): a for a in t.op.axes}
     movers = [a for a in t.op.axes if any(a is x for b in (r.lo, r.hi) for x in free_vars(b))]
     if len(movers) != 1:

@@ -45,7 +45,7 @@ import numpy as np
 
 from te_grad import dsl
 from te_grad.lift import normalized_body
-from te_grad.ops import identity_of
+from te_grad.ops import identity_of, reduction
 from te_grad.graph import topo_order
 from te_grad.transform import summands
 from te_grad.errors import UserError
@@ -56,7 +56,7 @@ from .cache_tiling import tile_stage
 from .congruence import interleave_classes, split_classes
 from .guard_ranges import narrow_guarded_loops
 from .loop_order import lane_var, order_elementwise, order_reductions, parallel_axis
-from .loopir import Stage, Store, guarded, nest
+from .loopir import Stage, Store, guarded, nest, stmt_stores
 from .machine import PORTABLE, Machine
 from .options import CompileOptions, current_options, using
 from .packing import Copies, pack_operands
@@ -103,20 +103,25 @@ def _reduce_inside(red: Reduce) -> bool:
 def definition(t: Tensor, body: Expr) -> Stage:
     """The stage of compute ``t`` whose body (in terms form) is ``body``, as plain loops in
     the order of its axes: the initialization nest, then one accumulating nest per term.
-    Its parallel axis is chosen (:func:`.loop_order.parallel_axis`), no loop is marked yet."""
+    Its parallel axis is chosen (:func:`.loop_order.parallel_axis`), no loop is marked yet
+    (but for an indexed reduction, which no pass changes: its loop over that axis is split)."""
     ew, terms, _ = split_terms(body)
     axes, shape = list(t.op.axes), list(t.shape)
+    par = parallel_axis(axes, shape)
+    split = par if any(reduction(red.combiner).indexed for _, red in terms) else None
     init = ew
     if terms and ew is None:
         init = dsl.const(identity_of(terms[0][1].combiner, t.dtype), t.dtype)
     full = const_bounds({id(a): (0, n) for a, n in zip(axes, shape)})
-    stmts = nest(axes, full, [Store(t, tuple(axes), dsl.cast(t.dtype, init))])
+    stmts = nest(axes, full, [Store(t, tuple(axes), dsl.cast(t.dtype, init))], split)
     for guard, red in terms:
         conds = ([guard] if guard is not None else []) + ([red.where] if red.where is not None else [])
-        store = Store(t, tuple(axes), dsl.cast(t.dtype, red.body), combine=red.combiner)
+        if reduction(red.combiner).indexed:  # the pair (body, axis): the body keeps its dtype
+            store = Store(t, tuple(axes), red.body, combine=red.combiner, index=red.axes[0])
+        else:
+            store = Store(t, tuple(axes), dsl.cast(t.dtype, red.body), combine=red.combiner)
         bounds = {**full, **{id(r): (r.lo, r.hi) for r in red.axes}}
-        stmts += nest(axes + list(red.axes), bounds, guarded(dsl.all(conds) if conds else None, store))
-    par = parallel_axis(axes, shape)
+        stmts += nest(axes + list(red.axes), bounds, guarded(dsl.all(conds) if conds else None, store), split)
     return Stage(t, stmts, dict(zip(map(id, axes), shape))[id(par)] if par is not None else 0, parallel_axis=par)
 
 
@@ -205,6 +210,8 @@ def schedule_steps(t: Tensor, body: Expr, machine: Machine = PORTABLE,
     off = disabled_pass_names(disabled)
     stage = definition(t, body)
     yield "definition", stage
+    if any(s.index is not None for s in stmt_stores(stage.body)):
+        return  # an indexed reduction stays as defined: its winner test evaluates the body at the stored index
     ended = False  # a final pass changed the stage: only the lowering decisions follow
     for p in PASSES:
         if p.run is None or (ended and not p.lowering):

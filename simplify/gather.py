@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from te_grad import dsl
-from te_grad.ops import identity_of
+from te_grad.ops import identity_of, reduction
 from te_grad.ir import Binary, Cast, Const, Expr, Reduce, Select, Unary, Var
 from te_grad.transform import substitute
 
@@ -28,8 +28,9 @@ from .affine import conjuncts, isl_cond, isl_expr
 from .isl_bridge import Domain, LoopNest, Unsupported
 from .validate import scan
 
-COMBINE = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b,
-           "max": dsl.maximum, "min": dsl.minimum}
+#: how two pieces of a reduction combine, by the lowering of its record (te_grad.ops.REDUCTIONS)
+COMBINE = {"add": lambda red, a, b: a + b, "mul": lambda red, a, b: a * b,
+           "select": lambda red, a, b: dsl.maximum(a, b) if red.order == ">" else dsl.minimum(a, b)}
 
 
 def _is_zero(e: Expr) -> bool:
@@ -72,7 +73,7 @@ class ReductionParts:
         self.red = red
         self.body = red.body
         conds = conjuncts(red.where)
-        if red.combiner == "sum":
+        if reduction(red.combiner).lowering == "add":
             lifted, self.body = lift_guards(red.body)
             conds = conds + [c for lc in lifted for c in conjuncts(lc)]
         self.names: Dict[int, str] = {}
@@ -111,6 +112,8 @@ def simplify_reduction(red: Reduce, out_axes: Sequence[Var], shape: Sequence[int
 
     Raises :class:`~simplify.isl_bridge.Unsupported` (or its :class:`Unverified`) when isl
     could not produce a scan that passes translation validation: the caller falls back."""
+    if reduction(red.combiner).indexed:
+        return None  # its value is the axis's: the pieces' substituted axes would change it
     parts = ReductionParts(red, out_axes, shape)
     if not parts.ok or (not parts.affine_conditions and not parts.residual):
         return None  # a box, or an already simplified nest: nothing to gain
@@ -130,7 +133,7 @@ def simplify_reduction(red: Reduce, out_axes: Sequence[Var], shape: Sequence[int
         return identity
     out = terms[0]
     for t in terms[1:]:
-        out = COMBINE[red.combiner](out, t)
+        out = COMBINE[reduction(red.combiner).lowering](reduction(red.combiner), out, t)
     return out
 
 

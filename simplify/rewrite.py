@@ -28,6 +28,7 @@ from te_grad.graph import topo_order
 from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ScatterOp, Select,
                         Tensor)
 from te_grad.ir import structurally_equal
+from te_grad.ops import reduction
 from te_grad.transform import replace_tensors, substitute, sum_terms, summands
 from te_grad.visitor import Visitor
 
@@ -93,7 +94,7 @@ def _fuse(terms: List[Expr]) -> List[Expr]:
     out: List[Expr] = []
     groups: List[Tuple[int, List[Expr]]] = []  # (position in out, bodies) of each sum reduction
     for term in terms:
-        if isinstance(term, Reduce) and term.combiner == "sum":
+        if isinstance(term, Reduce) and reduction(term.combiner).lowering == "add":
             for n, bodies in groups:
                 body = _merge(out[n], term)
                 if body is not None:
@@ -116,7 +117,7 @@ def _merge(a: Expr, b: Expr) -> Optional[Expr]:
     filter (so that their sum is one reduction), else None."""
     if not (isinstance(a, Reduce) and isinstance(b, Reduce)):
         return None
-    if a.combiner != "sum" or b.combiner != "sum" or len(a.axes) != len(b.axes) or a.dtype != b.dtype:
+    if reduction(a.combiner).lowering != "add" or b.combiner != a.combiner or len(a.axes) != len(b.axes) or a.dtype != b.dtype:
         return None
     rename = dict(zip(b.axes, a.axes))
     for ax_a, ax_b in zip(a.axes, b.axes):

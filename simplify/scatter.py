@@ -15,6 +15,7 @@ from typing import Dict, List, Optional
 from te_grad import dsl
 from te_grad.graph import free_vars
 from te_grad.ir import Compare, ComputeOp, Expr, Reduce, ScatterOp, Tensor
+from te_grad.ops import reduction
 from te_grad.transform import substitute
 
 from .affine import conjuncts, isl_cond, isl_expr
@@ -40,7 +41,8 @@ def try_scatter(t: Tensor) -> Optional[Tensor]:
     """``t`` as a scatter if it is a sum whose index equalities are data-dependent, else None."""
     op = t.op
     red = op.body
-    if not isinstance(op, ComputeOp) or not isinstance(red, Reduce) or red.combiner != "sum" or not op.axes:
+    if not isinstance(op, ComputeOp) or not isinstance(red, Reduce) or reduction(red.combiner).lowering != "add" \
+            or not op.axes:
         return None
     eqs = _index_equalities(red, op.axes)
     if eqs is None:
@@ -56,7 +58,7 @@ def scatter_term(name: str, shape, dtype: str, red: Reduce, out_axes, note: str)
     ``where`` pins every output index (``g_d(r) == j_d``), else None: one pass over the
     domain instead of one per output element, correct by construction (no isl scan needed
     for the indices). The fallback of a gather that did not pass validation."""
-    if red.combiner != "sum" or not out_axes:
+    if reduction(red.combiner).lowering != "add" or not out_axes:
         return None
     outs = {id(a) for a in out_axes}
     if any(id(v) in outs for ax in red.axes for b in (ax.lo, ax.hi) for v in free_vars(b)):

@@ -12,6 +12,7 @@ from .dsl import (abs, acos, all, any, asin, atan, atan2, call, cast, ceil, comp
                   exp, expm1, floor, if_then_else, log, log1p, logical_not, max, maximum, min, minimum,
                   placeholder, pow, prod, reduce_axis, round, sigmoid, sin, sqrt, stop_gradient, sum,
                   tanh, trunc)
+from .dsl import argmax, argmin
 from .evaluator import evaluate
 from .printer import show
 from .autodiff import DifferentiationResult, differentiate, gradient
@@ -136,6 +137,7 @@ _display.install()  # the notebook forms (HTML, LaTeX) of tensors, results, kern
 __all__ = [
     "TeGradError", "UserError", "InternalError", "Expr", "Tensor", "dtypes",
     "placeholder", "compute", "reduce_axis", "sum", "prod", "max", "min",
+    "argmax", "argmin",
     "const", "cast", "if_then_else", "all", "any", "logical_not", "call",
     "exp", "log", "sqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf", "pow",
     "asin", "acos", "atan", "atan2", "log1p", "expm1", "SimplificationWarning",

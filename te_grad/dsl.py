@@ -188,6 +188,9 @@ def _reduction(combiner: str, expr, axis, where) -> Reduce:
     axes = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
     if not axes:
         raise UserError(f"tg.{combiner} needs at least one reduce axis")
+    if ops.reduction(combiner).indexed and len(axes) != 1:
+        raise UserError(f"tg.{combiner} runs over one reduce axis (its result is that axis's value), "
+                        f"got {len(axes)}")
     for ax in axes:
         if not isinstance(ax, ReduceAxis):
             raise UserError(f"tg.{combiner} axis must be made by tg.reduce_axis, got {ax!r}")
@@ -221,6 +224,19 @@ def max(expr, axis, where=None) -> Reduce:  # noqa: A001 - TVM's name
 def min(expr, axis, where=None) -> Reduce:  # noqa: A001 - TVM's name
     """Minimum of ``expr`` over ``axis``; +inf (or the dtype's maximum) for an empty domain."""
     return _reduction("min", expr, axis, where)
+
+
+def argmax(expr, axis, where=None) -> Reduce:
+    """The value of the reduce axis ``axis`` where ``expr`` is largest (int64), where ``where``
+    holds: the first (smallest) on ties, the first NaN if there is one, as numpy's argmax; -1
+    for an empty domain. Its derivative is zero; indexing a tensor with it differentiates
+    through the read (``X[i, tg.argmax(...)]``)."""
+    return _reduction("argmax", expr, axis, where)
+
+
+def argmin(expr, axis, where=None) -> Reduce:
+    """The value of the reduce axis ``axis`` where ``expr`` is smallest (int64): as :func:`argmax`."""
+    return _reduction("argmin", expr, axis, where)
 
 
 # ---------------------------------------------------------------------------

@@ -316,7 +316,9 @@ class _ExprEvaluator:
         for c in rest:
             where = c if where is None else Binary("and", where, c)
         ranges, varying = self._axis_ranges(e.axes, solutions, mask, outer_shape)
-        comb = ops.combiner(e.combiner)
+        comb = ops.reduction(e.combiner)
+        if comb.indexed:
+            return self._indexed_reduce(e, comb, solutions, where, ranges, varying, mask, outer_shape)
         ident = np.array(comb.identity(e.dtype), dtype=e.dtype)
         result = None
         limit = max(1, CHUNK_ELEMENTS // max(1, int(np.prod(outer_shape, dtype=np.int64))))
@@ -332,6 +334,26 @@ class _ExprEvaluator:
             self._leave(e.axes, outer_shape)
             result = part if result is None else comb.ufunc(result, part)
         return ident if result is None else result
+
+    def _indexed_reduce(self, e: Reduce, comb, solutions, where, ranges, varying, mask, outer_shape):
+        """A (value, index) reduction (argmax): the pairs ``(body, axis)`` of each box reduced
+        by the record, the boxes' winners combined by it."""
+        axes = tuple(range(len(e.axes)))
+        best = None
+        limit = max(1, CHUNK_ELEMENTS // max(1, int(np.prod(outer_shape, dtype=np.int64))))
+        for box in _boxes(ranges, limit):
+            inner_mask, sizes = self._enter(e.axes, solutions, box, varying, where, mask, outer_shape)
+            body = np.asarray(self.eval(e.body, inner_mask))
+            index = np.asarray(self.eval(e.axes[0], inner_mask))
+            full = np.broadcast_shapes(body.shape, index.shape, sizes + (1,) * len(outer_shape),
+                                       () if inner_mask is None else np.shape(inner_mask))
+            valid = np.ones(full, bool) if inner_mask is None else np.broadcast_to(inner_mask, full)
+            part = comb.reduce_pairs(np.broadcast_to(body, full), np.broadcast_to(index, full), valid, axes)
+            self._leave(e.axes, outer_shape)
+            best = part if best is None else comb.combine(best, part)
+        if best is None:
+            return np.array(comb.identity(e.dtype), dtype=e.dtype)
+        return np.asarray(best[1], dtype=e.dtype)
 
     def run_scatter(self) -> np.ndarray:
         """``T = 0; T[indices] += value`` over the scatter's domain (np.add.at semantics)."""

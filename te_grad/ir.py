@@ -355,7 +355,8 @@ class Read(Expr):
 class Reduce(Expr):
     """``combiner`` of ``body`` over the points of ``axes`` where ``where`` holds.
 
-    An empty domain gives the combiner's identity (0, 1, -inf, +inf).
+    An empty domain gives the combiner's identity (0, 1, -inf, +inf; -1 for argmax / argmin).
+    ``combiner`` names a record of :data:`te_grad.ops.REDUCTIONS`.
     """
     combiner: str
     body: Expr
@@ -367,7 +368,7 @@ class Reduce(Expr):
         return self.__dict__["_dtype"]
 
     def _derived_dtype(self):
-        return self.body.dtype
+        return ops.reduction(self.combiner).result_dtype(self.body.dtype)
 
 
 # ---------------------------------------------------------------------------

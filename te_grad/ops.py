@@ -2,20 +2,22 @@
 
 Every stage reads these records instead of keeping its own table: the DSL
 builds the user-facing functions from them (name, arity, docstring, dtype
-rule), the differentiator takes the derivative rule, the reference evaluator
-the numpy lowering, the printers the name, the symbolic checks the sympy
-name, and the native backend the C math library symbol or LLVM intrinsic.
-Adding a function means adding one :class:`Intrinsic` here; a completeness
-test (``tests/core/test_ops.py``) checks that every stage can handle every record,
-so a missing piece is an error where the op is defined, not a ``KeyError``
-deep in a pipeline.
+rule), the reference evaluator the numpy lowering, the printers the name, the
+symbolic checks the sympy name, and the native backend the C math library
+symbol or LLVM intrinsic. Adding a function means adding one :class:`Intrinsic`
+here and its derivative rule in :mod:`te_grad.autodiff.rules`
+(``INTRINSIC_RULES``); a completeness test (``tests/core/test_ops.py``) checks that
+every stage can handle every record, so a missing piece is an error where the
+op is defined, not a ``KeyError`` deep in a pipeline.
 
-Derivative rules receive the argument expressions ``args`` and ``y``, an
-expression for the function's own value (a read of a stored forward tensor
-when there is one, so ``exp``, ``tanh``, ``sigmoid``, ``sqrt`` reuse the
-result), and return one partial derivative per argument (``None`` for an
-argument the function does not depend on differentiably). Each rule's
-``math`` states it.
+Reductions are :class:`Reduction` records in :data:`REDUCTIONS` (``Reduce.combiner``
+names one): the facts every layer needs (identity per dtype, how two values
+combine, whether the combine is idempotent or selects one of its operands, how
+LLVM lowers it). Behaviour that belongs to a layer (the emitter's instructions,
+the derivative's seed) lives in that layer, in one table keyed by the record's name.
+
+This module holds facts only: it imports nothing of te_grad above
+:mod:`te_grad.dtypes` and :mod:`te_grad.errors`.
 """
 from __future__ import annotations
 
@@ -51,9 +53,8 @@ class Intrinsic:
     """A scalar function of float arguments (``tg.exp``, ``tg.atan2``, ...).
 
     - ``numpy``: the evaluator's lowering (elementwise on arrays);
-    - ``derivative``: ``(args, y) -> partials`` (see the module docstring), ``None`` when
-      the derivative is zero everywhere it exists (``floor``, ``stop_gradient``);
-    - ``math``: the derivative rule in words;
+    - ``math``: the derivative rule in words (the rule itself is
+      :data:`te_grad.autodiff.rules.INTRINSIC_RULES` ``[name]``);
     - ``c_name``: the C99 ``<math.h>`` function (``f`` suffix for float32) the native
       backend calls when it has no inline or LLVM lowering; ``llvm``: the LLVM intrinsic
       (``llvm.exp``) that lowers it directly, if any;
@@ -67,7 +68,6 @@ class Intrinsic:
     arity: int
     doc: str
     numpy: Callable
-    derivative: Optional[Callable]
     math: str
     sympy: object
     c_name: Optional[str] = None
@@ -75,31 +75,10 @@ class Intrinsic:
     domain: Tuple[float, float] = (-3.0, 3.0)
     latex: Optional[str] = None
 
-    def partials(self, args: Sequence, y) -> list:
-        """The partial derivative with respect to each argument (``None``: zero)."""
-        if self.derivative is None:
-            return [None] * self.arity
-        out = self.derivative(*args, y)
-        out = list(out) if isinstance(out, (list, tuple)) else [out]
-        if len(out) != self.arity:
-            raise InternalError(f"the derivative rule of {self.name} gives {len(out)} partials for "
-                                f"{self.arity} arguments")
-        return out
-
     def result_dtype(self, arg_dtypes: Sequence[str]) -> str:
         """Float arguments promote; integer arguments become ``float32`` (as in JAX)."""
         floats = [d for d in arg_dtypes if dtypes.is_float(d)]
         return max(floats, key=dtypes.DTYPES.index) if floats else dtypes.DEFAULT_FLOAT
-
-
-def _dsl():
-    from . import dsl  # the rules build expressions; dsl imports this module
-    return dsl
-
-
-def _sign(x, y):
-    d = _dsl()
-    return d.if_then_else(x > 0, 1.0, d.if_then_else(x < 0, -1.0, 0.0))
 
 
 INTRINSICS: Dict[str, Intrinsic] = {}
@@ -110,55 +89,45 @@ def _add(op: Intrinsic):
 
 
 _add(Intrinsic("exp", 1, "The exponential e**x.", np.exp,
-               lambda x, y: y, "d exp(x) = exp(x) dx", "exp", "exp", "llvm.exp", latex=r"\exp"))
+               "d exp(x) = exp(x) dx", "exp", "exp", "llvm.exp", latex=r"\exp"))
 _add(Intrinsic("log", 1, "The natural logarithm (nan below 0, -inf at 0).", np.log,
-               lambda x, y: 1.0 / x, "d log(x) = dx / x", "log", "log", "llvm.log", (0.1, 4.0),
-               latex=r"\log"))
+               "d log(x) = dx / x", "log", "log", "llvm.log", (0.1, 4.0), latex=r"\log"))
 _add(Intrinsic("sqrt", 1, "The square root (nan below 0).", np.sqrt,
-               lambda x, y: 0.5 / y, "d sqrt(x) = dx / (2 sqrt(x))", "sqrt", "sqrt", "llvm.sqrt",
-               (0.1, 4.0)))
+               "d sqrt(x) = dx / (2 sqrt(x))", "sqrt", "sqrt", "llvm.sqrt", (0.1, 4.0)))
 _add(Intrinsic("tanh", 1, "The hyperbolic tangent.", np.tanh,
-               lambda x, y: 1.0 - y * y, "d tanh(x) = (1 - tanh(x)^2) dx", "tanh", "tanh",
-               latex=r"\tanh"))
+               "d tanh(x) = (1 - tanh(x)^2) dx", "tanh", "tanh", latex=r"\tanh"))
 _add(Intrinsic("sigmoid", 1, "The logistic function 1 / (1 + exp(-x)).", _np_sigmoid,
-               lambda x, y: y * (1.0 - y), "d sigmoid(x) = sigmoid(x) (1 - sigmoid(x)) dx",
+               "d sigmoid(x) = sigmoid(x) (1 - sigmoid(x)) dx",
                lambda s, x: 1 / (1 + s.exp(-x)), latex=r"\sigma"))
 _add(Intrinsic("abs", 1, "The absolute value (keeps integer dtypes).", np.abs,
-               _sign, "d |x| = sign(x) dx, with sign(0) = 0", "Abs", "fabs", "llvm.fabs",
+               "d |x| = sign(x) dx, with sign(0) = 0", "Abs", "fabs", "llvm.fabs",
                latex=r"\operatorname{abs}"))
 _add(Intrinsic("sin", 1, "The sine.", np.sin,
-               lambda x, y: _dsl().cos(x), "d sin(x) = cos(x) dx", "sin", "sin", "llvm.sin",
-               latex=r"\sin"))
+               "d sin(x) = cos(x) dx", "sin", "sin", "llvm.sin", latex=r"\sin"))
 _add(Intrinsic("cos", 1, "The cosine.", np.cos,
-               lambda x, y: -_dsl().sin(x), "d cos(x) = -sin(x) dx", "cos", "cos", "llvm.cos",
-               latex=r"\cos"))
+               "d cos(x) = -sin(x) dx", "cos", "cos", "llvm.cos", latex=r"\cos"))
 _add(Intrinsic("erf", 1, "The error function.", _np_erf,
-               lambda x, y: (2.0 / math.sqrt(math.pi)) * _dsl().exp(-(x * x)),
                "d erf(x) = 2 / sqrt(pi) exp(-x^2) dx", "erf", "erf", latex=r"\operatorname{erf}"))
 _add(Intrinsic("asin", 1, "The arcsine (nan outside [-1, 1]).", np.arcsin,
-               lambda x, y: 1.0 / _dsl().sqrt(1.0 - x * x), "d asin(x) = dx / sqrt(1 - x^2)",
-               "asin", "asin", domain=(-0.9, 0.9), latex=r"\arcsin"))
+               "d asin(x) = dx / sqrt(1 - x^2)", "asin", "asin", domain=(-0.9, 0.9), latex=r"\arcsin"))
 _add(Intrinsic("acos", 1, "The arccosine (nan outside [-1, 1]).", np.arccos,
-               lambda x, y: -1.0 / _dsl().sqrt(1.0 - x * x), "d acos(x) = -dx / sqrt(1 - x^2)",
-               "acos", "acos", domain=(-0.9, 0.9), latex=r"\arccos"))
+               "d acos(x) = -dx / sqrt(1 - x^2)", "acos", "acos", domain=(-0.9, 0.9), latex=r"\arccos"))
 _add(Intrinsic("atan", 1, "The arctangent.", np.arctan,
-               lambda x, y: 1.0 / (1.0 + x * x), "d atan(x) = dx / (1 + x^2)", "atan", "atan",
-               latex=r"\arctan"))
+               "d atan(x) = dx / (1 + x^2)", "atan", "atan", latex=r"\arctan"))
 _add(Intrinsic("atan2", 2, "The angle of the point (x, y): atan2(y, x), in (-pi, pi].", np.arctan2,
-               lambda a, b, y: [b / (a * a + b * b), -a / (a * a + b * b)],
                "d atan2(a, b) = (b da - a db) / (a^2 + b^2)", "atan2", "atan2", domain=(0.2, 3.0),
                latex=r"\operatorname{atan2}"))
 _add(Intrinsic("log1p", 1, "log(1 + x), accurate for small x.", np.log1p,
-               lambda x, y: 1.0 / (1.0 + x), "d log1p(x) = dx / (1 + x)",
+               "d log1p(x) = dx / (1 + x)",
                lambda s, x: s.log(1 + x), "log1p", domain=(-0.5, 3.0), latex=r"\operatorname{log1p}"))
 _add(Intrinsic("expm1", 1, "exp(x) - 1, accurate for small x.", np.expm1,
-               lambda x, y: y + 1.0, "d expm1(x) = exp(x) dx = (expm1(x) + 1) dx",
+               "d expm1(x) = exp(x) dx = (expm1(x) + 1) dx",
                lambda s, x: s.exp(x) - 1, "expm1", latex=r"\operatorname{expm1}"))
 for _name, _np_fn, _doc in (("floor", np.floor, "The largest integer value <= x (as a float)."),
                             ("ceil", np.ceil, "The smallest integer value >= x (as a float)."),
                             ("trunc", np.trunc, "x rounded toward zero (as a float)."),
                             ("round", np.rint, "x rounded to the nearest integer, halves to even.")):
-    _add(Intrinsic(_name, 1, _doc, _np_fn, None, f"{_name} is piecewise constant: zero derivative",
+    _add(Intrinsic(_name, 1, _doc, _np_fn, f"{_name} is piecewise constant: zero derivative",
                    {"floor": "floor", "ceil": "ceiling", "trunc": "trunc", "round": None}[_name],
                    None if _name == "round" else _name,
                    "llvm.roundeven" if _name == "round" else f"llvm.{_name}",
@@ -166,7 +135,7 @@ for _name, _np_fn, _doc in (("floor", np.floor, "The largest integer value <= x 
 _add(Intrinsic("stop_gradient", 1,
                "x, with a zero derivative (JAX's lax.stop_gradient): for quantities the result does "
                "not depend on mathematically, such as the shift that keeps a softmax's exponentials "
-               "from overflowing.", lambda x: x, None,
+               "from overflowing.", lambda x: x,
                "zero by definition: the user states the result does not depend on x",
                lambda s, x: x, latex=r"\operatorname{sg}"))
 
@@ -184,47 +153,126 @@ def intrinsic(name: str) -> Intrinsic:
 # ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Combiner:
-    """A reduction kind: its identity (the value over an empty domain), numpy ufunc, LaTeX."""
+class Reduction:
+    """A reduction kind (``tg.sum``, ``tg.argmax``, ...): facts only.
+
+    - ``lowering``: how two values combine, for the native backend: ``"add"``, ``"mul"``, or
+      ``"select"`` (keep the better of two by ``order``, NaN winning: max, min, argmax, argmin);
+    - ``order``: for a selecting reduction, ``">"`` (the larger wins) or ``"<"``;
+    - ``idempotent``: combining a value with itself gives it back (max, min): a point counted
+      twice does not change the result;
+    - ``selects``: the result is one of the combined values (or its index), so a gradient or
+      a winner test compares values for exact equality;
+    - ``indexed``: a (value, index) reduction: it combines pairs ``(body(k), k)`` and its result
+      is the index of the winner (``int64``, ``-1`` over an empty domain); ties go to the
+      smallest index, so the combine is a total order and any evaluation order gives the
+      first occurrence, as numpy's ``argmax``. Indexed reductions run over one reduce axis.
+    - ``ufunc``: the numpy function combining two values (the oracle's combine on numbers).
+    """
     name: str
     doc: str
     ufunc: object
     latex: str
+    lowering: str
+    order: Optional[str] = None
+    idempotent: bool = False
+    selects: bool = False
+    indexed: bool = False
+
+    def value_identity(self, dtype: str):
+        """The identity of the combined values of dtype ``dtype``."""
+        if self.lowering == "add":
+            return 0
+        if self.lowering == "mul":
+            return 1
+        lowest = self.order == ">"
+        if dtypes.is_float(dtype):
+            return -np.inf if lowest else np.inf
+        if dtype == dtypes.BOOL:
+            return not lowest
+        info = np.iinfo(dtype)
+        return info.min if lowest else info.max
 
     def identity(self, dtype: str):
-        if self.name == "sum":
-            return 0
-        if self.name == "prod":
-            return 1
-        if dtypes.is_float(dtype):
-            return -np.inf if self.name == "max" else np.inf
-        if dtype == dtypes.BOOL:
-            return self.name == "min"
-        info = np.iinfo(dtype)
-        return info.min if self.name == "max" else info.max
+        """The result over an empty domain (``dtype`` is the result's dtype)."""
+        return -1 if self.indexed else self.value_identity(dtype)
+
+    def result_dtype(self, body_dtype: str) -> str:
+        return dtypes.INDEX if self.indexed else body_dtype
+
+    def combine(self, a, b):
+        """Combine two values (numbers or arrays) as the kernels do: a NaN wins a selection.
+        For an indexed reduction ``a`` and ``b`` are ``(value, index)`` pairs (index -1: none)."""
+        if not self.indexed:
+            return self.ufunc(a, b)  # np.maximum and np.minimum propagate NaN
+        (va, ia), (vb, ib) = a, b
+        b_wins = self.better(vb, ib, va, ia)
+        return np.where(b_wins, vb, va), np.where(b_wins, ib, ia)
+
+    def better(self, v, i, w, j):
+        """True where the pair ``(v, i)`` beats ``(w, j)`` (index -1 is no pair): NaN first, then
+        the value by ``order``, then the smaller index."""
+        v, w, i, j = np.asarray(v), np.asarray(w), np.asarray(i), np.asarray(j)
+        nan_v = np.isnan(v) if v.dtype.kind == "f" else np.zeros(v.shape, bool)
+        nan_w = np.isnan(w) if w.dtype.kind == "f" else np.zeros(w.shape, bool)
+        with np.errstate(invalid="ignore"):
+            strictly = (v > w) if self.order == ">" else (v < w)
+            equal = (v == w) | (nan_v & nan_w)
+        wins = (nan_v & ~nan_w) | (~nan_v & ~nan_w & strictly) | (equal & (i < j))
+        return (i >= 0) & ((j < 0) | wins)
+
+    def reduce_pairs(self, values, indices, valid, axis):
+        """``(value, index)`` of the winner along ``axis`` among the points where ``valid``."""
+        values = np.asarray(values)
+        ident = self.value_identity(values.dtype.name)
+        nan = np.isnan(values) & valid if values.dtype.kind == "f" else np.zeros(values.shape, bool)
+        has_nan = np.any(nan, axis=axis, keepdims=True)
+        masked = np.where(valid & ~nan, values, ident)
+        best = np.max(masked, axis=axis, keepdims=True) if self.order == ">" else \
+            np.min(masked, axis=axis, keepdims=True)
+        if values.dtype.kind == "f":
+            best = np.where(has_nan, np.nan, best)
+        hit = valid & (np.where(has_nan, nan, masked == best))
+        big = np.iinfo(np.int64).max
+        index = np.min(np.where(hit, indices, big), axis=axis)
+        index = np.where(index == big, -1, index)
+        return np.squeeze(best, axis=axis), index
 
 
-COMBINERS: Dict[str, Combiner] = {
-    "sum": Combiner("sum", "Sum over the reduce axes (0 for an empty domain).", np.add, r"\sum"),
-    "prod": Combiner("prod", "Product over the reduce axes (1 for an empty domain).", np.multiply,
-                     r"\prod"),
-    "max": Combiner("max", "Maximum over the reduce axes (-inf, or the dtype's minimum, for an "
-                    "empty domain).", np.maximum, r"\max"),
-    "min": Combiner("min", "Minimum over the reduce axes (+inf, or the dtype's maximum, for an "
-                    "empty domain).", np.minimum, r"\min"),
-}
+REDUCTIONS: Dict[str, Reduction] = {r.name: r for r in (
+    Reduction("sum", "Sum over the reduce axes (0 for an empty domain).", np.add, r"\sum", "add"),
+    Reduction("prod", "Product over the reduce axes (1 for an empty domain).", np.multiply, r"\prod",
+              "mul"),
+    Reduction("max", "Maximum over the reduce axes (-inf, or the dtype's minimum, for an empty domain).",
+              np.maximum, r"\max", "select", ">", idempotent=True, selects=True),
+    Reduction("min", "Minimum over the reduce axes (+inf, or the dtype's maximum, for an empty domain).",
+              np.minimum, r"\min", "select", "<", idempotent=True, selects=True),
+    Reduction("argmax", "Index of the maximum along the reduce axis (int64; the first on ties, a NaN "
+              "first of all, as numpy; -1 for an empty domain).", None, r"\operatorname{argmax}",
+              "select", ">", idempotent=True, selects=True, indexed=True),
+    Reduction("argmin", "Index of the minimum along the reduce axis (int64; the first on ties, a NaN "
+              "first of all, as numpy; -1 for an empty domain).", None, r"\operatorname{argmin}",
+              "select", "<", idempotent=True, selects=True, indexed=True),
+)}
+
+#: the former name of :data:`REDUCTIONS`
+COMBINERS = REDUCTIONS
 
 
-def combiner(name: str) -> Combiner:
-    op = COMBINERS.get(name)
+def reduction(name: str) -> Reduction:
+    """The record of reduction kind ``name``."""
+    op = REDUCTIONS.get(name)
     if op is None:
-        raise InternalError(f"unknown reduction kind {name!r}")
+        raise InternalError(f"unknown reduction kind {name!r}; known: {', '.join(REDUCTIONS)}")
     return op
+
+
+combiner = reduction
 
 
 def identity_of(combiner_name: str, dtype: str):
     """The value of a ``combiner_name`` reduction of dtype ``dtype`` over an empty domain."""
-    return combiner(combiner_name).identity(dtype)
+    return reduction(combiner_name).identity(dtype)
 
 
 # ---------------------------------------------------------------------------------------------

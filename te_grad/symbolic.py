@@ -100,7 +100,7 @@ class _Translator:
         sp = self.sp
         body = self(e.body)
         if e.where is not None:
-            identity = ops.identity_of(e.combiner, e.dtype)
+            identity = ops.reduction(e.combiner).value_identity(e.body.dtype)  # no candidate there
             body = sp.Piecewise((body, self(e.where)), (sp.sympify(identity), True))
         for ax in reversed(e.axes):
             var, lo, hi = self(ax), self(ax.lo), self(ax.hi) - 1

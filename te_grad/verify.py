@@ -98,7 +98,7 @@ def _check(e: Expr, bound: set, out: List[str]) -> None:
                 out.append(f"constant {node.value!r} has unknown dtype {node.dtype}")
             continue
         if isinstance(node, Reduce):
-            if node.combiner not in ops.COMBINERS:
+            if node.combiner not in ops.REDUCTIONS:
                 out.append(f"unknown reduction kind {node.combiner}")
             inner = set(scope)
             for ax in node.axes:

@@ -16,8 +16,13 @@ expression for the node's forward value (a read of the forward tensor when
 the node is a whole compute body, so ``exp``, ``tanh``, ``sigmoid``, ``sqrt``
 and ``/`` reuse the stored result instead of recomputing it).
 
-The rules of the intrinsic functions (``exp``, ``atan2``, ...) are part of their
-records in :mod:`te_grad.ops`; the operators' rules are here.
+Every derivative rule is here, keyed by the name of its record in :mod:`te_grad.ops`:
+``BINARY_RULES`` (the operators), ``INTRINSIC_RULES`` (the functions ``exp``, ``atan2``,
+...: ``(args, y) -> partials``, one per argument, ``None`` for an argument the function
+does not depend on differentiably; a record without a rule has zero derivative:
+``floor``, ``stop_gradient``) and ``REDUCTION_RULES`` (the seed of each reduction kind,
+see :mod:`.vjp`). The completeness test (``tests/test_ops.py``) checks the tables
+against the records.
 
 Branches: a read inside a branch of ``if_then_else(c, t, f)`` happens only where
 its branch is taken, so its adjoint, *every* partial along the way included, is
@@ -29,11 +34,15 @@ is; and an index valid only under the guard (a padded read) is never used outsid
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Tuple
+import math
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import dsl, dtypes, ops
-from ..errors import InternalError
-from ..ir import Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, Select, Unary, Var
+from ..errors import InternalError, UserError
+from ..intervals import interval
+from ..ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Select, Tensor,
+                  Unary, Var)
+from ..transform import substitute
 from .algebra import add, div, mul, neg, sub
 
 Partials = List[Tuple[Expr, Expr]]
@@ -80,6 +89,44 @@ def _pow_rule(n: Binary, g: Expr, y: Expr) -> Partials:
     return [(n.a, mul(g, mul(b, dsl.pow(n.a, sub(b, 1))))), (b, mul(g, mul(dsl.log(n.a), y)))]
 
 
+def _sign(x, y):
+    return dsl.if_then_else(x > 0, 1.0, dsl.if_then_else(x < 0, -1.0, 0.0))
+
+
+#: the derivative of each intrinsic (its ``math`` in :mod:`te_grad.ops` says it in words);
+#: an intrinsic absent here has zero derivative everywhere it exists
+INTRINSIC_RULES: Dict[str, Callable] = {
+    "exp": lambda x, y: y,
+    "log": lambda x, y: 1.0 / x,
+    "sqrt": lambda x, y: 0.5 / y,
+    "tanh": lambda x, y: 1.0 - y * y,
+    "sigmoid": lambda x, y: y * (1.0 - y),
+    "abs": _sign,
+    "sin": lambda x, y: dsl.cos(x),
+    "cos": lambda x, y: -dsl.sin(x),
+    "erf": lambda x, y: (2.0 / math.sqrt(math.pi)) * dsl.exp(-(x * x)),
+    "asin": lambda x, y: 1.0 / dsl.sqrt(1.0 - x * x),
+    "acos": lambda x, y: -1.0 / dsl.sqrt(1.0 - x * x),
+    "atan": lambda x, y: 1.0 / (1.0 + x * x),
+    "atan2": lambda a, b, y: [b / (a * a + b * b), -a / (a * a + b * b)],
+    "log1p": lambda x, y: 1.0 / (1.0 + x),
+    "expm1": lambda x, y: y + 1.0,
+}
+
+
+def intrinsic_partials(name: str, args, y) -> list:
+    """The partial derivative of intrinsic ``name`` with respect to each argument (``None``: zero)."""
+    op = ops.intrinsic(name)
+    rule = INTRINSIC_RULES.get(name)
+    if rule is None:
+        return [None] * op.arity
+    out = rule(*args, y)
+    out = list(out) if isinstance(out, (list, tuple)) else [out]
+    if len(out) != op.arity:
+        raise InternalError(f"the derivative rule of {name} gives {len(out)} partials for {op.arity} arguments")
+    return out
+
+
 def _differentiable(e: Expr) -> bool:
     return dtypes.is_float(e.dtype)
 
@@ -94,7 +141,7 @@ def local_partials(n: Expr, g: Expr, y: Expr) -> Partials:
         # d(-a) = -da ; logical not has none
         return [(n.a, neg(g))] if n.op == "neg" and _differentiable(n) else []
     if isinstance(n, Call):
-        partials = ops.intrinsic(n.name).partials(n.args, y)
+        partials = intrinsic_partials(n.name, n.args, y)
         return [(a, mul(g, p)) for a, p in zip(n.args, partials) if p is not None]
     if isinstance(n, Select):
         # d select(c, t, f) = select(c, dt, 0) + select(c, 0, df); backprop keeps the
@@ -143,3 +190,89 @@ def backprop(expr: Expr, seed: Expr, top_value: Expr = None) -> List[Tuple[Read,
                 continue
             stack.append((child, child_adj, guards))
     return [(read, guards, adj) for (read, guards), adj in found.items()]
+
+
+# ---------------------------------------------------------------------------------------------
+# reductions: the seed ``dY[i]`` is scaled per reduction kind (see :mod:`.vjp`)
+# ---------------------------------------------------------------------------------------------
+
+def _sum_seed(y: Tensor, axes, red: Reduce, adj_read: Expr):
+    # d sum_k f(i, k) = sum_k df(i, k)
+    return adj_read, None
+
+
+def _selection_seed(y: Tensor, axes, red: Reduce, adj_read: Expr):
+    """d max_k f(i, k) = sum over the winners k of df(i, k) / (the number of winners)."""
+    y_read = Read(y, tuple(axes))
+    # adjoint split evenly among the elements equal to the result. The test is exact
+    # equality, so both sides must come from one computation of the body: y itself when
+    # its body is a plain read, else the result recomputed here from the body as the
+    # gradient computes it (a nested reduction lifted, a product evaluated in another
+    # stage may differ from the forward's in the last bit)
+    if not (red is y.op.body and isinstance(red.body, Read)):
+        again = Tensor(f"{y.name}_{red.combiner}", y.shape, y.dtype,
+                       ComputeOp(axes, Reduce(red.combiner, red.body, red.axes, red.where)))
+        y_read = Read(again, tuple(axes))
+    is_winner = red.body == y_read
+    where = is_winner if red.where is None else dsl.all(red.where, is_winner)
+    ties = Tensor(f"{y.name}_ties", y.shape, y.dtype, ComputeOp(
+        axes, dsl.sum(dsl.const(1.0, y.dtype), list(red.axes), where=where)))
+    return adj_read / Read(ties, tuple(axes)), is_winner
+
+
+def _prod_seed(y: Tensor, axes, red: Reduce, adj_read: Expr):
+    """d prod_k f(i, k) = sum_k (prod over k' != k of f(i, k')) df(i, k)."""
+    others = _product_of_others(y, axes, red)
+    ranges = {id(a): (0, n - 1) for a, n in zip(axes, y.shape)}
+    starts = [interval(k.lo, ranges)[0] for k in red.axes]
+    index = tuple(axes) + tuple(k - lo if lo else k for k, lo in zip(red.axes, starts))
+    return adj_read * Read(others, index), None
+
+
+def _index_seed(y: Tensor, axes, red: Reduce, adj_read: Expr):
+    raise UserError(f"cannot differentiate {y.name} = {red.combiner}(...): its value is an integer index, "
+                    f"piecewise constant in the values it compares (zero derivative); use it to index a "
+                    f"float tensor, whose gradient flows through the read")
+
+
+#: ``(y, axes, red, adj_read) -> (seed, extra where)`` per reduction kind
+REDUCTION_RULES: Dict[str, Callable] = {
+    "sum": _sum_seed,
+    "prod": _prod_seed,
+    "max": _selection_seed,
+    "min": _selection_seed,
+    "argmax": _index_seed,
+    "argmin": _index_seed,
+}
+
+
+def _product_of_others(y: Tensor, axes, red: Reduce) -> Tensor:
+    """``others[i, k] = prod over k' != k of f(i, k')`` (the where of ``red`` kept).
+
+    ``k`` runs over the range its bounds cover anywhere in the output domain (bounds may
+    depend on the output indices: a running product)."""
+    ranges = {id(a): (0, n - 1) for a, n in zip(axes, y.shape)}
+    spans = []
+    for k in red.axes:
+        lo, hi = interval(k.lo, ranges), interval(k.hi, ranges)
+        if lo is None or hi is None:
+            raise UserError(f"cannot differentiate the product reduction of {y.name}: the bounds of "
+                            f"axis {k.name} ({k.lo}, {k.hi}) are not affine in its output indices")
+        spans.append((lo[0], max(lo[0], hi[1])))
+        ranges[id(k)] = (lo[0], max(lo[0], hi[1]) - 1)
+    own = [Var(ax.name) for ax in axes]
+    at = [Var(k.name) for k in red.axes]
+    mapping: Dict[Var, Expr] = dict(zip(axes, own))
+    other = []
+    for k in red.axes:
+        new = ReduceAxis(k.name + "_", k.dtype, substitute(k.lo, mapping), substitute(k.hi, mapping))
+        mapping[k] = new
+        other.append(new)
+    body = substitute(red.body, mapping)
+    differs = dsl.any([o != a + lo for o, a, (lo, _) in zip(other, at, spans)])
+    where = differs if red.where is None else dsl.all(substitute(red.where, mapping), differs)
+    shape = y.shape + tuple(hi - lo for lo, hi in spans)
+    return Tensor(f"{y.name}_others", shape, y.dtype,
+                  ComputeOp(tuple(own + at), dsl.prod(body, other, where=where)))
+
+

@@ -39,7 +39,7 @@ from ..intervals import interval
 from ..ir import ComputeOp, Expr, Read, Reduce, ReduceAxis, ScatterOp, Tensor, Var
 from ..lift import normalized_body
 from ..transform import substitute, sum_terms
-from .rules import backprop
+from .rules import REDUCTION_RULES, backprop
 
 #: bodies deeper than this are differentiated through pieces of this depth (:mod:`te_grad.lift`)
 PIECE_DEPTH = 8
@@ -63,62 +63,12 @@ def hull(boxes: Sequence[Box]) -> Box:
 
 
 def _seed_for_reduction(y: Tensor, axes, red: Reduce, adj_read: Expr) -> Tuple[Expr, Expr]:
-    """(seed, extra condition) for differentiating through ``red``, the body of ``y[axes]``."""
-    y_read = Read(y, tuple(axes))
-    if red.combiner == "sum":
-        return adj_read, None
-    if red.combiner in ("max", "min"):
-        # adjoint split evenly among the elements equal to the result. The test is exact
-        # equality, so both sides must come from one computation of the body: y itself when
-        # its body is a plain read, else the result recomputed here from the body as the
-        # gradient computes it (a nested reduction lifted, a product evaluated in another
-        # stage may differ from the forward's in the last bit)
-        if not (red is y.op.body and isinstance(red.body, Read)):
-            again = Tensor(f"{y.name}_{red.combiner}", y.shape, y.dtype,
-                           ComputeOp(axes, Reduce(red.combiner, red.body, red.axes, red.where)))
-            y_read = Read(again, tuple(axes))
-        is_winner = red.body == y_read
-        where = is_winner if red.where is None else dsl.all(red.where, is_winner)
-        ties = Tensor(f"{y.name}_ties", y.shape, y.dtype, ComputeOp(
-            axes, dsl.sum(dsl.const(1.0, y.dtype), list(red.axes), where=where)))
-        return adj_read / Read(ties, tuple(axes)), is_winner
-    if red.combiner == "prod":
-        others = _product_of_others(y, axes, red)
-        ranges = {id(a): (0, n - 1) for a, n in zip(axes, y.shape)}
-        starts = [interval(k.lo, ranges)[0] for k in red.axes]
-        index = tuple(axes) + tuple(k - lo if lo else k for k, lo in zip(red.axes, starts))
-        return adj_read * Read(others, index), None
-    raise UserError(f"cannot differentiate a {red.combiner} reduction")
-
-
-def _product_of_others(y: Tensor, axes, red: Reduce) -> Tensor:
-    """``others[i, k] = prod over k' != k of f(i, k')`` (the where of ``red`` kept).
-
-    ``k`` runs over the range its bounds cover anywhere in the output domain (bounds may
-    depend on the output indices: a running product)."""
-    ranges = {id(a): (0, n - 1) for a, n in zip(axes, y.shape)}
-    spans = []
-    for k in red.axes:
-        lo, hi = interval(k.lo, ranges), interval(k.hi, ranges)
-        if lo is None or hi is None:
-            raise UserError(f"cannot differentiate the product reduction of {y.name}: the bounds of "
-                            f"axis {k.name} ({k.lo}, {k.hi}) are not affine in its output indices")
-        spans.append((lo[0], max(lo[0], hi[1])))
-        ranges[id(k)] = (lo[0], max(lo[0], hi[1]) - 1)
-    own = [Var(ax.name) for ax in axes]
-    at = [Var(k.name) for k in red.axes]
-    mapping: Dict[Var, Expr] = dict(zip(axes, own))
-    other = []
-    for k in red.axes:
-        new = ReduceAxis(k.name + "_", k.dtype, substitute(k.lo, mapping), substitute(k.hi, mapping))
-        mapping[k] = new
-        other.append(new)
-    body = substitute(red.body, mapping)
-    differs = dsl.any([o != a + lo for o, a, (lo, _) in zip(other, at, spans)])
-    where = differs if red.where is None else dsl.all(substitute(red.where, mapping), differs)
-    shape = y.shape + tuple(hi - lo for lo, hi in spans)
-    return Tensor(f"{y.name}_others", shape, y.dtype,
-                  ComputeOp(tuple(own + at), dsl.prod(body, other, where=where)))
+    """(seed, extra condition) for differentiating through ``red``, the body of ``y[axes]``:
+    the rule of its reduction kind (:data:`.rules.REDUCTION_RULES`)."""
+    rule = REDUCTION_RULES.get(red.combiner)
+    if rule is None:
+        raise UserError(f"cannot differentiate a {red.combiner} reduction")
+    return rule(y, axes, red, adj_read)
 
 
 def vjp_of_compute(y: Tensor, adj: Tensor, box: Optional[Box] = None) -> List[Contribution]:

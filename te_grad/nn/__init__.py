@@ -13,7 +13,7 @@ from .embedding import embedding, take
 from .linear import batch_matmul, dense, matmul
 from .array import arange, clip, cumsum, expand_dims, gather_nd, one_hot, squeeze, stack, where
 from .loss import binary_cross_entropy, cross_entropy, mse_loss, softmax_cross_entropy
-from .reduce import max, mean, min, sum, variance
+from .reduce import argmax, argmin, max, mean, min, sum, variance
 from .normalization import batch_norm, layer_norm
 from .pool import avg_pool2d, global_avg_pool2d, global_max_pool2d, max_pool2d
 from .shape import concat, flatten, pad, reshape, split, strided_slice, transpose
@@ -36,7 +36,7 @@ __all__ = [
     # gathers and losses
     "embedding", "take", "mse_loss", "binary_cross_entropy", "softmax_cross_entropy", "cross_entropy",
     # reductions over axes
-    "sum", "mean", "variance", "max", "min",
+    "sum", "mean", "variance", "max", "min", "argmax", "argmin",
     # array operations
     "clip", "stack", "expand_dims", "squeeze", "where", "one_hot", "gather_nd", "cumsum", "arange",
 ]

@@ -1,4 +1,5 @@
-"""Reductions over axes: sum, mean, variance, max and min (NumPy's and PyTorch's semantics)."""
+"""Reductions over axes: sum, mean, variance, max, min, argmax and argmin (NumPy's and PyTorch's
+semantics)."""
 from __future__ import annotations
 
 from typing import Sequence, Union
@@ -6,9 +7,10 @@ from typing import Sequence, Union
 from .. import dsl
 from ..errors import UserError
 from ..ir import Tensor
+from ..ops import reduction
 from ._util import check_float, check_tensor, compute, normalize_axis, prod
 
-__all__ = ["sum", "mean", "variance", "max", "min"]
+__all__ = ["sum", "mean", "variance", "max", "min", "argmax", "argmin"]
 
 Axes = Union[None, int, Sequence[int]]
 
@@ -27,7 +29,7 @@ def _axes(op: str, x: Tensor, axis: Axes):
 def _reduce(op: str, combiner: str, x: Tensor, axis: Axes, keepdims: bool, scale=None, name=None) -> Tensor:
     check_tensor(op, x, "input")
     axes = _axes(op, x, axis)
-    if combiner in ("max", "min") and any(x.shape[a] == 0 for a in axes):
+    if reduction(combiner).selects and any(x.shape[a] == 0 for a in axes):
         raise UserError(f"{op}: cannot take the {combiner} over the empty axis of {x.name} {list(x.shape)}")
     kept = [d for d in range(x.ndim) if d not in axes]
     shape = tuple(1 if d in axes else x.shape[d] for d in range(x.ndim)) if keepdims else \
@@ -98,3 +100,33 @@ def max(x: Tensor, axis: Axes = None, keepdims: bool = False) -> Tensor:  # noqa
 def min(x: Tensor, axis: Axes = None, keepdims: bool = False) -> Tensor:  # noqa: A001 - NumPy's name
     """The minimum of ``x`` over ``axis`` (``numpy.min``, ``torch.amin``); ties split the gradient."""
     return _reduce("min", "min", x, axis, keepdims)
+
+
+def _arg(op: str, x: Tensor, axis: int, keepdims: bool) -> Tensor:
+    check_tensor(op, x, "input")
+    if isinstance(axis, (list, tuple)) or axis is None:
+        raise UserError(f"{op}: axis must be one int (the position is along one axis), got {axis!r}")
+    a = normalize_axis(op, axis, x.ndim)
+    if x.shape[a] == 0:
+        raise UserError(f"{op}: no position along the empty axis {a} of {x.name} {list(x.shape)}")
+    r = dsl.reduce_axis(x.shape[a], name=f"k{a}")
+    shape = tuple(1 if d == a else n for d, n in enumerate(x.shape)) if keepdims else \
+        x.shape[:a] + x.shape[a + 1:]
+
+    def body(idx):
+        idx = list(idx)
+        full = idx[:a] + [r] + idx[a + (1 if keepdims else 0):]
+        return getattr(dsl, op)(x[tuple(full)], r)
+    return compute(shape, body, name=op)
+
+
+def argmax(x: Tensor, axis: int, keepdims: bool = False) -> Tensor:
+    """The position (int64) of the maximum of ``x`` along ``axis`` (``numpy.argmax``,
+    ``torch.argmax``): the first on ties, the first NaN if there is one. Zero derivative; a
+    read of ``x`` at it (:func:`te_grad.nn.take`, an index) differentiates through the read."""
+    return _arg("argmax", x, axis, keepdims)
+
+
+def argmin(x: Tensor, axis: int, keepdims: bool = False) -> Tensor:
+    """The position (int64) of the minimum of ``x`` along ``axis`` (``numpy.argmin``): as :func:`argmax`."""
+    return _arg("argmin", x, axis, keepdims)

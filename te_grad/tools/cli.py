@@ -341,6 +341,8 @@ SHOW_OPS = {
     "variance": ("reductions", _b_unary("variance", (3, 4))),
     "max": ("reductions", _b_unary("max", (3, 4))),
     "min": ("reductions", _b_unary("min", (3, 4))),
+    "argmax": ("reductions", lambda a: _nn().argmax(a.x("X", (3, 4)), **{"axis": 1, **a.params})),
+    "argmin": ("reductions", lambda a: _nn().argmin(a.x("X", (3, 4)), **{"axis": 1, **a.params})),
     "clip": ("array", _b_clip),
     "stack": ("array", _b_stack),
     "expand_dims": ("array", _b_expand_dims),
@@ -418,8 +420,8 @@ def show_op(op: str, params: dict, compile_: bool = False, out=None) -> int:
     say("\n## forward")
     fwd_text = tg.show(outputs)
     say(fwd_text)
-    if not args.floats:
-        say("\n(no float input: nothing to differentiate)")
+    if not args.floats or not any(tg.dtypes.is_float(o.dtype) for o in outputs):
+        say("\n(no float input or output: nothing to differentiate)")
         return 0
     heads = [tg.placeholder(y.shape, dtype=y.dtype, name="dY" if len(outputs) == 1 else f"dY{n}")
              for n, y in enumerate(outputs)]

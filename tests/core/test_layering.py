@@ -33,7 +33,7 @@ FLOORS = [
     ("nn", {"te_grad.nn", "te_grad.nn."}),
     ("library", {"te_grad.residuals", "te_grad.symbolic", "te_grad.display"}),
     ("facade", {"te_grad"}),
-    ("above", {"te_grad.train", "te_grad.train.", "te_grad.torch", "te_grad.jax", "te_grad.bridge",
+    ("above", {"te_grad.train", "te_grad.train.", "te_grad.torch", "te_grad.jax",
                "te_grad.frontends", "te_grad.frontends.", "te_grad.testing", "te_grad.suite",
                "te_grad.formulations"}),
     ("tools", {"te_grad.tools", "te_grad.tools.", "te_grad.__main__"}),

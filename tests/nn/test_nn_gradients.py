@@ -338,6 +338,11 @@ simple("variance_last", functools.partial(nn.variance, axis=-1), [(3, 5)])
 simple("variance_unbiased_keepdims", functools.partial(nn.variance, axis=0, correction=1, keepdims=True), [(4, 3)])
 simple("max_axis0", functools.partial(nn.max, axis=0), [(4, 3)], gen=distinct)
 simple("min_all", nn.min, [(3, 4)], gen=distinct)
+for _arg in ("argmax", "argmin"):
+    # the position has zero derivative: the gradient flows through the read at it
+    simple(f"{_arg}_read", functools.partial(lambda x, arg: tg.compute(
+        (3,), lambda i: x[i, getattr(nn, arg)(x, 1)[i]] ** 2, name=f"{arg}_read"), arg=_arg),
+        [(3, 5)], gen=distinct, quasi_affine=False)
 simple("clip_both", functools.partial(nn.clip, lo=-0.4, hi=0.3), [(3, 5)], gen=distinct)
 simple("clip_lower", functools.partial(nn.clip, lo=0.1), [(4,)], gen=distinct)
 simple("stack_axis1", lambda a, b: nn.stack([a, b, a], axis=1), [(2, 3), (2, 3)])
