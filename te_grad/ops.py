@@ -62,7 +62,9 @@ class Intrinsic:
       symbolic derivative checks and LaTeX;
     - ``domain``: an open interval of arguments where the function is smooth, for tests
       and the random-program tester;
-    - ``latex``: the LaTeX operator name.
+    - ``latex``: the LaTeX operator name;
+    - ``cheap``: about one instruction, so a backward pass recomputes it rather than
+      saving its result (:mod:`te_grad.residuals`).
     """
     name: str
     arity: int
@@ -74,6 +76,7 @@ class Intrinsic:
     llvm: Optional[str] = None
     domain: Tuple[float, float] = (-3.0, 3.0)
     latex: Optional[str] = None
+    cheap: bool = False
 
     def result_dtype(self, arg_dtypes: Sequence[str]) -> str:
         """Float arguments promote; integer arguments become ``float32`` (as in JAX)."""
@@ -101,7 +104,7 @@ _add(Intrinsic("sigmoid", 1, "The logistic function 1 / (1 + exp(-x)).", _np_sig
                lambda s, x: 1 / (1 + s.exp(-x)), latex=r"\sigma"))
 _add(Intrinsic("abs", 1, "The absolute value (keeps integer dtypes).", np.abs,
                "d |x| = sign(x) dx, with sign(0) = 0", "Abs", "fabs", "llvm.fabs",
-               latex=r"\operatorname{abs}"))
+               latex=r"\operatorname{abs}", cheap=True))
 _add(Intrinsic("sin", 1, "The sine.", np.sin,
                "d sin(x) = cos(x) dx", "sin", "sin", "llvm.sin", latex=r"\sin"))
 _add(Intrinsic("cos", 1, "The cosine.", np.cos,
@@ -131,13 +134,13 @@ for _name, _np_fn, _doc in (("floor", np.floor, "The largest integer value <= x 
                    {"floor": "floor", "ceil": "ceiling", "trunc": "trunc", "round": None}[_name],
                    None if _name == "round" else _name,
                    "llvm.roundeven" if _name == "round" else f"llvm.{_name}",
-                   latex=rf"\operatorname{{{_name}}}"))
+                   latex=rf"\operatorname{{{_name}}}", cheap=True))
 _add(Intrinsic("stop_gradient", 1,
                "x, with a zero derivative (JAX's lax.stop_gradient): for quantities the result does "
                "not depend on mathematically, such as the shift that keeps a softmax's exponentials "
                "from overflowing.", lambda x: x,
                "zero by definition: the user states the result does not depend on x",
-               lambda s, x: x, latex=r"\operatorname{sg}"))
+               lambda s, x: x, latex=r"\operatorname{sg}", cheap=True))
 
 
 def intrinsic(name: str) -> Intrinsic:

@@ -25,7 +25,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from . import dsl, dtypes
+from . import dsl, dtypes, ops
 from .errors import UserError
 from .graph import topo_order
 from .ir import Call, ComputeOp, Reduce, Tensor
@@ -34,7 +34,8 @@ from .transform import replace_tensors
 #: a forward tensor costing more innermost iterations per element than this is saved
 RECOMPUTE_PER_ELEMENT = 2
 #: intrinsics cheap enough to recompute (anything else in a body makes the tensor saved)
-CHEAP_CALLS = ("abs", "floor", "ceil", "trunc", "round", "stop_gradient")
+#: the intrinsics a backward pass recomputes rather than saves (their records say ``cheap``)
+CHEAP_CALLS = tuple(name for name, op in ops.INTRINSICS.items() if op.cheap)
 
 
 class VJP:

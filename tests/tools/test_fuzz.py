@@ -200,11 +200,12 @@ def test_programs_the_fuzzer_found(name):
 def test_the_generator_draws_every_construct():
     """A fuzzer that never generates a construct cannot find its bugs: among the first
     seeds there are second-order programs, gather stages whose gradients are scatters,
-    and invalid programs (reads out of bounds under a condition on data)."""
+    argmax / argmin winners used as indices, and invalid programs (reads out of bounds under a condition on data)."""
     sources = [from_seed(s).source for s in range(300)]
     second = [src for src in sources if "SECOND = True" in src]
     assert len(second) > 60
     assert sum("I1 = tg.placeholder" in src for src in sources) > 30  # gather stages of their own
+    assert sum("tg.argmax(" in src or "tg.argmin(" in src for src in sources) > 30  # winners as indices
     invalid = [src for src in sources if "INVALID = " in src]
     assert len(invalid) > 15 and not any("SECOND = True" in src for src in invalid)
     for src in invalid[:5]:

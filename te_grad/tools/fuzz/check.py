@@ -31,7 +31,8 @@ import numpy as np
 from ... import dsl
 from ...errors import InternalError, SimplificationWarning, UserError
 from ...graph import topo_order
-from ...ir import ScatterOp
+from ... import ops
+from ...ir import ComputeOp, Reduce, ScatterOp
 from .program import Program
 
 #: outcomes that are not failures ("rejected": an invalid program that every stage refused)
@@ -181,6 +182,9 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
                 notes.append("second order")
                 if any(isinstance(t.op, ScatterOp) for t in topo_order(list(res))):
                     notes.append("second order through a scatter")
+        if any(isinstance(e, Reduce) and ops.reduction(e.combiner).indexed
+               for t in topo_order([out]) if isinstance(t.op, ComputeOp) for e in _nodes(t.op.body)):
+            notes.append("an argmax / argmin index")
         fallbacks = sum(1 for w in caught if issubclass(w.category, SimplificationWarning))
         return Outcome(status, fallbacks=fallbacks, notes=notes)
     except _Mismatch as m:
@@ -403,3 +407,12 @@ def _check_float32(program: Program, feed64, head_value, y64, grads64):
             raise _Mismatch("mismatch-compiled-f32", f"compiled {name} (float32): {float(c32[at]):.8g}, "
                             f"float32 evaluator {float(e32[at]):.8g}, float64 {float(ref[at]):.12g} at "
                             f"{list(map(int, at))}")
+
+
+def _nodes(expr):
+    """Every node of ``expr`` (an explicit stack: depth does not matter)."""
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        yield e
+        stack.extend(e.children())

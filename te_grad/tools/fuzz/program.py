@@ -75,6 +75,7 @@ class _Gen:
         self.sources: List[Tuple[str, Tuple[int, ...]]] = []  # (name, shape) of float tensors
         self.ids: List[Tuple[str, Tuple[int, ...], int]] = []  # (name, shape, high)
         self.n_axes = 0
+        self.in_argmax = False
         self.prefer_ids = False  # the gather stage: most indices read through ids
         self.extra_inputs: List[str] = []
 
@@ -97,7 +98,16 @@ class _Gen:
         if not prefer and (not vars_ or self.chance(8)):
             return str(self.draw(n))
         v, lo, hi = self.pick(vars_)
-        kind = 8 if prefer else self.draw(9)
+        kind = 8 if prefer else self.draw(10)
+        if kind == 9 and not self.in_argmax:  # the winner of an argmax / argmin over a fresh axis
+            name = f"k{self.n_axes}"
+            self.n_axes += 1
+            m = 1 + self.draw(n)  # the winner lies in [0, m): in range
+            self.lines.append(f"{name} = tg.reduce_axis((0, {m}), name={name!r})")
+            self.in_argmax = True  # no argmax inside the argmax's own body
+            body = self.expr(vars_ + [(name, 0, m)], 1)
+            self.in_argmax = False
+            return f"tg.{self.pick(['argmax', 'argmin'])}({body}, axis={name})"
         if kind == 0:
             e, elo, ehi = v, lo, hi - 1
         elif kind == 1:
