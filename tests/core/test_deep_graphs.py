@@ -136,7 +136,7 @@ def case_build(kind, n):
     VJP pair; compare with the reference; the build is stored in and read back from the
     persistent cache."""
     import codegen
-    from codegen.machine import host_machine
+    from codegen.options import current_options
     make, reference = CHAINS[kind]
     inputs, y = make(n)
     head = tg.placeholder((S,), name="head")
@@ -152,7 +152,7 @@ def case_build(kind, n):
     _close(got[0], want_y, 1e-4, f"{kind} chain of {n}: the compiled output")
     for x, g, w in zip(inputs, got[1:], want_grads):
         _close(g, w, 1e-3, f"{kind} chain of {n}: the compiled gradient of {x.name}")
-    cached = codegen._cached_build([y] + grads, inputs + [head], True, None, host_machine())
+    cached = codegen._cached_build([y] + grads, inputs + [head], current_options())
     assert cached is not None, "the build of a deep chain was not stored in the cache"
     for a, b in zip(cached(*vals, head_value), got):
         np.testing.assert_array_equal(a, b)
