@@ -8,13 +8,22 @@
   developer's machine that lacks them, never in CI.
 - Where tests skipped for a missing optional package, the run ends with one line
   naming the packages and the ``pip install -e ".[...]"`` extras that bring them.
+- The tests mirror the packages (``tests/simplify/``, ``tests/codegen/``, ...). pytest puts
+  ``tests/`` on ``sys.path`` (for this file and the shared helpers), where those folders
+  would read as namespace packages named ``simplify`` and ``codegen``; the repository root
+  goes first, so ``import simplify`` is the package, however te_grad was installed.
 """
 import os
 import re
+import sys
 import tempfile
 from collections import Counter
 
 import pytest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if sys.path[:1] != [_ROOT]:
+    sys.path.insert(0, _ROOT)
 
 os.environ.setdefault("TE_GRAD_VERIFY", "1")
 # the persistent kernel cache of the tests lives in a directory of their own, new each run
