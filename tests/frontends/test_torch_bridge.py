@@ -184,3 +184,24 @@ def test_registering_a_name_again_leaves_the_earlier_op_object_as_it_was():
         np.testing.assert_allclose(b.grad.numpy(), torch.exp(x).numpy(), rtol=1e-12)
     np.testing.assert_allclose(torch.ops.tg_reregister.op_fwd(x)[0].numpy(), (torch.exp(x) + 100).numpy(),
                                rtol=1e-12)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_torch_compile_follows_changing_batch_sizes(dynamic):
+    """Dynamo marks a dimension dynamic once it changes (or from the start with dynamic=True):
+    the op's fake implementation then sees symbolic sizes, which it specializes, so every
+    batch size gets its own exact kernel (values and gradients as PyTorch's own layer norm)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, g, b: LN(x, g, b).square().sum(), dynamic=dynamic)
+    g, b = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
+    for batch in (2, 3, 5, 3):
+        x = torch.randn(batch, 8, requires_grad=True)
+        loss = compiled(x, g, b)
+        loss.backward()
+        x2, g2, b2 = (t.detach().clone().requires_grad_() for t in (x, g, b))
+        want = torch.nn.functional.layer_norm(x2, (8,), g2, b2).square().sum()
+        want.backward()
+        torch.testing.assert_close(loss, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
+        g.grad = b.grad = None
+    assert {((2, 8), "float32"), ((3, 8), "float32"), ((5, 8), "float32")} <= {k[0] for k in LN._specs.keys()}
