@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -33,16 +32,18 @@ def default_threads() -> int:
     return current_options().resolved_threads()
 
 
-def refuse_overlaps(inputs: Sequence[Tuple[str, np.ndarray]], outputs: Sequence[Tuple[str, np.ndarray]]):
+def refuse_overlaps(inputs: Sequence[Tensor], in_arrays: Sequence[np.ndarray], outputs: Sequence[Tensor],
+                    out_arrays: Sequence[np.ndarray]):
     """A ``UserError`` naming the first output array that shares memory with an input array
-    or another output (``(description, array)`` pairs): a kernel reads and writes its
-    buffers as distinct memory (``noalias``), and an overlap would give wrong values.
-    ``np.may_share_memory`` (bounds only) first, the exact test only when it says maybe."""
-    for n, (what, a) in enumerate(outputs):
-        for other, b in list(inputs) + list(outputs[:n]):
+    or another output: a kernel reads and writes its buffers as distinct memory
+    (``noalias``), and an overlap would give wrong values. ``np.may_share_memory`` (bounds
+    only) first, the exact test only when it says maybe; names are formatted only to refuse."""
+    for n, (t, a) in enumerate(zip(outputs, out_arrays)):
+        for k, b in enumerate(list(in_arrays) + list(out_arrays[:n])):
             if isinstance(b, np.ndarray) and np.may_share_memory(a, b) and np.shares_memory(a, b):
-                raise UserError(f"out array for {what} shares memory with the array of {other}; the kernel "
-                                "needs distinct buffers (write into a fresh array, then copy)")
+                other = f"input {inputs[k].name}" if k < len(in_arrays) else f"output {outputs[k - len(in_arrays)].name}"
+                raise UserError(f"out array for output {t.name} shares memory with the array of {other}; the "
+                                "kernel needs distinct buffers (write into a fresh array, then copy)")
 
 
 class CompiledStage:
@@ -172,8 +173,7 @@ class Kernel:
             values[self._index[id(t)]] = np.ascontiguousarray(a)
         outs = self._out_arrays(out)
         if out is not None:
-            refuse_overlaps([(f"input {t.name}", a) for t, a in zip(self.inputs, given)],
-                            [(f"output {t.name}", a) for t, a in zip(self.outputs, outs)])
+            refuse_overlaps(self.inputs, given, self.outputs, outs)
         for t, a in zip(self.outputs, outs):
             if values[self._index[id(t)]] is None:
                 values[self._index[id(t)]] = a
@@ -226,8 +226,7 @@ class Kernel:
         and dtypes (the bridge checked them once, when it chose this kernel), and every
         output distinct from the inputs and the other outputs (an overlap is a
         ``UserError``). The results are written into ``outs``."""
-        refuse_overlaps([(f"input {t.name}", a) for t, a in zip(self.inputs, arrays)],
-                        [(f"output {t.name}", a) for t, a in zip(self.outputs, outs)])
+        refuse_overlaps(self.inputs, arrays, self.outputs, outs)
         self.run_pointers([a.ctypes.data for a in arrays], [a.ctypes.data for a in outs])
 
     def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int]) -> None:
@@ -265,8 +264,7 @@ class Kernel:
         kernel), with the arguments of :meth:`run`: ``[{stage, tensor, ms, work}]`` in order."""
         import statistics
         import time
-        refuse_overlaps([(f"input {t.name}", a) for t, a in zip(self.inputs, arrays)],
-                        [(f"output {t.name}", a) for t, a in zip(self.outputs, outs)])
+        refuse_overlaps(self.inputs, arrays, self.outputs, outs)
         samples = [[] for _ in self.stages]
         for _ in range(max(1, repeat)):
             scratch = self._take_scratch()

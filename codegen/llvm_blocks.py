@@ -14,7 +14,7 @@ turned it back into its plain nest).
 from __future__ import annotations
 
 from te_grad.errors import InternalError
-from te_grad.ops import identity_of, reduction
+from te_grad.ops import identity_of
 from te_grad.graph import free_vars
 from simplify.linear import coefficient
 from te_grad.ir import Const, Read

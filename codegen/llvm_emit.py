@@ -48,16 +48,23 @@ from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
 _VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
 
+def _names(e: Expr) -> dict:
+    return {id(v): f"v{n}" for n, v in enumerate(free_vars(e))}
+
+
 def _decided(cond: Expr) -> bool:
     """True if ``cond`` is quasi-affine in its variables: the static bounds proof
     (:mod:`simplify.bounds`) used it, so the reads it guards were proven there."""
-    names = {id(v): f"v{n}" for n, v in enumerate(free_vars(cond))}
-    return isl_cond(cond, names) is not None
+    return isl_cond(cond, _names(cond)) is not None
 
 
 def _decided_bound(e: Expr) -> bool:
-    names = {id(v): f"v{n}" for n, v in enumerate(free_vars(e))}
-    return isl_expr(e, names) is not None
+    return isl_expr(e, _names(e)) is not None
+
+
+def _opaque(lo: Expr, hi: Expr) -> bool:
+    """True if a loop's bounds are not quasi-affine: the reads inside were not proven."""
+    return not (_decided_bound(lo) and _decided_bound(hi))
 
 
 def _inside(iv, n: int) -> bool:
@@ -181,7 +188,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
             lo = self.b.select(self.b.icmp_signed(">", first, lo), first, lo)
             hi = self.b.select(self.b.icmp_signed("<", end, hi), end, hi)
         lo_iv, hi_iv = interval(s.lo, self.ranges), interval(s.hi, self.ranges)
-        opaque = not (_decided_bound(s.lo) and _decided_bound(s.hi))
+        opaque = _opaque(s.lo, s.hi)
 
         def body(i):
             self.env[id(s.var)] = i
@@ -279,7 +286,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
                         self.b.store(self.combine(st.combine, dt, self.b.load(acc), self.stored_value(st)), acc)
                 del self.env[id(s.axis)]
 
-            opaque = not (_decided_bound(s.lo) and _decided_bound(s.hi))
+            opaque = _opaque(s.lo, s.hi)
             self.undecided += opaque
             self.counted(self.expr(s.lo), self.expr(s.hi), s.axis.name, add)
             self.undecided -= opaque

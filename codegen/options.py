@@ -187,7 +187,7 @@ def _environment():
 
 
 def _parse_env(values: dict) -> CompileOptions:
-    from te_grad.checking import environment_default
+    from te_grad.checking import verify_flag
     out = {}
     threads = values.get("TE_GRAD_NUM_THREADS")
     if threads:
@@ -195,7 +195,7 @@ def _parse_env(values: dict) -> CompileOptions:
             out["threads"] = max(1, int(threads))
         except ValueError:
             raise UserError(f"TE_GRAD_NUM_THREADS must be a whole number of threads, got {threads!r}") from None
-    out["verify"] = environment_default()
+    out["verify"] = verify_flag(values.get("TE_GRAD_VERIFY"))  # the value read with the others
     try:
         out["jit_cache"] = max(0, int(values.get("TE_GRAD_JIT_CACHE") or "64"))
     except ValueError:

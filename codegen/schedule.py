@@ -49,7 +49,7 @@ from te_grad.ops import identity_of, reduction
 from te_grad.graph import topo_order
 from te_grad.transform import summands
 from te_grad.errors import UserError
-from te_grad.ir import Binary, Const, Expr, PlaceholderOp, Reduce, ScatterOp, Select, Tensor, Var
+from te_grad.ir import Const, Expr, PlaceholderOp, Reduce, ScatterOp, Select, Tensor, Var
 from te_grad.transform import sum_terms
 
 from .cache_tiling import tile_stage

@@ -80,13 +80,19 @@ def _enumerate(out_axes: Sequence[Var], shape: Sequence[int], loops: Sequence[Re
         env = {id(a): c.astype(np.int64) for a, c in zip(out_axes, coords)}
         n = len(flat)
         if outer:
-            keep = np.ones(n, dtype=bool)
-            for g in outer:
-                keep &= np.broadcast_to(index_values(g, env), (n,))
+            keep = _holds(outer, env, n)
             env = {k: v[keep] for k, v in env.items()}
             n = int(keep.sum())
         total += _count_loops(env, n, list(loops), inner)
     return total
+
+
+def _holds(guards: Sequence[Expr], env: Dict[int, np.ndarray], n: int) -> np.ndarray:
+    """Where every guard holds, at each of the ``n`` points of ``env``."""
+    keep = np.ones(n, dtype=bool)
+    for g in guards:
+        keep &= np.broadcast_to(index_values(g, env), (n,))
+    return keep
 
 
 def _column(e: Expr, env: Dict[int, np.ndarray], n: int) -> np.ndarray:
@@ -99,12 +105,7 @@ def _count_loops(env: Dict[int, np.ndarray], n: int, loops: List[ReduceAxis], in
     if n == 0:
         return 0
     if not loops:
-        if not inner:
-            return n
-        keep = np.ones(n, dtype=bool)
-        for g in inner:
-            keep &= np.broadcast_to(index_values(g, env), (n,))
-        return int(keep.sum())
+        return int(_holds(inner, env, n).sum()) if inner else n
     ax = loops[0]
     lo, hi = _column(ax.lo, env, n), _column(ax.hi, env, n)
     sizes = np.maximum(hi - lo, 0)

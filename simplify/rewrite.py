@@ -25,7 +25,7 @@ import warnings
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from te_grad.graph import topo_order
-from te_grad.ir import (Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ScatterOp, Select,
+from te_grad.ir import (Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ScatterOp, Select,
                         Tensor)
 from te_grad.ir import structurally_equal
 from te_grad.ops import reduction

@@ -16,9 +16,14 @@ from typing import Optional
 checking: "contextvars.ContextVar[Optional[bool]]" = contextvars.ContextVar("te_grad_verify", default=None)
 
 
+def verify_flag(value: Optional[str]) -> bool:
+    """What a value of ``TE_GRAD_VERIFY`` says: on when set and not ``0``."""
+    return (value or "") not in ("", "0")
+
+
 def environment_default() -> bool:
     """``TE_GRAD_VERIFY`` set (and not ``0``)."""
-    return os.environ.get("TE_GRAD_VERIFY", "") not in ("", "0")
+    return verify_flag(os.environ.get("TE_GRAD_VERIFY"))
 
 
 def enabled() -> bool:

@@ -171,15 +171,6 @@ def _field_names(cls) -> Tuple[str, ...]:
     return names
 
 
-def _child_fields(node):
-    for name in _field_names(type(node)):
-        v = getattr(node, name)
-        if isinstance(v, tuple):
-            yield from v
-        else:
-            yield v
-
-
 def structurally_equal(a, b) -> bool:
     """True if ``a`` and ``b`` are the same expression tree (binders by identity).
 

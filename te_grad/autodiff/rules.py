@@ -35,7 +35,7 @@ is; and an index valid only under the guard (a padded read) is never used outsid
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from .. import dsl, dtypes, ops
 from ..errors import InternalError, UserError

@@ -182,9 +182,6 @@ class Spec:
         """``(shape, dtype)`` of the forward kernel's results: the outputs, then the residuals."""
         return [(t.shape, t.dtype) for t in self.outputs + self.vjp.residuals]
 
-    def residual_shapes(self) -> List[Tuple[tuple, str]]:
-        return [(t.shape, t.dtype) for t in self.vjp.residuals]
-
     def saved_from(self, outputs, residuals) -> list:
         """The saved values in the VJP's ``saved`` order, from the forward kernel's results
         (``outputs``, then ``residuals``; an output that is saved appears once, as an output)."""

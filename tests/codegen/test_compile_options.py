@@ -9,11 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-import codegen
 import te_grad as tg
 from codegen import disk_cache, jit, kernel as kernel_module, packing, schedule, team
 from codegen.machine import Machine
-from codegen.options import CompileOptions, Thresholds, compile_options, current_options
+from codegen.options import CompileOptions, compile_options, current_options
 from codegen.schedule import PASSES, bisect, optional_passes
 from te_grad import nn
 from te_grad.checking import enabled as verifying
