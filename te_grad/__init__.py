@@ -20,6 +20,7 @@ from .autodiff.rows import RowGradient, row_gradient
 from . import nn
 from .deep import deep_entry
 from .verify import verify
+from .sizes import var
 
 
 @deep_entry
@@ -136,7 +137,7 @@ _display.install()  # the notebook forms (HTML, LaTeX) of tensors, results, kern
 
 __all__ = [
     "TeGradError", "UserError", "InternalError", "Expr", "Tensor", "dtypes",
-    "placeholder", "compute", "reduce_axis", "sum", "prod", "max", "min",
+    "placeholder", "compute", "reduce_axis", "var", "sum", "prod", "max", "min",
     "argmax", "argmin",
     "const", "cast", "if_then_else", "all", "any", "logical_not", "call",
     "exp", "log", "sqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf", "pow",

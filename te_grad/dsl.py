@@ -12,11 +12,11 @@ import numbers
 from typing import Callable
 
 
-from . import dtypes, ops
+from . import dtypes, ops, sizes
 from .errors import UserError
 from .deep import deep_entry
 from .graph import free_vars
-from .ir import Call, ComputeOp, Expr, PlaceholderOp, Reduce, ReduceAxis, Select, Tensor, Var
+from .ir import Call, ComputeOp, Const, Expr, PlaceholderOp, Reduce, ReduceAxis, Select, Tensor, Var
 # the typed make-functions live beside the nodes (the Python operators call them); re-exported here
 from .ir import _operands, as_expr, binary, cast, compare, const, read, unary  # noqa: F401
 from .visitor import Visitor
@@ -176,12 +176,14 @@ def reduce_axis(dom, name: str = "k") -> ReduceAxis:
             lo, hi = dom
         except (TypeError, ValueError):
             raise UserError(f"reduce_axis domain must be (lo, hi) or an extent, got {dom!r}") from None
+    if builtins.any(isinstance(v, Expr) for v in (lo, hi)):
+        lo, hi = (_size_expr(v, f"bound of reduce_axis {name!r}") if isinstance(v, Expr) else v for v in (lo, hi))
     for v in (lo, hi):
-        if not isinstance(v, numbers.Integral):
-            raise UserError(f"reduce_axis {name!r} bounds must be Python ints, got {dom!r}")
-    if hi < lo:
+        if not isinstance(v, (numbers.Integral, Expr)) or isinstance(v, bool):
+            raise UserError(f"reduce_axis {name!r} bounds must be ints or sizes (tg.var), got {dom!r}")
+    if isinstance(lo, numbers.Integral) and isinstance(hi, numbers.Integral) and hi < lo:
         raise UserError(f"reduce_axis {name!r} has an empty range [{lo}, {hi})")
-    return ReduceAxis(name, dtypes.INDEX, const(int(lo)), const(int(hi)))
+    return ReduceAxis(name, dtypes.INDEX, as_expr(lo), as_expr(hi))
 
 
 def _reduction(combiner: str, expr, axis, where) -> Reduce:
@@ -245,20 +247,37 @@ def argmin(expr, axis, where=None) -> Reduce:
 
 
 def _shape(shape, what: str):
-    if isinstance(shape, numbers.Integral):
+    if isinstance(shape, numbers.Integral) or isinstance(shape, Expr):
         shape = (shape,)
     try:
         shape = tuple(shape)
     except TypeError:
-        raise UserError(f"shape of {what} must be a tuple of ints, got {shape!r}") from None
+        raise UserError(f"shape of {what} must be a tuple of ints or sizes (tg.var), got {shape!r}") from None
+    out = []
     for s in shape:
+        if isinstance(s, Expr):
+            s = _size_expr(s, f"shape of {what}")
+            if isinstance(s, Expr):
+                out.append(s)
+                continue
         if not isinstance(s, numbers.Integral) or isinstance(s, bool) or s < 0:
-            raise UserError(f"shape of {what} must hold non-negative ints, got {shape!r}")
-    return tuple(int(s) for s in shape)
+            raise UserError(f"shape of {what} must hold non-negative ints or sizes (tg.var), got {shape!r}")
+        out.append(int(s))
+    return tuple(out)
+
+
+def _size_expr(e: Expr, what: str):
+    """``e``, a size expression (:mod:`te_grad.sizes`), or its value when it is a constant."""
+    if not sizes.is_size_expr(e):
+        raise UserError(f"{what}: {e} is not a size (sizes are ints, tg.var variables and + - * // % of them)")
+    if isinstance(e, Const):
+        return int(e.value)
+    return e
 
 
 def placeholder(shape, dtype="float32", name: str = "placeholder") -> Tensor:
-    """An input tensor of static ``shape`` (a tuple of ints; ``()`` for a scalar)."""
+    """An input tensor of ``shape``: a tuple of ints and sizes known at run time (``tg.var``);
+    ``()`` for a scalar."""
     shape = _shape(shape, f"placeholder {name!r}")
     return Tensor(name, shape, dtypes.canonical(dtype), PlaceholderOp())
 

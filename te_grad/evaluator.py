@@ -34,6 +34,7 @@ import numpy as np
 from . import dtypes, ops
 from .deep import deep_entry
 from .errors import InternalError, UserError
+from . import sizes as size_vars
 from .argcheck import check_feed  # the kernels' own check
 from .graph import free_vars, topo_order
 from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce,
@@ -457,11 +458,14 @@ class _ExprEvaluator:
 
 
 @deep_entry
-def evaluate(tensors: Sequence[Tensor], feed: Dict[Tensor, object]) -> List[np.ndarray]:
+def evaluate(tensors: Sequence[Tensor], feed: Dict[Tensor, object], sizes=None) -> List[np.ndarray]:
     """Compute ``tensors`` with numpy from the placeholder values in ``feed``.
 
     Returns one new array per tensor. Placeholders the tensors do not need may
     be present in ``feed`` and are ignored; missing ones raise a UserError.
+    Size variables (``tg.var``) are bound from the shapes of the fed arrays;
+    ``sizes`` (a dict from a size variable or its name to an int) gives those
+    no input shape states.
     """
     single = isinstance(tensors, Tensor)
     if single:
@@ -482,6 +486,9 @@ def evaluate(tensors: Sequence[Tensor], feed: Dict[Tensor, object]) -> List[np.n
     missing = [t.name for t in order if t.is_placeholder and t not in feed]
     if missing:
         raise UserError(f"no value in the feed for placeholder(s) {', '.join(missing)}")
+    symbolic = size_vars.graph_size_vars(tensors)
+    if symbolic:
+        return _evaluate_at_sizes(tensors, feed, order, symbolic, sizes)
     with np.errstate(all="ignore"):
         for t in order:
             if isinstance(t.op, PlaceholderOp):
@@ -493,6 +500,27 @@ def evaluate(tensors: Sequence[Tensor], feed: Dict[Tensor, object]) -> List[np.n
             else:
                 raise InternalError(f"the evaluator does not know the op of {t.name}: {type(t.op).__name__}")
     return [np.array(values[id(t)], copy=True) for t in tensors]
+
+
+def _evaluate_at_sizes(tensors, feed, order, symbolic, given) -> List[np.ndarray]:
+    """A symbolic graph: bind its sizes from the fed shapes, then evaluate the fixed-shape graph."""
+    known = size_vars.named_sizes(symbolic, given)
+    arrays = {}
+    declared = []
+    for t in order:
+        if t.is_placeholder:
+            v = feed[t]
+            arrays[id(t)] = v if isinstance(v, np.ndarray) else np.asarray(v)
+            declared.append((t.name, t.shape, arrays[id(t)].shape))
+    bound = size_vars.bind_sizes(declared, known)
+    unbound = [v.name for v in symbolic if v not in bound]
+    if unbound:
+        raise UserError(f"no input shape states the size(s) {', '.join(unbound)}: give them with "
+                        f"sizes={{{', '.join(repr(n) + ': ...' for n in unbound)}}}")
+    outs, new = size_vars.specialize(tensors, bound)
+    fixed_feed = {new[id(t)]: (feed[t] if isinstance(feed[t], np.ndarray) else arrays[id(t)])
+                  for t in order if t.is_placeholder}
+    return evaluate(outs, fixed_feed)
 
 
 def expression_evaluator(values: Dict[int, np.ndarray], where: str = "an expression"):

@@ -22,7 +22,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from .graph import reads_in
-from .ir import Binary, Cast, Compare, Const, Expr, ReduceAxis, Select, Unary, Var
+from .ir import Binary, Cast, Compare, Const, Expr, ReduceAxis, Select, SizeVar, Unary, Var
 
 Interval = Optional[Tuple[int, int]]
 
@@ -108,11 +108,11 @@ def index_values(e: Expr, env: Dict[int, np.ndarray]) -> np.ndarray:
         raise NotAnIndex(f"a {e.dtype} expression")
     if isinstance(e, Const):
         out = np.asarray(e.value)
-    elif isinstance(e, Var):  # also ReduceAxis
+    elif isinstance(e, (Var, SizeVar)):  # also ReduceAxis
         try:
             out = np.asarray(env[id(e)])
         except KeyError:
-            raise NotAnIndex(f"variable {e.name} is not bound") from None
+            raise NotAnIndex(f"{'size' if isinstance(e, SizeVar) else 'variable'} {e.name} is not bound") from None
     elif isinstance(e, Binary) and e.op in _INT_BINARY:
         a, b = index_values(e.a, env), index_values(e.b, env)
         if e.op in ("floordiv", "floormod") and np.any(b == 0):
@@ -136,7 +136,7 @@ def is_index_expr(e: Expr) -> bool:
     """True if :func:`index_values` can evaluate ``e`` (variables bound), structurally."""
     if e.dtype not in _INDEX_TYPES:
         return False
-    if isinstance(e, (Const, Var)):
+    if isinstance(e, (Const, Var, SizeVar)):
         return True
     if isinstance(e, Binary):
         return e.op in _INT_BINARY and is_index_expr(e.a) and is_index_expr(e.b)

@@ -221,6 +221,27 @@ class Var(Expr):
 
 
 @dataclass(frozen=True, eq=False, repr=False)
+class SizeVar(Expr):
+    """A size known only at run time (``tg.var("n")``): an integer ``>= lo`` (and ``<= hi``
+    when set), the same for every point of every op that uses it.
+
+    Shapes and reduce-axis bounds are affine in size variables; index expressions may use
+    them. They are compared by identity, like index variables, but are not index variables:
+    nothing binds them inside an expression, a call binds them from its arguments' shapes
+    (:func:`te_grad.sizes.bind_sizes`)."""
+    name: str
+    lo: int = 0
+    hi: Optional[int] = None
+    dtype: str = dtypes.INDEX
+
+    def _own_hash(self, parts):
+        return id(self)
+
+    def children(self):
+        return ()
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class ReduceAxis(Var):
     """A reduction variable ranging over ``lo <= axis < hi``.
 
@@ -711,7 +732,8 @@ def read(tensor: Tensor, indices) -> Read:
             raise UserError(f"index {d} of tensor {tensor.name} is {e} of dtype {e.dtype}; "
                             "indices must be integers (a float tensor cannot be used as an index)")
         e = cast(dtypes.INDEX, e)
-        if isinstance(e, Const) and not 0 <= e.value < tensor.shape[d]:
+        n = tensor.shape[d]
+        if isinstance(e, Const) and (e.value < 0 or (isinstance(n, int) and e.value >= n)):
             raise UserError(f"constant index {e.value} is out of bounds for dimension {d} of "
                             f"tensor {tensor.name} with shape {list(tensor.shape)}")
         out.append(e)

@@ -75,6 +75,9 @@ class ExprPrinter:
 
     p_ReduceAxis = p_Var
 
+    def p_SizeVar(self, e):
+        return e.name, _ATOM
+
     def p_Binary(self, e: Binary):
         if e.op in ("min", "max"):
             fn = "minimum" if e.op == "min" else "maximum"

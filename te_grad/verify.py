@@ -26,7 +26,7 @@ from . import dtypes, ops
 from .checking import enabled
 from .errors import InternalError
 from .graph import topo_order
-from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ReduceAxis,
+from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ReduceAxis, SizeVar,
                  ScatterOp, Select, Tensor, Unary, Var)
 
 
@@ -92,6 +92,10 @@ def _check(e: Expr, bound: set, out: List[str]) -> None:
             if id(node) not in scope:
                 kind = "reduce axis" if isinstance(node, ReduceAxis) else "variable"
                 out.append(f"{kind} {node.name} is used where it is not bound")
+            continue
+        if isinstance(node, SizeVar):
+            if node.dtype != dtypes.INDEX or not isinstance(node.lo, int) or node.lo < 0:
+                out.append(f"size variable {node.name} is malformed")
             continue
         if isinstance(node, Const):
             if node.dtype not in dtypes.DTYPES:

@@ -13,6 +13,7 @@ from ..verify import verify_if_enabled
 from ..errors import InternalError, UserError
 from ..graph import topo_order
 from ..ir import ComputeOp, PlaceholderOp, ScatterOp, Tensor
+from ..sizes import same_shape
 from .vjp import (full_box, hull, ones_like, sum_contributions, vjp_of_compute, vjp_of_scatter,
                   zeros_like)
 
@@ -78,7 +79,7 @@ def _heads(outputs: List[Tensor], head) -> List[Tensor]:
             h = ones_like(y, f"d{y.name}")
         elif not isinstance(h, Tensor):
             raise UserError(f"the head of {y.name} must be a tensor shaped like it, got {h!r}")
-        elif h.shape != y.shape:
+        elif not same_shape(h.shape, y.shape):
             raise UserError(f"the head {h.name} has shape {list(h.shape)} but output {y.name} has "
                             f"shape {list(y.shape)}")
         elif h.dtype != y.dtype:
@@ -96,7 +97,7 @@ def _apply_override(y: Tensor, adj: Tensor, rule: Override, ancestors) -> Dict[T
         if not isinstance(x, Tensor) or id(x) not in ancestors:
             raise UserError(f"the override for {y.name} gives an adjoint to {x!r}, which {y.name} "
                             "does not depend on")
-        if not isinstance(c, Tensor) or c.shape != x.shape:
+        if not isinstance(c, Tensor) or not same_shape(c.shape, x.shape):
             raise UserError(f"the override for {y.name} must give {x.name} a tensor of shape "
                             f"{list(x.shape)}, got {c!r}")
     return got

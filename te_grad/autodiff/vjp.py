@@ -44,7 +44,8 @@ from .rules import REDUCTION_RULES, backprop
 #: bodies deeper than this are differentiated through pieces of this depth (:mod:`te_grad.lift`)
 PIECE_DEPTH = 8
 
-#: per dimension ``(lo, hi)``: the adjoint is zero outside ``lo <= j < hi``
+#: per dimension ``(lo, hi)``: the adjoint is zero outside ``lo <= j < hi``; a dimension whose
+#: extent is a size expression (``tg.var``) always has the whole range ``(0, n)``
 Box = Tuple[Tuple[int, int], ...]
 #: (tensor receiving the adjoint, contribution tensor, the contribution's box)
 Contribution = Tuple[Tensor, Tensor, Box]
@@ -54,12 +55,33 @@ def full_box(t: Tensor) -> Box:
     return tuple((0, n) for n in t.shape)
 
 
+def is_empty(box: Box) -> bool:
+    """Whether ``box`` holds no point (a symbolic dimension is never known to be empty)."""
+    return any(isinstance(lo, int) and isinstance(hi, int) and lo >= hi for lo, hi in box)
+
+
 def hull(boxes: Sequence[Box]) -> Box:
-    """The smallest box containing every box of ``boxes`` (empty boxes ignored)."""
-    real = [b for b in boxes if all(lo < hi for lo, hi in b)]
+    """The smallest box containing every box of ``boxes`` (empty boxes ignored); a symbolic
+    dimension is the tensor's whole range in every box, so it is that range."""
+    real = [b for b in boxes if not is_empty(b)]
     if not real:
         return boxes[0] if boxes else ()
-    return tuple((min(b[d][0] for b in real), max(b[d][1] for b in real)) for d in range(len(real[0])))
+    out = []
+    for d in range(len(real[0])):
+        col = [b[d] for b in real]
+        if all(isinstance(lo, int) and isinstance(hi, int) for lo, hi in col):
+            out.append((min(lo for lo, _ in col), max(hi for _, hi in col)))
+        else:
+            out.append(col[0])
+    return tuple(out)
+
+
+def _inner(lo, hi, n):
+    """The conditions ``lo <= f`` and ``f < hi`` that a box's range adds inside ``[0, n)``:
+    ``(lo > 0, hi < n)`` for ints, nothing for a symbolic dimension (its whole range)."""
+    if not (isinstance(lo, int) and isinstance(hi, int) and isinstance(n, int)):
+        return False, False
+    return lo > 0, hi < n
 
 
 def _seed_for_reduction(y: Tensor, axes, red: Reduce, adj_read: Expr) -> Tuple[Expr, Expr]:
@@ -77,7 +99,7 @@ def vjp_of_compute(y: Tensor, adj: Tensor, box: Optional[Box] = None) -> List[Co
     # Lifted reductions are differentiated here too, so callers only see the
     # tensors y really reads; y's own stored values stand for its body's value.
     box = full_box(y) if box is None else box
-    if any(lo >= hi for lo, hi in box):
+    if is_empty(box):
         return []  # the adjoint is structurally zero: nothing flows back
     body, lifted = normalized_body(y, PIECE_DEPTH)
     axes = y.op.axes
@@ -96,7 +118,7 @@ def vjp_of_compute(y: Tensor, adj: Tensor, box: Optional[Box] = None) -> List[Co
         where = substitute(where, rename)
     if inside is not None:
         where = inside if where is None else dsl.all(where, inside)
-    ranges = {id(f): (lo, hi - 1) for f, (lo, hi) in zip(fresh, box)}
+    ranges = {id(f): (lo, hi - 1) for f, (lo, hi) in zip(fresh, box) if isinstance(lo, int) and isinstance(hi, int)}
     out: List[Contribution] = []
     for read, guards, partial in reads:
         x = read.tensor
@@ -104,7 +126,7 @@ def vjp_of_compute(y: Tensor, adj: Tensor, box: Optional[Box] = None) -> List[Co
             continue
         indices = [substitute(g, rename) for g in read.indices]
         x_box = _box_of(x, indices, ranges)
-        if any(lo >= hi for lo, hi in x_box):
+        if is_empty(x_box):
             continue
         conds = ([where] if where is not None else []) + [substitute(g, rename) for g in guards]
         out.append((x, _contribution(x, y, indices, substitute(partial, rename), domain,
@@ -131,7 +153,7 @@ def vjp_of_scatter(y: Tensor, adj: Tensor, box: Optional[Box] = None) -> List[Co
     there), so a partial is never evaluated where nothing flows back."""
     op: ScatterOp = y.op
     box = full_box(y) if box is None else box
-    if any(lo >= hi for lo, hi in box):
+    if is_empty(box):
         return []
     # the scatter's value as the body of a 0-d sum, so nested reductions (and deep
     # pieces) are lifted exactly as for a compute's reduction
@@ -139,9 +161,10 @@ def vjp_of_scatter(y: Tensor, adj: Tensor, box: Optional[Box] = None) -> List[Co
     body, lifted = normalized_body(as_sum, PIECE_DEPTH)
     conds = [] if body.where is None else [body.where]
     for ix, (lo, hi), n in zip(op.indices, box, y.shape):
-        if lo > 0:
+        above, below = _inner(lo, hi, n)
+        if above:
             conds.append(ix >= lo)
-        if hi < n:
+        if below:
             conds.append(ix < hi)
     seed = Read(adj, tuple(op.indices))
     out: List[Contribution] = []
@@ -150,7 +173,7 @@ def vjp_of_scatter(y: Tensor, adj: Tensor, box: Optional[Box] = None) -> List[Co
         if not dtypes.is_float(x.dtype):
             continue
         x_box = _box_of(x, read.indices, {})
-        if any(lo >= hi for lo, hi in x_box):
+        if is_empty(x_box):
             continue
         where = conds + list(guards)
         out.append((x, _contribution(x, y, read.indices, partial, list(body.axes),
@@ -185,9 +208,10 @@ def _domain(y: Tensor, red_axes: List[ReduceAxis], box: Box):
     domain = fresh + renamed if depends else renamed + fresh
     conds = []
     for f, (lo, hi), n in zip(fresh, box, y.shape):
-        if lo > 0:
+        above, below = _inner(lo, hi, n)
+        if above:
             conds.append(f >= lo)
-        if hi < n:
+        if below:
             conds.append(f < hi)
     return domain, rename, (dsl.all(conds) if conds else None), fresh
 
@@ -197,7 +221,7 @@ def _box_of(x: Tensor, indices: Sequence[Expr], ranges) -> Box:
     out = []
     for g, n in zip(indices, x.shape):
         iv = interval(g, ranges)  # reduce axes range over their bounds; a data-dependent index: None
-        if iv is None:
+        if iv is None or not isinstance(n, int):
             out.append((0, n))
         else:
             out.append((max(0, iv[0]), min(n, iv[1] + 1)))
