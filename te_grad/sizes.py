@@ -23,11 +23,11 @@ kernel for all of them.
 from __future__ import annotations
 
 import numbers
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import dtypes
 from .errors import UserError
-from .ir import _folded, Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, ReduceAxis, ScatterOp, SizeVar, Tensor, Var
+from .ir import _folded, Binary, Cast, ComputeOp, Const, Expr, PlaceholderOp, ReduceAxis, ScatterOp, SizeVar, Tensor
 from .visitor import Mutator
 
 #: the operators a size expression may use
