@@ -6,7 +6,10 @@ would, as a gather, loop over the whole domain for every element of ``dX``:
 the O(|dX| x |domain|) cliff. Instead it becomes a :class:`ScatterOp`: one
 pass over the domain, accumulating ``dX[ids(r), g1(r), ...] += v(r)``
 (``np.add.at`` semantics). The remaining quasi-affine conditions still
-tighten the loops through isl.
+tighten the loops through isl. A sum over a ragged loop (bounds reading data,
+``range(rowptr[v], rowptr[v + 1])``), which isl cannot represent, pinned by an
+affine equality (``e == j``, a per-edge weight's adjoint) is a scatter too: its
+loops and bounds are kept as written.
 """
 from __future__ import annotations
 
@@ -48,8 +51,14 @@ def try_scatter(t: Tensor) -> Optional[Tensor]:
     if eqs is None:
         return None
     names = {id(ax): f"r{n}" for n, ax in enumerate(red.axes)}
-    if all(isl_expr(g, names) is not None for g, _ in eqs.values()):
+    ragged = any(isl_expr(b, names) is None for ax in red.axes for b in (ax.lo, ax.hi))
+    if not ragged and all(isl_expr(g, names) is not None for g, _ in eqs.values()):
         return None  # quasi-affine: a gather is exact and cheaper
+    outs = {id(a) for a in op.axes}
+    if ragged and any(id(v) in outs for ax in red.axes for b in (ax.lo, ax.hi) for v in free_vars(b)):
+        return None  # bounds that use the output indices: the gather form is the only one
+    # bounds isl cannot represent (a ragged loop, range(rowptr[v], rowptr[v + 1])) leave no
+    # gather to build: the scatter visits each point once, e.g. each edge of a CSR segment
     return _scatter(t.name, t.shape, t.dtype, red, op.axes, eqs, None)
 
 
