@@ -134,3 +134,13 @@ def test_bad_data_is_a_clear_error(rp, sr, what):
     feed = {rowptr: np.array(rp), src: srv, x: rng.standard_normal((5, 3)), w: rng.standard_normal(9)}
     with pytest.raises(tg.UserError, match=what):
         tg.evaluate([y], feed)
+
+
+def test_the_readme_example_runs(capsys):
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("## Ragged loops"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == "[1. 0. 9. 5.]"
