@@ -101,3 +101,9 @@ def test_domain_lists_a_ragged_bound_as_a_filter():
     rowptr, src, x, w, y = csr_graph()
     dom, = tg.domain(y)
     assert "rowptr[v] <= e < rowptr[v + 1]" in dom.filters
+
+
+def test_notebook_form_of_a_ragged_result_says_the_count_depends_on_data():
+    rowptr, src, x, w, y = csr_graph()
+    html = tg.differentiate(y, [x, w])._repr_html_()
+    assert "depends on the data" in html and "dx" in html
