@@ -6,7 +6,7 @@ import te_grad as tg
 from te_grad.ir import ScatterOp
 from simplify.count import tensor_iterations
 from te_grad.testing import check_gradients
-from tests.oracle.test_ragged import csr_graph, random_csr
+from tests.oracle.test_ragged_oracle import csr_graph, random_csr
 
 
 def feed_for(rowptr, src, x, w, rng, V=5, F=3, E=9):

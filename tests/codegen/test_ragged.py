@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import te_grad as tg
-from tests.oracle.test_ragged import csr_graph, random_csr
+from tests.oracle.test_ragged_oracle import csr_graph, random_csr
 
 
 def build_csr(threads=1, dtype="float64"):

@@ -6,7 +6,7 @@ import torch
 import te_grad as tg
 from te_grad.ir import ScatterOp
 from te_grad.testing import check_gradients
-from tests.oracle.test_ragged import random_csr
+from tests.oracle.test_ragged_oracle import random_csr
 
 OPS = [tg.nn.segment_sum, tg.nn.segment_max, tg.nn.segment_softmax]
 
