@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Sequence, Union
 
 from simplify import simplify
-from simplify.count import tensor_iterations
+from simplify.count import RAGGED_TRIPS, tensor_iterations
 from te_grad.errors import UserError
 from te_grad.graph import reads_in, topo_order
 from te_grad.ir import Tensor
@@ -108,7 +108,7 @@ def _build(outs, inputs, options: CompileOptions, wait: bool) -> Kernel:
         if id(t) not in index:
             index[id(t)] = len(buffers)
             buffers.append(t)
-    works = [s.work if s.work is not None else tensor_iterations(s.tensor) for s in stages]
+    works = [s.work if s.work is not None else tensor_iterations(s.tensor, RAGGED_TRIPS) for s in stages]
     text = emit_module(stages, index, fast_math, works=works, bound_checks=bound_checks)
     compiled = compile_module(text, [RUN_STAGES, RUN_REGION], wait=wait)
     compiled_stages = [CompiledStage(s, w) for s, w in zip(stages, works)]

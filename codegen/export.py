@@ -13,8 +13,10 @@ pthreads for a threaded build). Its calling convention, written into the header:
 - a group packs several buffers in one blob at stated byte offsets (a model's state);
 - the return value is ``0``, or an error code: ``1`` an index out of range, computed from
   data or read under a condition on data (the bad index is never read), ``2`` an integer
-  division by zero, ``3`` no memory for the intermediates (``malloc``); ``NAME_ex`` takes a
-  last ``int64_t info[4]`` receiving (buffer, dimension, value, stage) of the error;
+  division by zero, ``3`` no memory for the intermediates (``malloc``), ``4`` a ragged loop
+  (bounds read from data, a CSR row pointer) that would run backwards; ``NAME_ex`` takes a
+  last ``int64_t info[4]`` receiving (buffer, dimension, value, stage) of the error ((lo, hi,
+  loop, stage) for ``4``);
 - intermediates live in one ``malloc`` per call, freed before returning; with
   ``threads > 1`` the parallel regions of the kernel run on that many pthreads.
 
@@ -49,7 +51,7 @@ TARGETS = {
                               "arm-linux-gnueabihf-gcc"),
     "riscv64-linux-gnu": ("riscv64-unknown-linux-gnu", "generic-rv64", "+m,+a,+f,+d,+c", "riscv64-linux-gnu-gcc"),
 }
-ERRORS = {0: "OK", 1: "ERROR_INDEX", 2: "ERROR_DIVISION", 3: "ERROR_MEMORY"}
+ERRORS = {0: "OK", 1: "ERROR_INDEX", 2: "ERROR_DIVISION", 3: "ERROR_MEMORY", 4: "ERROR_RAGGED"}
 C_TYPES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t", "bool": "uint8_t"}
 _WHOLE = 1 << 62
 

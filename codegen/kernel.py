@@ -16,7 +16,7 @@ from te_grad.argcheck import check_feed
 from .jit import Pending
 from .llvm_module import RUN_REGION, RUN_STAGES
 from .regions import plan, row_blocks
-from .loopir import Stage, program_text, stmt_reads, stmt_stores
+from .loopir import Stage, program_text, ragged_loop_vars, stmt_reads, stmt_stores
 from .options import current_options
 from .team import team
 
@@ -363,4 +363,10 @@ class Kernel:
                             f"dimension {err[1]} of tensor {name} ({why}, while computing {stage})")
         if rc == 2:
             raise UserError(f"integer division by zero while computing {name}")
+        if rc == 4:
+            ragged = ragged_loop_vars(self.stages[err[3]].stage.body)
+            loop = f"ragged loop {ragged[err[2]].name}" if 0 <= err[2] < len(ragged) else "a ragged loop"
+            raise UserError(f"the {loop} runs backwards from {err[0]} to {err[1]} while computing {stage}: "
+                            "the bounds of a loop read from data must not decrease (is the row pointer "
+                            "sorted?)")
         raise InternalError(f"stage {stage} returned code {rc}")

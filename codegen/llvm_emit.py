@@ -5,8 +5,9 @@ the buffers it touches (distinct allocations, hence ``noalias``, which lets
 LLVM keep accumulators in registers and vectorize), the range of its parallel
 loop, and an error record. It returns 0, or 1 after writing
 ``err = [buffer, dimension, index]`` when a run-time checked index is out of
-range, or 2 for an integer division by zero; it never touches memory out of
-bounds. Checked at run time: every index computed from data (a gather, a
+range, or 2 for an integer division by zero, or 4 with ``err = [lo, hi, loop]`` when a
+ragged loop (bounds read from data, a CSR row pointer) would run backwards; it never
+touches memory out of bounds. Checked at run time: every index computed from data (a gather, a
 scatter) and, in a stage emitted with ``bound_checks`` (the kernel has reads
 that :mod:`simplify.bounds` could not decide), every read evaluated under a
 condition or in a loop whose bounds are not quasi-affine (a condition on data:
@@ -43,7 +44,7 @@ from .llvm_blocks import RegisterBlockEmitter
 from .llvm_kinds import LoopKindEmitter
 from .llvm_types import FCMP, I1, I8, I32, I64, MEMORY, SCALAR, lowering, strides
 from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, Stage, Store, TransposeBlock, Transposed,
-                     stmt_exprs, stmt_stores, tensors_of)
+                     ragged_loop_vars, stmt_exprs, stmt_stores, tensors_of)
 from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
 _VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
@@ -179,6 +180,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
 
     def loop(self, s: Loop, split: bool):
         lo, hi = self.expr(s.lo), self.expr(s.hi)
+        self.check_ragged(s.lo, s.hi, lo, hi, s.var)
         if split:  # this thread's share of the parallel loop (in blocks of ``scale`` indices)
             first, end = self.lo, self.hi
             if s.scale > 1:
@@ -288,7 +290,9 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
 
             opaque = _opaque(s.lo, s.hi)
             self.undecided += opaque
-            self.counted(self.expr(s.lo), self.expr(s.hi), s.axis.name, add)
+            lo, hi = self.expr(s.lo), self.expr(s.hi)
+            self.check_ragged(s.lo, s.hi, lo, hi, s.axis)
+            self.counted(lo, hi, s.axis.name, add)
             self.undecided -= opaque
             self.store_scalar(st.tensor, self.b.load(acc), self.address(st.tensor, [self.expr(i) for i in st.indices]))
             del self.env[id(s.var)]
@@ -369,6 +373,20 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
             bad = self.b.icmp_unsigned(">=", ix, ir.Constant(I64, n))  # negatives wrap to huge
             with self.b.if_then(bad, likely=False):
                 self.fail(1, [self.buffer_index[id(t)], d], ix)
+
+    def check_ragged(self, lo_e: Expr, hi_e: Expr, lo, hi, var: Var):
+        """A loop whose bounds read data (a ragged loop, ``range(rowptr[v], rowptr[v + 1])``)
+        must not run backwards: return 4 with ``err = [lo, hi, loop]`` where ``hi < lo``,
+        ``loop`` the position of ``var`` in :func:`ragged_loop_vars` of the stage (-1 if absent),
+        as the evaluator refuses that range."""
+        if not (reads_in(lo_e) or reads_in(hi_e)):
+            return
+        ordinal = next((k for k, v in enumerate(ragged_loop_vars(self.stage.body)) if v is var), -1)
+        with self.b.if_then(self.b.icmp_signed("<", hi, lo), likely=False):
+            for k, v in enumerate((lo, hi, ir.Constant(I64, ordinal))):
+                self.b.store(v, self.b.gep(self.err, [ir.Constant(I64, k)]))
+            self.b.ret(ir.Constant(I32, 4))
+            self.b.position_at_end(self.fn.append_basic_block("after_error"))
 
     def fail(self, code: int, record: List[int], value):
         for k, v in enumerate(record):

@@ -317,6 +317,13 @@ def loops(stmts: Sequence[Stmt]) -> List[Loop]:
     return c.found
 
 
+def ragged_loop_vars(stmts: Sequence[Stmt]) -> List[Var]:
+    """The variables of the loops in ``stmts`` whose bounds read data (ragged loops,
+    ``range(rowptr[v], rowptr[v + 1])``), outer before inner: a kernel's error record names
+    such a loop by its position here."""
+    return [lp.var for lp in loops(stmts) if reads_in(lp.lo) or reads_in(lp.hi)]
+
+
 def loops_of_kind(stmts: Sequence[Stmt], kind: type) -> List[Loop]:
     """Every loop of ``stmts`` whose kind is an instance of ``kind``."""
     return [lp for lp in loops(stmts) if isinstance(lp.kind, kind)]

@@ -143,6 +143,8 @@ def check_tensor(t: Tensor, runtime: List[RuntimeCheck]):
     elif isinstance(t.op, ScatterOp):
         op = t.op
         for ax in op.axes:
+            checker.visit(ax.lo)  # a ragged bound reads data (rowptr[v + 1]): checked too
+            checker.visit(ax.hi)
             checker.ctx.bind(ax, ax.lo, ax.hi)
         target = Read(t, op.indices)  # the elements the scatter writes
 

@@ -16,26 +16,65 @@ closed form. Points are enumerated in blocks of at most :data:`BLOCK` at a time,
 memory stays bounded. (isl's ``count_val`` enumerates points one by one, which is too
 slow for the 10^12-point raw domains; the tests check both agree on small domains.)
 A guard that reads data or computes in floats restricts nothing here.
+
+A *ragged* loop, whose bounds read data (``range(rowptr[v], rowptr[v + 1])``), has no
+count before the data is known: counting it is a :class:`~te_grad.errors.UserError`
+naming the loop, unless ``ragged=N`` is given, which counts each ragged loop as ``N``
+trips at every point of the loops around it: an estimate, not a bound (``tg.build``
+sizes its threading with :data:`RAGGED_TRIPS`). For the exact count of given data,
+count it there (for a CSR segment loop over every row: ``rowptr[-1] - rowptr[0]``).
 """
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from te_grad.errors import InternalError
+from te_grad.errors import InternalError, UserError
 from te_grad.graph import free_vars, reads_in, reductions_in, topo_order
 from te_grad.intervals import NotAnIndex, index_values, is_index_expr
-from te_grad.ir import Expr, PlaceholderOp, ReduceAxis, ScatterOp, Tensor, Var
+from te_grad.ir import Expr, PlaceholderOp, ReduceAxis, ScatterOp, Tensor, Var, const
+from te_grad.printer import expr_to_str
+from te_grad.transform import substitute
 
 #: most points enumerated at once
 BLOCK = 1 << 22
 
+#: trips a ragged loop is assumed to make per point where an estimate will do (kernels' threading)
+RAGGED_TRIPS = 16
+
 Loop = Tuple[Expr, Expr, Expr]  # (variable, lo, hi)
 
 
+def _estimate_ragged(name: str, loops: Sequence[ReduceAxis], guards: Sequence[Expr],
+                     ragged: Optional[int]) -> Tuple[List[ReduceAxis], List[Expr]]:
+    """``loops`` with each ragged loop (bounds reading data) made ``range(0, ragged)``, the
+    later bounds and the guards following it; a UserError if ``ragged`` is None."""
+    mapping = {}
+    out = []
+    for ax in loops:
+        lo, hi = (substitute(b, mapping) if mapping else b for b in (ax.lo, ax.hi))
+        if reads_in(lo) or reads_in(hi):
+            if ragged is None:
+                raise UserError(
+                    f"the iterations of {name} depend on data: its ragged loop {ax.name} runs over "
+                    f"range({expr_to_str(ax.lo)}, {expr_to_str(ax.hi)}); te_grad counts loops whose bounds "
+                    f"are known before the data is; pass ragged=N to count each ragged loop as N trips "
+                    f"per point (an estimate)")
+            lo, hi = const(0), const(int(ragged))
+        if lo is not ax.lo or hi is not ax.hi:
+            new = ReduceAxis(ax.name, ax.dtype, lo, hi)
+            mapping[ax] = new
+            ax = new
+        out.append(ax)
+    if mapping:
+        guards = [substitute(g, mapping) for g in guards]
+    return out, list(guards)
+
+
 def _count_nest(out_axes: Sequence[Var], shape: Sequence[int], loops: Sequence[ReduceAxis],
-                guards: Sequence[Expr]) -> int:
+                guards: Sequence[Expr], name: str = "", ragged: Optional[int] = None) -> int:
+    loops, guards = _estimate_ragged(name, loops, guards, ragged)
     # data-dependent (or float) guards restrict nothing here
     guards = [g for g in guards if not reads_in(g) and is_index_expr(g)]
     mentioned = set()
@@ -142,21 +181,24 @@ def _expand(lo: np.ndarray, sizes: np.ndarray) -> Iterator[Tuple[np.ndarray, np.
         yield rows[s:e][at], np.repeat(lo[s:e], size) + offset
 
 
-def tensor_iterations(t: Tensor) -> int:
-    """Innermost iterations to compute ``t`` once from its inputs (see the module docstring)."""
+def tensor_iterations(t: Tensor, ragged: Optional[int] = None) -> int:
+    """Innermost iterations to compute ``t`` once from its inputs (see the module docstring;
+    ``ragged``: the trips assumed for a loop whose bounds read data, else such a loop is an error)."""
     if isinstance(t.op, PlaceholderOp):
         return 0
     if isinstance(t.op, ScatterOp):
-        return _count_nest([], [], t.op.axes, [])
+        return _count_nest([], [], t.op.axes, [], t.name, ragged)
     found = reductions_in(t.op.body)
     if not found:
         return t.size
-    return sum(_count_nest(t.op.axes, t.shape, loops + list(red.axes), guards)
+    return sum(_count_nest(t.op.axes, t.shape, loops + list(red.axes), guards, t.name, ragged)
                for red, guards, loops in found)
 
 
-def iterations(tensors) -> int:
-    """Innermost iterations to compute ``tensors`` and everything they need, each tensor once."""
+def iterations(tensors, ragged: Optional[int] = None) -> int:
+    """Innermost iterations to compute ``tensors`` and everything they need, each tensor once.
+    A loop whose bounds read data (a ragged loop) is a UserError, or counts ``ragged`` trips
+    per point when that estimate is given."""
     if isinstance(tensors, Tensor):
         tensors = [tensors]
-    return sum(tensor_iterations(t) for t in topo_order(list(tensors)))
+    return sum(tensor_iterations(t, ragged) for t in topo_order(list(tensors)))

@@ -42,14 +42,16 @@ def domains(tensor: Tensor) -> List[IterationDomain]:
         for d, (ax, n) in enumerate(zip(tensor.op.axes, tensor.shape)):
             names[id(ax)] = ax.name if ax.name.isidentifier() else f"i{d}"
             params.append((names[id(ax)], ax, n))
-        dims, cons = [], []
+        dims, cons, ragged = [], [], []
         for r in list(loops) + list(red.axes):
             names[id(r)] = r.name
             dims.append((r.name, r.name))
             lo, hi = isl_expr(r.lo, names), isl_expr(r.hi, names)
             if lo is not None and hi is not None:
                 cons.append(f"{lo} <= {r.name} < {hi}")
-        filters = []
+            else:  # a ragged loop (bounds read data): isl sees it unbounded, the bound is a filter
+                ragged.append(f"{expr_to_str(r.lo)} <= {r.name} < {expr_to_str(r.hi)}")
+        filters = ragged
         for c in conjuncts(red.where):
             text = isl_cond(c, names)
             if text is None:

@@ -6,7 +6,10 @@ would, as a gather, loop over the whole domain for every element of ``dX``:
 the O(|dX| x |domain|) cliff. Instead it becomes a :class:`ScatterOp`: one
 pass over the domain, accumulating ``dX[ids(r), g1(r), ...] += v(r)``
 (``np.add.at`` semantics). The remaining quasi-affine conditions still
-tighten the loops through isl.
+tighten the loops through isl. A sum over a ragged loop (bounds reading data,
+``range(rowptr[v], rowptr[v + 1])``), which isl cannot represent, pinned by an
+affine equality (``e == j``, a per-edge weight's adjoint) is a scatter too: its
+loops and bounds are kept as written.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from typing import Dict, List, Optional
 
 from te_grad import dsl
 from te_grad.graph import free_vars
-from te_grad.ir import Compare, ComputeOp, Expr, Reduce, ScatterOp, Tensor
+from te_grad.ir import Compare, ComputeOp, Expr, Reduce, ReduceAxis, ScatterOp, Tensor
 from te_grad.ops import reduction
 from te_grad.transform import substitute
 
@@ -48,8 +51,14 @@ def try_scatter(t: Tensor) -> Optional[Tensor]:
     if eqs is None:
         return None
     names = {id(ax): f"r{n}" for n, ax in enumerate(red.axes)}
-    if all(isl_expr(g, names) is not None for g, _ in eqs.values()):
+    ragged = any(isl_expr(b, names) is None for ax in red.axes for b in (ax.lo, ax.hi))
+    if not ragged and all(isl_expr(g, names) is not None for g, _ in eqs.values()):
         return None  # quasi-affine: a gather is exact and cheaper
+    outs = {id(a) for a in op.axes}
+    if ragged and any(id(v) in outs for ax in red.axes for b in (ax.lo, ax.hi) for v in free_vars(b)):
+        return None  # bounds that use the output indices: the gather form is the only one
+    # bounds isl cannot represent (a ragged loop, range(rowptr[v], rowptr[v + 1])) leave no
+    # gather to build: the scatter visits each point once, e.g. each edge of a CSR segment
     return _scatter(t.name, t.shape, t.dtype, red, op.axes, eqs, None)
 
 
@@ -93,7 +102,7 @@ def _tighten(red: Reduce, indices, value, conds: List[Expr], names):
     for n, ax in enumerate(red.axes):
         lo, hi = isl_expr(ax.lo, names), isl_expr(ax.hi, names)
         if lo is None or hi is None:
-            return list(red.axes), indices, value, dsl.all(conds) if conds else None
+            return _pin_box_axes(list(red.axes), indices, value, conds)
         bounds.append(f"{lo} <= r{n} < {hi}")
     try:
         nests = scan(Domain([], [(f"r{n}", ax.name) for n, ax in enumerate(red.axes)], bounds + affine))
@@ -106,3 +115,35 @@ def _tighten(red: Reduce, indices, value, conds: List[Expr], names):
     filters = nest.filters + [substitute(c, mapping) for c in residual]
     return (nest.axes, tuple(substitute(i, mapping) for i in indices), substitute(value, mapping),
             dsl.all(filters) if filters else None)
+
+
+def _pin_box_axes(axes, indices, value, conds: List[Expr]):
+    """A domain isl cannot represent (a ragged loop): an axis with constant bounds that no
+    bound uses and that a condition ``axis == g`` pins is not looped over; it becomes ``g``,
+    with ``lo <= g < hi`` as a filter (``sum over i of [k == i] f(i)`` is ``[0 <= k < n] f(k)``):
+    a softmax written per segment and pinned to its edge scatters in one pass over the edges."""
+    mapping = {}
+    changed = True
+    while changed:
+        changed = False
+        used = {id(v) for ax in axes for b in (ax.lo, ax.hi) for v in free_vars(b)}
+        for c in conds:
+            if not (isinstance(c, Compare) and c.op == "eq"):
+                continue
+            for r, g in ((c.a, c.b), (c.b, c.a)):
+                if not (isinstance(r, ReduceAxis) and any(r is a for a in axes) and r.extent is not None
+                        and id(r) not in used and not any(v is r for v in free_vars(g))):
+                    continue
+                rest = [x for x in conds if x is not c]
+                conds = [substitute(x, {r: g}) for x in rest] + [g >= r.lo, g < r.hi]
+                axes = [a for a in axes if a is not r]
+                mapping = {k: substitute(v, {r: g}) for k, v in mapping.items()}
+                mapping[r] = g
+                changed = True
+                break
+            if changed:
+                break
+    if mapping:
+        indices = tuple(substitute(i, mapping) for i in indices)
+        value = substitute(value, mapping)
+    return axes, indices, value, dsl.all(conds) if conds else None

@@ -126,10 +126,13 @@ def latex(tensors) -> str:
 
 
 @deep_entry
-def iterations(tensors) -> int:
-    """Exact innermost-loop iterations to compute ``tensors`` from placeholders, each op once."""
+def iterations(tensors, ragged: int = None) -> int:
+    """Exact innermost-loop iterations to compute ``tensors`` from placeholders, each op once.
+    A ragged loop (bounds reading data, ``range(rowptr[v], rowptr[v + 1])``) has no count
+    before the data is known: a UserError, unless ``ragged=N`` counts each such loop as
+    ``N`` trips per point (an estimate)."""
     from simplify import iterations as _iterations
-    return _iterations(tensors)
+    return _iterations(tensors, ragged)
 
 from .version import __version__  # noqa: E402 - one place for it
 from . import display as _display  # noqa: E402

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import html
 
+from .errors import UserError
+
 _STYLE = ("font-family: var(--jp-code-font-family, monospace); font-size: 12px; "
           "white-space: pre; overflow-x: auto; margin: 0")
 
@@ -37,19 +39,30 @@ def result_html(res) -> str:
     """A differentiation result: per input, the gradient and its exact cost, raw vs simplified."""
     from .printer import show
     from simplify import iterations
-    forward = iterations(list(res.outputs))
+
+    def count(ts):  # None where a ragged loop's count depends on data
+        try:
+            return iterations(ts)
+        except UserError:
+            return None
+
+    def fmt(n):
+        return "depends on the data" if n is None else f"{n:,}"
+
+    forward = count(list(res.outputs))
     rows = []
     for x, g, raw in zip(res.inputs, res.gradients, res.raw):
-        n_simp, n_raw = iterations(g), iterations(raw)
+        n_simp, n_raw = count(g), count(raw)
+        saved = "" if n_simp is None or n_raw is None else f"{n_raw / max(n_simp, 1):,.0f}x"
         rows.append(
             f"<tr><td><b>{html.escape(x.name)}</b></td>"
             f"<td style='text-align:left'>{_pre(show(g).splitlines()[-1])}</td>"
-            f"<td>{n_simp:,}</td><td>{n_raw:,}</td><td>{n_raw / max(n_simp, 1):,.0f}x</td></tr>")
+            f"<td>{fmt(n_simp)}</td><td>{fmt(n_raw)}</td><td>{saved}</td></tr>")
     table = ("<table><tr><th>input</th><th style='text-align:left'>gradient (simplified)</th>"
              "<th>iterations</th><th>raw VJP iterations</th><th>saved</th></tr>" + "".join(rows) + "</table>")
     outs = ", ".join(html.escape(y.name) for y in res.outputs)
     raw_text = "\n\n".join(show(r) for r in res.raw)
-    return (f"<b>gradients of {outs}</b> (forward: {forward:,} innermost iterations)" + table
+    return (f"<b>gradients of {outs}</b> (forward: {fmt(forward)} innermost iterations)" + table
             + _details("raw vector-Jacobian products (before isl)", _pre(raw_text)))
 
 

@@ -16,7 +16,8 @@ from . import dtypes, ops, sizes
 from .errors import UserError
 from .deep import deep_entry
 from .graph import free_vars
-from .ir import Call, ComputeOp, Const, Expr, PlaceholderOp, Reduce, ReduceAxis, Select, Tensor, Var
+from .ir import (Binary, Call, Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ReduceAxis, Select,
+                 SizeVar, Tensor, Unary, Var)
 # the typed make-functions live beside the nodes (the Python operators call them); re-exported here
 from .ir import _operands, as_expr, binary, cast, compare, const, read, unary  # noqa: F401
 from .visitor import Visitor
@@ -168,22 +169,66 @@ def call(name: str, *args) -> Expr:
 
 
 def reduce_axis(dom, name: str = "k") -> ReduceAxis:
-    """A reduction variable over ``range(lo, hi)``; ``dom`` is ``(lo, hi)`` or an extent ``n``."""
-    if isinstance(dom, numbers.Integral):
-        lo, hi = 0, int(dom)
+    """A reduction variable over ``range(lo, hi)``; ``dom`` is ``(lo, hi)`` or an extent ``n``.
+
+    The bounds are ints, sizes known at run time (``tg.reduce_axis((0, n))`` with
+    ``n = tg.var("n")``), or integer index expressions (a *ragged* loop): the enclosing
+    compute's variables, integer tensor reads and ``+ - * // % min max`` of them, as the
+    CSR segment ``tg.reduce_axis((rowptr[v], rowptr[v + 1]))`` of row ``v``. A bound may use
+    the compute's variables, enclosing reductions' axes and the axes listed before this one
+    in its own reduction. Int bounds with ``hi < lo`` are an error; a ragged range with
+    ``hi <= lo`` at some point is empty there. Compiled kernels check at run time that a
+    ragged loop stays inside the tensors it indexes (see README.md, "Ragged loops")."""
+    if isinstance(dom, (numbers.Integral, Expr)):
+        lo, hi = 0, dom
     else:
         try:
             lo, hi = dom
         except (TypeError, ValueError):
             raise UserError(f"reduce_axis domain must be (lo, hi) or an extent, got {dom!r}") from None
-    if builtins.any(isinstance(v, Expr) for v in (lo, hi)):
-        lo, hi = (_size_expr(v, f"bound of reduce_axis {name!r}") if isinstance(v, Expr) else v for v in (lo, hi))
-    for v in (lo, hi):
-        if not isinstance(v, (numbers.Integral, Expr)) or isinstance(v, bool):
-            raise UserError(f"reduce_axis {name!r} bounds must be ints or sizes (tg.var), got {dom!r}")
-    if isinstance(lo, numbers.Integral) and isinstance(hi, numbers.Integral) and hi < lo:
-        raise UserError(f"reduce_axis {name!r} has an empty range [{lo}, {hi})")
-    return ReduceAxis(name, dtypes.INDEX, as_expr(lo), as_expr(hi))
+    if builtins.all(isinstance(v, numbers.Integral) for v in (lo, hi)):
+        if hi < lo:
+            raise UserError(f"reduce_axis {name!r} has an empty range [{lo}, {hi})")
+        return ReduceAxis(name, dtypes.INDEX, const(int(lo)), const(int(hi)))
+    return ReduceAxis(name, dtypes.INDEX, _ragged_bound(lo, name, "lower"), _ragged_bound(hi, name, "upper"))
+
+
+def _ragged_bound(v, name: str, which: str) -> Expr:
+    """A bound of a reduce axis that is not an int: a size expression (``n``, ``n - 1``:
+    :mod:`te_grad.sizes`), or a ragged bound, an integer index expression (a CSR row pointer
+    ``rowptr[v]``) in the enclosing compute's variables, sizes and integer tensors' values."""
+    if not isinstance(v, (numbers.Integral, Expr)):
+        raise UserError(f"reduce_axis {name!r}: the {which} bound must be an int or an integer index "
+                        f"expression (e.g. rowptr[v] of an int64 tensor rowptr), got {v!r}")
+    e = as_expr(int(v)) if isinstance(v, numbers.Integral) else v
+    if not dtypes.is_int(e.dtype):
+        raise UserError(f"reduce_axis {name!r}: the {which} bound {e} is {e.dtype}; a bound must be an "
+                        "integer (read an integer tensor, e.g. an int64 row pointer)")
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Read):
+            if not dtypes.is_int(node.tensor.dtype):
+                raise UserError(f"reduce_axis {name!r}: the {which} bound {e} reads the {node.tensor.dtype} "
+                                f"tensor {node.tensor.name}; bounds read integer tensors only")
+        elif isinstance(node, Binary):
+            if node.op not in _BOUND_OPS:
+                raise UserError(f"reduce_axis {name!r}: the {which} bound {e} uses {node.op!r}; a bound is "
+                                "built from ints, index variables, integer tensor reads, + - * // % min max")
+        elif isinstance(node, Cast):
+            if not dtypes.is_int(node.a.dtype):
+                raise UserError(f"reduce_axis {name!r}: the {which} bound {e} converts a {node.a.dtype} "
+                                "value; bounds are integer index expressions (no floats)")
+        elif not isinstance(node, (Const, Var, SizeVar, Unary)):
+            raise UserError(f"reduce_axis {name!r}: the {which} bound {e} holds a {type(node).__name__}; "
+                            "a bound is built from ints, sizes, index variables, integer tensor reads, + - * // % "
+                            "min max (compute anything else into an integer tensor first)")
+        stack.extend(node.children())
+    return cast(dtypes.INDEX, e)
+
+
+#: the integer operations a ragged reduce-axis bound may use
+_BOUND_OPS = ("add", "sub", "mul", "floordiv", "floormod", "min", "max")
 
 
 def _reduction(combiner: str, expr, axis, where) -> Reduce:
@@ -329,6 +374,14 @@ class _ScopeChecker(Visitor):
             if builtins.any(ax is b for b in self.bound):
                 raise UserError(f"in compute {self.name!r}: reduce axis {ax.name!r} is reduced over "
                                 "twice in nested reductions; give the inner reduction its own axis")
+        for k, ax in enumerate(node.axes):
+            later = {id(a): a for a in node.axes[k:]}
+            for v in free_vars(ax.lo) + free_vars(ax.hi):
+                if id(v) in later:
+                    how = "itself" if v is ax else f"the axis {v.name!r} listed after it"
+                    raise UserError(f"in compute {self.name!r}: the bounds of reduce axis {ax.name!r} use "
+                                    f"{how}; a bound may use the compute's variables, enclosing reductions' "
+                                    "axes and the axes listed before it in the same reduction")
         self.bound.extend(node.axes)
         self.generic_visit(node)
         del self.bound[len(self.bound) - len(node.axes):]

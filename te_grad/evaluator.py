@@ -36,7 +36,7 @@ from .deep import deep_entry
 from .errors import InternalError, UserError
 from . import sizes as size_vars
 from .argcheck import check_feed  # the kernels' own check
-from .graph import free_vars, topo_order
+from .graph import free_vars, reads_in, topo_order
 from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce,
                  ScatterOp, Select, Tensor, Unary, Var)
 from .printer import expr_to_str
@@ -399,9 +399,11 @@ class _ExprEvaluator:
                 value = self.eval(solutions[t], inner)
                 self.env[id(ax)] = value
                 lo, hi = self.eval(ax.lo, inner), self.eval(ax.hi, inner)
+                self._check_ragged(ax, lo, hi, inner)
                 inner = _and(inner, (value >= lo) & (value < hi))
                 continue
             lo, hi = self.eval(ax.lo, inner), self.eval(ax.hi, inner)
+            self._check_ragged(ax, lo, hi, inner)
             lo_min, hi_max = _masked_extreme(lo, inner, np.min), _masked_extreme(hi, inner, np.max)
             if lo_min is None or hi_max is None:  # no point of the domain: nothing to enumerate
                 lo_min = hi_max = 0
@@ -419,6 +421,21 @@ class _ExprEvaluator:
         self._unbind(axes)
         self.shape = outer_shape
         return ranges, varying
+
+    def _check_ragged(self, ax, lo, hi, mask):
+        """A ragged axis (a bound reads a tensor: ``range(rowptr[v], rowptr[v + 1])``) must not
+        run backwards at a point of the domain: a decreasing row pointer is an error."""
+        if not (reads_in(ax.lo) or reads_in(ax.hi)):
+            return
+        bad = _and(mask, lo > hi)
+        if bad is None or not np.any(bad):
+            return
+        full = np.broadcast_shapes(np.shape(bad), np.shape(lo), np.shape(hi))
+        point = tuple(np.argwhere(np.broadcast_to(bad, full))[0])
+        a, b = int(np.broadcast_to(lo, full)[point]), int(np.broadcast_to(hi, full)[point])
+        raise UserError(f"in compute {self.tensor.name}: the ragged range of reduce axis {ax.name}, "
+                        f"range({expr_to_str(ax.lo)}, {expr_to_str(ax.hi)}), runs backwards from {a} to "
+                        f"{b}: its bounds must not decrease (is the row pointer sorted?)")
 
     def _enter(self, axes, solutions, ranges, varying, where, mask, outer_shape):
         """Bind ``axes`` to ``ranges`` (pinned ones to their values); return the mask of the

@@ -120,8 +120,8 @@ def _check_count(what: str, tensors: Sequence[Tensor], values: list) -> None:
 
 
 def _cost_is_high(t: Tensor) -> bool:
-    from simplify.count import tensor_iterations
-    if tensor_iterations(t) > RECOMPUTE_PER_ELEMENT * max(1, t.size):
+    from simplify.count import RAGGED_TRIPS, tensor_iterations
+    if tensor_iterations(t, RAGGED_TRIPS) > RECOMPUTE_PER_ELEMENT * max(1, t.size):
         return True
     stack = [t.op.body] if isinstance(t.op, ComputeOp) else []
     while stack:

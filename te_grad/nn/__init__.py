@@ -14,6 +14,7 @@ from .linear import batch_matmul, dense, matmul
 from .array import arange, clip, cumsum, expand_dims, gather_nd, one_hot, squeeze, stack, where
 from .loss import binary_cross_entropy, cross_entropy, mse_loss, softmax_cross_entropy
 from .reduce import argmax, argmin, max, mean, min, sum, variance
+from .segment import segment_max, segment_softmax, segment_sum
 from .normalization import batch_norm, layer_norm
 from .pool import avg_pool2d, global_avg_pool2d, global_max_pool2d, max_pool2d
 from .shape import concat, flatten, pad, reshape, split, strided_slice, transpose
@@ -37,6 +38,8 @@ __all__ = [
     "embedding", "take", "mse_loss", "binary_cross_entropy", "softmax_cross_entropy", "cross_entropy",
     # reductions over axes
     "sum", "mean", "variance", "max", "min", "argmax", "argmin",
+    # segment reductions over CSR row pointers (ragged loops)
+    "segment_sum", "segment_max", "segment_softmax",
     # array operations
     "clip", "stack", "expand_dims", "squeeze", "where", "one_hot", "gather_nd", "cumsum", "arange",
 ]

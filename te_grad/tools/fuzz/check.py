@@ -62,6 +62,8 @@ def _feed(ns, rng: np.random.Generator, dtype: str) -> Dict:
     feed = {x: rng.uniform(-1.0, 1.0, size=x.shape).astype(dtype) for x in ns["INPUTS"]}
     for ids, high in ns["IDS"].items():
         feed[ids] = rng.integers(0, high, size=ids.shape).astype(ids.dtype)
+    for rowptr in ns.get("ROWPTRS", ()):  # a CSR row pointer: sorted ids in [0, E]
+        feed[rowptr] = np.sort(feed[rowptr])
     return feed
 
 

@@ -23,7 +23,9 @@ and maxima through it have second-order terms of their own); ``SECOND = True``, 
 asks for the second order as well (the gradient of ``<V, gradient>``, through the
 simplified first-order gradient's scatters and folded forms); and an *invalid* last stage
 (``INVALID``), a read that leaves its tensor at some point of the domain under a condition
-on data, which every stage must refuse where the data take it.
+on data, which every stage must refuse where the data take it. A valid program may instead end
+in a *ragged stage*: a sum, max or min over CSR segments ``range(R0[i0], R0[i0 + 1])`` of a
+row pointer ``R0`` (listed in ``ROWPTRS``, fed sorted), with empty segments.
 
 Conventions excluded by construction: a ``max`` / ``min`` reduction that may be
 empty (its value is -inf / inf) is combined with a finite constant, so no
@@ -78,6 +80,8 @@ class _Gen:
         self.in_argmax = False
         self.prefer_ids = False  # the gather stage: most indices read through ids
         self.extra_inputs: List[str] = []
+        self.rowptrs: List[str] = []  # id tensors fed sorted: the row pointers of ragged stages
+        self.flat = False  # no nested reduction (the body of a ragged loop)
 
     def pick(self, options):
         return options[self.draw(len(options))]
@@ -99,7 +103,7 @@ class _Gen:
             return str(self.draw(n))
         v, lo, hi = self.pick(vars_)
         kind = 8 if prefer else self.draw(10)
-        if kind == 9 and not self.in_argmax:  # the winner of an argmax / argmin over a fresh axis
+        if kind == 9 and not self.in_argmax and not self.flat:  # the winner of an argmax / argmin over a fresh axis
             name = f"k{self.n_axes}"
             self.n_axes += 1
             m = 1 + self.draw(n)  # the winner lies in [0, m): in range
@@ -190,7 +194,7 @@ class _Gen:
         if kind == 3:
             return self.select(vars_, depth)
         if kind in (4, 5):
-            return self.reduction(vars_, depth)
+            return self.reduction(vars_, depth) if not self.flat else self.read(vars_, [])
         if kind == 6:
             return f"(-{self.expr(vars_, depth - 1)})"
         return f"({self.const()} * {self.expr(vars_, depth - 1)})"
@@ -285,6 +289,8 @@ class _Gen:
         invalid = self.chance(8)
         if invalid:  # the last stage reads out of bounds, under a condition on data
             stages.append(self.out_of_bounds_stage(len(stages)))
+        elif self.chance(4):  # a ragged last stage: a reduction over CSR segments
+            stages.append(self.ragged_stage(len(stages)))
         self.lines.append(f"OUT = {stages[-1]}")
         self.lines.append(f"STAGES = [{', '.join(stages)}]")
         self.lines.append(f"INPUTS = [{', '.join([f'X{k}' for k in range(n_inputs)] + self.extra_inputs)}]")
@@ -293,7 +299,44 @@ class _Gen:
             self.lines.append("SECOND = True  # check second order too: the gradient of <V, gradient>")
         if invalid:
             self.lines.append(f"INVALID = {stages[-1]}  # reads out of bounds: every stage must refuse it")
+        if self.rowptrs:
+            self.lines.append("ROWPTRS = [" + ", ".join(self.rowptrs) + "]  # fed sorted: CSR row pointers")
         return "\n".join(self.lines) + "\n"
+
+    def ragged_stage(self, s: int) -> str:
+        """A last stage reducing the rows of a source over CSR segments: ``out[i0, ...] =
+        R(f(k) for k in range(R0[i0], R0[i0 + 1]))`` with a row pointer ``R0`` (an id tensor
+        listed in ``ROWPTRS``, fed sorted in ``[0, E]``), the body reading the source at row
+        ``k`` and maybe more (a ragged loop: its gradient is a scatter over the edges)."""
+        name, shape = self.pick([src for src in self.sources if src[1]] or [("X0", ())])
+        if not shape:
+            self.lines.append("XR = tg.placeholder((5,), dtype=DT, name='XR')")
+            self.extra_inputs.append("XR")
+            name, shape = "XR", (5,)
+        E, n_seg = shape[0], 1 + self.draw(4)
+        rp = f"R{len(self.rowptrs)}"
+        self.lines.append(f"{rp} = tg.placeholder(({n_seg + 1},), dtype='int64', name={rp!r})")
+        self.ids.append((rp, (n_seg + 1,), E + 1))
+        self.rowptrs.append(rp)
+        out_shape = (n_seg,) + tuple(shape[1:])
+        names = [f"i{d}" for d in range(len(out_shape))]
+        k = f"k{self.n_axes}"
+        self.n_axes += 1
+        vars_ = [(v, 0, n) for v, n in zip(names, out_shape)]
+        row = f"{name}[{', '.join([k] + names[1:])}]"
+        self.flat = True  # a reduction nested in a ragged loop is not differentiated (lift)
+        other = self.expr(vars_ + [(k, 0, E)], 1 + self.draw(2))
+        self.flat = False
+        body = self.pick([row, f"{row} * {other}", f"tg.tanh({other}) + {row}"])
+        combiner = self.pick(["sum", "max", "min"])
+        red = f"tg.{combiner}({body}, axis={k})"
+        if combiner != "sum":  # an empty segment's -inf / inf combined with a finite constant
+            red = f"tg.{'maximum' if combiner == 'max' else 'minimum'}({red}, {self.const()})"
+        self.lines.append(f"def _S{s}({', '.join(names)}):")
+        self.lines.append(f"    {k} = tg.reduce_axis(({rp}[i0], {rp}[i0 + 1]), name={k!r})")
+        self.lines.append(f"    return tg.cast(DT, {red})")
+        self.lines.append(f"S{s} = tg.compute({out_shape!r}, _S{s}, name='S{s}')")
+        return f"S{s}"
 
     def out_of_bounds_stage(self, s: int) -> str:
         """An invalid last stage: a read whose index leaves its tensor at some point of the
