@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from te_grad import dsl, dtypes
-from te_grad.graph import free_vars
+from te_grad.graph import free_vars, reductions_in
 from te_grad.ir import Compare, ComputeOp, Expr, Reduce, ReduceAxis, ScatterOp, Tensor, structurally_equal
 from te_grad.ops import reduction
 from te_grad.transform import substitute
@@ -21,7 +21,7 @@ from te_grad.transform import substitute
 from .affine import conjuncts, isl_cond, isl_expr
 from .gather import lift_guards
 from .isl_bridge import Domain, Unsupported
-from .solve import in_range, pinned_value
+from .solve import in_range, pinned_value, place_ranges
 from .validate import scan
 
 
@@ -60,6 +60,8 @@ def try_scatter(t: Tensor) -> Optional[Tensor]:
     red = op.body
     if not isinstance(red, Reduce) or reduction(red.combiner).lowering != "add":
         return None
+    if any(reductions_in(part) for part in (red.body, red.where) if part is not None):
+        return None  # a scatter's value is computed point by point: no reduction inside
     eqs = _index_equalities(red, op.axes, partial=True)
     if eqs is None:
         return None
@@ -88,10 +90,11 @@ def scatter_term(name: str, shape, dtype: str, red: Reduce, out_axes, note: str)
     return _scatter(name, shape, dtype, red, out_axes, eqs, note)
 
 
-def _scatter(name, shape, dtype, red: Reduce, out_axes, eqs, note) -> Tensor:
+def _scatter(name, shape, dtype, red: Reduce, out_axes, eqs, note) -> Optional[Tensor]:
     """The scatter of ``red`` (a term of a compute over ``out_axes``): the pinned output
     dimensions take their index expressions (a data-dependent one only where it lies in the
-    output, as the sum over the output variable meant), the others become leading loops."""
+    output, as the sum over the output variable meant), the others become leading loops.
+    None when the range cannot be tested before the conditions that read at the index."""
     shape = tuple(shape)
     used = {id(c) for _, c in eqs.values()}
     outer = [ReduceAxis(ax.name, dtypes.INDEX, dsl.const(0), dsl.const(n))
@@ -111,12 +114,18 @@ def _scatter(name, shape, dtype, red: Reduce, out_axes, eqs, note) -> Tensor:
     lifted, value = lift_guards(red.body)
     indices = tuple(substitute(eqs[d][0], to_index) if d in eqs else to_index[ax]
                     for d, ax in enumerate(out_axes))
-    ranges = [c for d, ix in enumerate(indices) if d in eqs and isl_expr(ix, names) is None
-              for c in in_range(ix, 0, shape[d])]
-    conds = [c for c in conjuncts(red.where) if id(c) not in used]
-    conds += [c for lc in lifted for c in conjuncts(lc)]
-    conds = [substitute(c, to_index) for c in conds]
-    conds = [r for r in ranges if not any(structurally_equal(r, c) for c in conds)] + conds
+    conds = conjuncts(red.where) + [c for lc in lifted for c in conjuncts(lc)]
+    pinned = {id(out_axes[d]) for d in eqs}
+    data = sorted((d for d in eqs if isl_expr(indices[d], names) is None),
+                  key=lambda d: next(n for n, c in enumerate(conds) if c is eqs[d][1]))
+    for d in data:  # a data-dependent index is written only inside the output
+        ranges = in_range(eqs[d][0], 0, shape[d])
+        ranges = [r for r in ranges if not any(structurally_equal(r, c) for c in conds)]
+        k = next(n for n, c in enumerate(conds) if c is eqs[d][1])
+        conds = place_ranges(conds, k, pinned, ranges, eqs[d][0], used)
+        if conds is None:
+            return None
+    conds = [substitute(c, to_index) for c in conds if id(c) not in used]
     value = substitute(value, to_index)
     axes, indices, value, where = _tighten(axes, indices, value, conds, names)
     return Tensor(name, shape, dtype, ScatterOp(tuple(axes), indices, value, where, note))

@@ -65,6 +65,28 @@ def in_range(value: Expr, lo, hi) -> List[Expr]:
     return [value >= lo, value < hi]
 
 
+def place_ranges(conds: List[Expr], k: int, solved, ranges: List[Expr], value: Expr,
+                 dropped=frozenset()) -> Optional[List[Expr]]:
+    """``conds`` with the equality ``conds[k]`` replaced by ``ranges`` (the range of the
+    solved variables' new value ``value``), placed before every conjunct that mentions a
+    solved variable (``solved``: ids): those read at the value, which must be in range
+    first, as the loop kept it. The conjuncts before ``conds[k]`` keep their order, so
+    each is still evaluated only where the ones before it hold; None when that is not
+    possible (a conjunct on a solved variable before one that does not mention it, or
+    one that also constrains a variable ``value`` reads with). ``dropped`` (ids): conjuncts
+    the caller leaves out afterwards (equalities solved elsewhere), ignored here."""
+    def mentions(c):
+        return any(id(u) in solved for u in free_vars(c))
+
+    prefix = list(conds[:k])
+    first = next((n for n, c in enumerate(prefix) if id(c) not in dropped and mentions(c)), len(prefix))
+    moved = [c for c in prefix[first:] if id(c) not in dropped]
+    data_vars = {id(u) for u in free_vars(value)}
+    if any(not mentions(c) or any(id(u) in data_vars for u in free_vars(c)) for c in moved):
+        return None
+    return prefix[:first] + list(ranges) + prefix[first:] + list(conds[k + 1:])
+
+
 def solve_reduction(red: Reduce) -> Expr:
     """``red`` with every reduce axis pinned by a data equality of its ``where`` removed (the
     same object when there is none). All axes pinned: a select of the body or the identity."""
@@ -83,9 +105,11 @@ def solve_reduction(red: Reduce) -> Expr:
                 if value is None or any(ax is u for b in axes if b is not ax
                                         for u in free_vars(b.lo) + free_vars(b.hi)):
                     continue
+                placed = place_ranges(conds, k, {id(ax)}, in_range(value, ax.lo, ax.hi), value)
+                if placed is None:
+                    continue
                 mapping = {ax: value}
-                conds = ([substitute(x, mapping) for x in conds[:k]] + in_range(value, ax.lo, ax.hi)
-                         + [substitute(x, mapping) for x in conds[k + 1:]])
+                conds = [substitute(x, mapping) for x in placed]
                 body = substitute(body, mapping)
                 axes.remove(ax)
                 changed = solved = True

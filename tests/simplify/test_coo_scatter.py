@@ -231,3 +231,50 @@ def test_other_combiners_keep_their_loops_over_outputs(combiner):
     feed = {dst: rng.integers(-1, N + 1, E), w: rng.standard_normal(E)}
     want, = tg.evaluate([y], feed)
     np.testing.assert_array_equal(tg.build(y, [dst, w])(feed[dst], feed[w]), want)
+
+
+# ---------------------------------------------------------------------------
+# conditions that read at the solved index, nested reductions (found by the fuzzer)
+# ---------------------------------------------------------------------------
+
+def test_conditions_reading_at_the_pinned_index_are_tested_after_its_range():
+    # mask[i] comes before dst[e] == i: with i := dst[e] it must wait for 0 <= dst[e] < N
+    N, E, F = 6, 15, 2
+    src, dst, w, x, _ = coo(N, E, F)
+    mask = tg.placeholder((N,), dtype=F64, name="mask")
+    e = tg.reduce_axis((0, E), name="e")
+    y = tg.compute((N, F), lambda i, j: tg.sum(w[e] * x[src[e], j], axis=e,
+                                              where=(mask[i] > 0) & (dst[e] == i)), name="y")
+    rng = np.random.default_rng(5)
+    vals = graph_values(N, E, F, rng)
+    feed = dict(zip((src, dst, w, x), vals))
+    feed[mask] = rng.standard_normal(N)
+    s = tg.simplify(y)
+    assert isinstance(s.op, ScatterOp)
+    want, = tg.evaluate([y], feed)
+    np.testing.assert_allclose(tg.evaluate([s], feed)[0], want, rtol=1e-12)
+    np.testing.assert_allclose(tg.build(y, [src, dst, w, x, mask])(*vals, feed[mask]), want, rtol=1e-12)
+    # the same for a solved reduce axis: z[k] = sum_i x[i, 0] where mask[i] > 0 and idx[k] == i
+    idx = tg.placeholder((E,), dtype="int64", name="idx")
+    i = tg.reduce_axis((0, N), name="i")
+    z = tg.compute((E,), lambda k: tg.sum(x[i, 0], axis=i, where=(mask[i] > 0) & (idx[k] == i)), name="z")
+    sz = tg.simplify(z)
+    assert not _reductions(sz.op.body)
+    feed[idx] = vals[1]  # destinations outside [0, N) included
+    want, = tg.evaluate([z], feed)
+    np.testing.assert_allclose(tg.evaluate([sz], feed)[0], want, rtol=1e-12)
+    np.testing.assert_allclose(tg.build(z, [x, mask, idx])(vals[3], feed[mask], feed[idx]), want, rtol=1e-12)
+
+
+def test_a_reduction_inside_the_summand_keeps_the_gather():
+    # a scatter's value is computed point by point: the inner max stays a reduction of a compute
+    N, E, K = 5, 12, 3
+    dst = tg.placeholder((E,), dtype="int64", name="dst")
+    x = tg.placeholder((K, E), dtype=F64, name="x")
+    e, k = tg.reduce_axis((0, E), name="e"), tg.reduce_axis((0, K), name="k")
+    y = tg.compute((N,), lambda i: tg.sum(tg.max(x[k, e], axis=k), axis=e, where=dst[e] == i), name="y")
+    rng = np.random.default_rng(6)
+    feed = {dst: rng.integers(-2, N + 2, E), x: rng.standard_normal((K, E))}
+    want, = tg.evaluate([y], feed)
+    np.testing.assert_allclose(tg.build(y, [dst, x])(feed[dst], feed[x]), want, rtol=1e-12)
+    check_gradients(y, [x], feed)
