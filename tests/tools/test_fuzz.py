@@ -248,3 +248,4 @@ def test_the_generator_draws_coo_stages():
     for seed, src in coo[:6]:
         outcome = check(Program(src), seed=seed)
         assert not outcome.failed, f"{outcome.kind}: {outcome.detail}\n{src}"
+        assert "a where pinning an output index by data (a COO scatter)" in outcome.notes
