@@ -92,8 +92,8 @@ def scatter_term(name: str, shape, dtype: str, red: Reduce, out_axes, note: str)
 
 def _scatter(name, shape, dtype, red: Reduce, out_axes, eqs, note) -> Optional[Tensor]:
     """The scatter of ``red`` (a term of a compute over ``out_axes``): the pinned output
-    dimensions take their index expressions (a data-dependent one only where it lies in the
-    output, as the sum over the output variable meant), the others become leading loops.
+    dimensions take their index expressions (written only where they lie in the output, as
+    the sum over the output variable meant), the others become leading loops.
     None when the range cannot be tested before the conditions that read at the index."""
     shape = tuple(shape)
     used = {id(c) for _, c in eqs.values()}
@@ -125,10 +125,30 @@ def _scatter(name, shape, dtype, red: Reduce, out_axes, eqs, note) -> Optional[T
         conds = place_ranges(conds, k, pinned, ranges, eqs[d][0], used)
         if conds is None:
             return None
-    conds = [substitute(c, to_index) for c in conds if id(c) not in used]
+    affine = [c for d in eqs if d not in data and _may_leave(indices[d], shape[d], axes, names)
+              for c in in_range(indices[d], 0, shape[d])]  # no reads: first
+    conds = affine + [substitute(c, to_index) for c in conds if id(c) not in used]
     value = substitute(value, to_index)
     axes, indices, value, where = _tighten(axes, indices, value, conds, names)
     return Tensor(name, shape, dtype, ScatterOp(tuple(axes), indices, value, where, note))
+
+
+def _may_leave(index: Expr, n: int, axes, names) -> bool:
+    """Whether the quasi-affine ``index`` can leave ``[0, n)`` at some point of the box of
+    ``axes`` (True when isl cannot tell)."""
+    text = isl_expr(index, names)
+    bounds = []
+    for k, ax in enumerate(axes):
+        lo, hi = isl_expr(ax.lo, names), isl_expr(ax.hi, names)
+        if text is None or lo is None or hi is None:
+            return True
+        bounds.append(f"{lo} <= r{k} < {hi}")
+    try:
+        dom = Domain([], [(f"r{k}", ax.name) for k, ax in enumerate(axes)],
+                      bounds + [f"({text} < 0 or {text} >= {n})"])
+        return dom.sample() is not None
+    except Unsupported:
+        return True
 
 
 def _tighten(red_axes, indices, value, conds: List[Expr], names):

@@ -278,3 +278,20 @@ def test_a_reduction_inside_the_summand_keeps_the_gather():
     want, = tg.evaluate([y], feed)
     np.testing.assert_allclose(tg.build(y, [dst, x])(feed[dst], feed[x]), want, rtol=1e-12)
     check_gradients(y, [x], feed)
+
+
+def test_an_affine_pin_beside_the_data_one_is_written_only_inside_the_output():
+    # k == e + 3 leaves [0, K) for the last edges: they select no k, as in the sum over k
+    N, E, K = 4, 10, 8
+    dst = tg.placeholder((E,), dtype="int64", name="dst")
+    w = tg.placeholder((E,), dtype=F64, name="w")
+    e = tg.reduce_axis((0, E), name="e")
+    y = tg.compute((N, K), lambda i, k: tg.sum(w[e], axis=e, where=(dst[e] == i) & (e + 3 == k)), name="y")
+    s = tg.simplify(y)
+    assert isinstance(s.op, ScatterOp)
+    assert tg.iterations(s) == K - 3 == brute_count([s])  # isl keeps the e with e + 3 < K
+    rng = np.random.default_rng(8)
+    feed = {dst: rng.integers(-1, N + 1, E), w: rng.standard_normal(E)}
+    want, = tg.evaluate([y], feed)
+    np.testing.assert_allclose(tg.evaluate([s], feed)[0], want, rtol=1e-12)
+    np.testing.assert_allclose(tg.build(y, [dst, w])(feed[dst], feed[w]), want, rtol=1e-12)
