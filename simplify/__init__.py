@@ -1,8 +1,9 @@
 """isl-backed simplification of te_grad iteration domains.
 
 - :func:`simplify`: exact, cheaper equivalents of tensors (gathers with tight
-  loops, real scatters for data-dependent indices, merged contributions,
-  element-wise chains fused);
+  loops, real scatters for data-dependent indices and for sums whose ``where``
+  pins an output index by data, ``dst[e] == i``, reduce axes pinned by data
+  solved away, merged contributions, element-wise chains fused);
 - :func:`iterations`: exact innermost-iteration counts;
 - :func:`check_bounds`: static proofs that reads stay in bounds.
 """

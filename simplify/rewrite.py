@@ -1,7 +1,9 @@
 """Rewrite a tensor graph into its simplified form.
 
 Tensors are processed producers first. For each compute:
-1. reads of tensors already rewritten are redirected to their new versions;
+1. reads of tensors already rewritten are redirected to their new versions, and
+   reduce axes pinned by a data equality (``dst[e] == i``) are solved away
+   (:mod:`.solve`);
 2. each top-level reduction (a summand, possibly under guards) is simplified
    by :mod:`.gather`, or turned into a scatter by :mod:`.scatter`;
 3. producers that are cheap to fold in are inlined: constant tensors (the
@@ -39,6 +41,7 @@ from .gather import simplify_reduction
 from .inline import Redirect
 from .isl_bridge import Unsupported
 from .scatter import scatter_term, try_scatter
+from .solve import solve_reductions
 
 
 def _sum(terms: List[Expr]) -> Expr:
@@ -166,7 +169,7 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset(),
         if isinstance(t.op, ScatterOp):  # already in its final form: only its reads follow the rewrites
             new[id(t)] = replace_tensors([t], {k: v for k, v in new.items() if v is not None})[id(t)]
             continue
-        redirected = Redirect(new, {}).visit(t.op.body)
+        redirected = solve_reductions(Redirect(new, {}).visit(t.op.body))
         if redirected is not t.op.body:
             t_read = Tensor(t.name, t.shape, t.dtype, ComputeOp(t.op.axes, redirected))
         else:

@@ -236,3 +236,16 @@ def test_the_second_order_check_catches_a_missing_scatter_rule(monkeypatch):
     monkeypatch.setitem(autodiff.VJP_RULES, ScatterOp, lambda t, adj, box: [])
     outcome = check(Program(source), seed=0)
     assert outcome.kind == "mismatch-second-order-fd", outcome
+
+
+def test_the_generator_draws_coo_stages():
+    """Reductions whose where pins an output variable by data (``I[e] == i0 + c``) are drawn,
+    and they pass every check (compiled, simplified, raw, finite differences)."""
+    sources = [(s, from_seed(s).source) for s in range(300)]
+    coo = [(s, src) for s, src in sources if "] == i0" in src or "i0 == I" in src or "== I" in src]
+    assert len(coo) > 30
+    assert any(" + 1 == " in src or "i0 + 1" in src for _, src in coo)
+    for seed, src in coo[:6]:
+        outcome = check(Program(src), seed=seed)
+        assert not outcome.failed, f"{outcome.kind}: {outcome.detail}\n{src}"
+        assert "a where pinning an output index by data (a COO scatter)" in outcome.notes

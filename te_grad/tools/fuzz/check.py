@@ -187,6 +187,8 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
         if any(isinstance(e, Reduce) and ops.reduction(e.combiner).indexed
                for t in topo_order([out]) if isinstance(t.op, ComputeOp) for e in _nodes(t.op.body)):
             notes.append("an argmax / argmin index")
+        if _pins_an_output_by_data(out):
+            notes.append("a where pinning an output index by data (a COO scatter)")
         fallbacks = sum(1 for w in caught if issubclass(w.category, SimplificationWarning))
         return Outcome(status, fallbacks=fallbacks, notes=notes)
     except _Mismatch as m:
@@ -409,6 +411,20 @@ def _check_float32(program: Program, feed64, head_value, y64, grads64):
             raise _Mismatch("mismatch-compiled-f32", f"compiled {name} (float32): {float(c32[at]):.8g}, "
                             f"float32 evaluator {float(e32[at]):.8g}, float64 {float(ref[at]):.12g} at "
                             f"{list(map(int, at))}")
+
+
+def _pins_an_output_by_data(out) -> bool:
+    """Whether a reduction of the program has a ``where`` conjunct ``data == i (+ c)`` on an
+    output variable ``i`` of its compute (:func:`simplify.solve.pinned_value`)."""
+    from simplify.affine import conjuncts
+    from simplify.solve import pinned_value
+    for t in topo_order([out]):
+        if isinstance(t.op, ComputeOp):
+            for e in _nodes(t.op.body):
+                if isinstance(e, Reduce) and any(pinned_value(c, ax) is not None
+                                                 for c in conjuncts(e.where) for ax in t.op.axes):
+                    return True
+    return False
 
 
 def _nodes(expr):

@@ -17,7 +17,7 @@ constant multiples of variables, transposes and diagonals, clamps (``minimum`` /
 ``maximum``), ``//`` and ``%`` by small constants, and reads through ids; an
 index that could leave its tensor is wrapped (``% n``), clamped or guarded.
 
-Three more constructs are drawn last (so the earlier choices keep their meaning): a
+Four more constructs are drawn last (so the earlier choices keep their meaning): a
 *gather stage*, whose reads mostly go through ids (its gradient is a scatter; products
 and maxima through it have second-order terms of their own); ``SECOND = True``, which
 asks for the second order as well (the gradient of ``<V, gradient>``, through the
@@ -25,7 +25,9 @@ simplified first-order gradient's scatters and folded forms); and an *invalid* l
 (``INVALID``), a read that leaves its tensor at some point of the domain under a condition
 on data, which every stage must refuse where the data take it. A valid program may instead end
 in a *ragged stage*: a sum, max or min over CSR segments ``range(R0[i0], R0[i0 + 1])`` of a
-row pointer ``R0`` (listed in ``ROWPTRS``, fed sorted), with empty segments.
+row pointer ``R0`` (listed in ``ROWPTRS``, fed sorted), with empty segments; or in a *COO
+stage*, a reduction whose ``where`` pins the first output variable by data (``I[e] == i0 + c``,
+either side), the form simplified into a scatter (:mod:`simplify.solve`).
 
 Conventions excluded by construction: a ``max`` / ``min`` reduction that may be
 empty (its value is -inf / inf) is combined with a finite constant, so no
@@ -291,6 +293,8 @@ class _Gen:
             stages.append(self.out_of_bounds_stage(len(stages)))
         elif self.chance(4):  # a ragged last stage: a reduction over CSR segments
             stages.append(self.ragged_stage(len(stages)))
+        elif self.chance(3):  # a COO aggregation: where=ids[e] == i0 (a scatter, solved reduce axes)
+            stages.append(self.coo_stage(len(stages)))
         self.lines.append(f"OUT = {stages[-1]}")
         self.lines.append(f"STAGES = [{', '.join(stages)}]")
         self.lines.append(f"INPUTS = [{', '.join([f'X{k}' for k in range(n_inputs)] + self.extra_inputs)}]")
@@ -380,6 +384,39 @@ class _Gen:
         body = self.pick([f"({a} * {b})", f"tg.maximum({a}, {b})", f"tg.tanh({a}) * {b}", a])
         params = ", ".join(names)
         self.lines.append(f"S{s} = tg.compute({shape!r}, lambda {params}: tg.cast(DT, {body}), name='S{s}')")
+        self.sources.append((f"S{s}", shape))
+        return f"S{s}"
+
+
+    def coo_stage(self, s: int) -> str:
+        """A last stage ``S[i0, ...] = R_e(body where I[e] == i0 + c)`` (either side): the output
+        variable pinned by data, as a COO aggregation writes it; ids may leave the output
+        (their values reach ``high``, the offset shifts them), where they select nothing."""
+        if not self.ids:
+            n, high = 1 + self.draw(4), 1 + self.draw(4)
+            self.lines.append(f"I2 = tg.placeholder(({n},), dtype='int64', name='I2')")
+            self.ids.append(("I2", (n,), high))
+        ids, ids_shape, _ = self.pick(self.ids)
+        shape = (1 + self.draw(4),) + self.shape(1)
+        names = [f"i{d}" for d in range(len(shape))]
+        vars_ = [(v, 0, n) for v, n in zip(names, shape)]
+        e = f"k{self.n_axes}"
+        self.n_axes += 1
+        self.lines.append(f"{e} = tg.reduce_axis((0, {ids_shape[0]}), name={e!r})")
+        body = self.expr(vars_ + [(e, 0, ids_shape[0])], 1 + self.draw(2))
+        c = self.draw(3) - 1
+        target = "i0" if c == 0 else f"i0 {'+' if c > 0 else '-'} {abs(c)}"
+        where = self.pick([f"{ids}[{e}] == {target}", f"{target} == {ids}[{e}]"])
+        if self.chance(3):
+            where = f"({where}) & ({self.condition(vars_ + [(e, 0, ids_shape[0])], 1)})"
+        combiner = self.pick(["sum", "sum", "max", "min", "prod"])
+        if combiner == "prod":
+            body = f"tg.tanh({body}) * 0.5 + 1.0"
+        red = f"tg.{combiner}({body}, axis={e}, where={where})"
+        if combiner in ("max", "min"):  # empty for rows no id reaches: -inf / inf
+            red = f"tg.{'maximum' if combiner == 'max' else 'minimum'}({red}, {self.const()})"
+        params = ", ".join(names)
+        self.lines.append(f"S{s} = tg.compute({shape!r}, lambda {params}: tg.cast(DT, {red}), name='S{s}')")
         self.sources.append((f"S{s}", shape))
         return f"S{s}"
 
