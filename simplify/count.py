@@ -308,6 +308,9 @@ class SizeCount:
     def __repr__(self):
         return f"SizeCount({self})"
 
+    def __format__(self, spec: str) -> str:  # "{:,}" as for an int count: the closed form
+        return str(self)
+
     def __int__(self):
         raise UserError(f"the count depends on {self._names()}: evaluate it with .at({self._names()}=...)")
 

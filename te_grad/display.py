@@ -44,13 +44,20 @@ def result_html(res) -> str:
         rows.append(
             f"<tr><td><b>{html.escape(x.name)}</b></td>"
             f"<td style='text-align:left'>{_pre(show(g).splitlines()[-1])}</td>"
-            f"<td>{n_simp:,}</td><td>{n_raw:,}</td><td>{n_raw / max(n_simp, 1):,.0f}x</td></tr>")
+            f"<td>{n_simp:,}</td><td>{n_raw:,}</td><td>{_saved(n_raw, n_simp)}</td></tr>")
     table = ("<table><tr><th>input</th><th style='text-align:left'>gradient (simplified)</th>"
              "<th>iterations</th><th>raw VJP iterations</th><th>saved</th></tr>" + "".join(rows) + "</table>")
     outs = ", ".join(html.escape(y.name) for y in res.outputs)
     raw_text = "\n\n".join(show(r) for r in res.raw)
     return (f"<b>gradients of {outs}</b> (forward: {forward:,} innermost iterations)" + table
             + _details("raw vector-Jacobian products (before isl)", _pre(raw_text)))
+
+
+def _saved(n_raw, n_simp) -> str:
+    """``raw / simplified`` for int counts; counts in size variables print as functions."""
+    if isinstance(n_raw, int) and isinstance(n_simp, int):
+        return f"{n_raw / max(n_simp, 1):,.0f}x"
+    return html.escape(f"({n_raw}) / ({n_simp})")
 
 
 def kernel_html(kernel) -> str:

@@ -142,3 +142,14 @@ def test_two_size_variables_are_counted_at_given_sizes():
     count = tg.iterations(S)
     assert count.at(n=3, m=5) == 15 and count.pieces() is None
     assert "evaluate with .at" in str(count)
+
+
+def test_a_symbolic_result_displays_its_counts():
+    n = tg.var("n")
+    inputs, Y = _matmul(n)
+    res = tg.differentiate(Y, inputs)
+    from te_grad.display import result_html
+    page = result_html(res)
+    raw_x, simp_x = tg.iterations(res.raw[0]), tg.iterations(res.gradients[0])
+    assert "forward: 32 * n innermost" in page and f"({raw_x}) / ({simp_x})" in page
+    assert f"{tg.iterations(Y):,}" == "32 * n"
