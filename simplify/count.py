@@ -252,6 +252,9 @@ class SizeCount:
         if form is None:
             raise UserError(f"no closed form of the count in {self._names()}")
         table, start, period, polys = form
+        v = self.variables[0]
+        if n < v.lo or (v.hi is not None and n > v.hi):
+            raise UserError(f"size {v.name} = {n} is outside its range")
         if n < start:
             return table[n]
         got = _poly_at(polys, period, start, n)

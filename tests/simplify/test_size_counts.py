@@ -153,3 +153,14 @@ def test_a_symbolic_result_displays_its_counts():
     raw_x, simp_x = tg.iterations(res.raw[0]), tg.iterations(res.gradients[0])
     assert "forward: 32 * n innermost" in page and f"({raw_x}) / ({simp_x})" in page
     assert f"{tg.iterations(Y):,}" == "32 * n"
+
+
+def test_the_closed_form_refuses_sizes_out_of_range():
+    n = tg.var("n", min=1)
+    _, Z = _shifted(n)
+    count = tg.iterations(Z)
+    assert count.closed_form_at(1) == 0
+    with pytest.raises(UserError, match="outside its range"):
+        count.closed_form_at(0)
+    with pytest.raises(UserError, match="must be >= 1"):
+        count.at(n=0)
