@@ -21,7 +21,7 @@ from te_grad.ir import Compare, ComputeOp, Expr, Reduce, ReduceAxis, ScatterOp, 
 from te_grad.ops import reduction
 from te_grad.transform import substitute
 
-from .affine import conjuncts, isl_cond, isl_expr
+from .affine import IslNames, conjuncts, isl_cond, isl_expr
 from .gather import lift_guards
 from .isl_bridge import Domain, Unsupported
 from .solve import in_range, pinned_value, place_ranges
@@ -106,7 +106,7 @@ def _scatter(name, shape, dtype, red: Reduce, out_axes, eqs, note) -> Optional[T
     None when the range cannot be tested before the conditions that read at the index."""
     shape = tuple(shape)
     used = {id(c) for _, c in eqs.values()}
-    outer = [ReduceAxis(ax.name, dtypes.INDEX, dsl.const(0), dsl.const(n))
+    outer = [ReduceAxis(ax.name, dtypes.INDEX, dsl.const(0), n if isinstance(n, Expr) else dsl.const(n))
              for d, (ax, n) in enumerate(zip(out_axes, shape)) if d not in eqs]
     free = [ax for d, ax in enumerate(out_axes) if d not in eqs]
     to_index = {ax: eqs[d][0] for d, ax in enumerate(out_axes) if d in eqs}
@@ -119,7 +119,7 @@ def _scatter(name, shape, dtype, red: Reduce, out_axes, eqs, note) -> Optional[T
             to_index[ax] = new
             ax = new
         axes.append(ax)
-    names = {id(ax): f"r{n}" for n, ax in enumerate(axes)}
+    names = IslNames({id(ax): f"r{n}" for n, ax in enumerate(axes)})
     lifted, value = lift_guards(red.body)
     indices = tuple(substitute(eqs[d][0], to_index) if d in eqs else to_index[ax]
                     for d, ax in enumerate(out_axes))
@@ -146,15 +146,16 @@ def _may_leave(index: Expr, n: int, axes, names) -> bool:
     """Whether the quasi-affine ``index`` can leave ``[0, n)`` at some point of the box of
     ``axes`` (True when isl cannot tell)."""
     text = isl_expr(index, names)
+    extent = isl_expr(n, names) if isinstance(n, Expr) else str(n)
     bounds = []
     for k, ax in enumerate(axes):
         lo, hi = isl_expr(ax.lo, names), isl_expr(ax.hi, names)
-        if text is None or lo is None or hi is None:
+        if text is None or lo is None or hi is None or extent is None:
             return True
         bounds.append(f"{lo} <= r{k} < {hi}")
     try:
         dom = Domain([], [(f"r{k}", ax.name) for k, ax in enumerate(axes)],
-                      bounds + [f"({text} < 0 or {text} >= {n})"])
+                      bounds + [f"({text} < 0 or {text} >= {extent})"], sizes=names.size_vars())
         return dom.sample() is not None
     except Unsupported:
         return True
@@ -173,7 +174,8 @@ def _tighten(red_axes, indices, value, conds: List[Expr], names):
             return _pin_box_axes(list(red_axes), indices, value, conds)
         bounds.append(f"{lo} <= r{n} < {hi}")
     try:
-        nests = scan(Domain([], [(f"r{n}", ax.name) for n, ax in enumerate(red_axes)], bounds + affine))
+        nests = scan(Domain([], [(f"r{n}", ax.name) for n, ax in enumerate(red_axes)], bounds + affine,
+                            sizes=names.size_vars()))
     except Unsupported:
         nests = None
     if nests is None or len(nests) != 1 or nests[0].guards or not nests[0].axes:

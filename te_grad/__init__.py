@@ -126,11 +126,14 @@ def latex(tensors) -> str:
 
 
 @deep_entry
-def iterations(tensors, ragged: int = None) -> int:
+def iterations(tensors, ragged: int = None):
     """Exact innermost-loop iterations to compute ``tensors`` from placeholders, each op once.
-    A ragged loop (bounds reading data, ``range(rowptr[v], rowptr[v + 1])``) has no count
-    before the data is known: a UserError, unless ``ragged=N`` counts each such loop as
-    ``N`` trips per point (an estimate)."""
+
+    An int for fixed shapes; for a graph with size variables a ``SizeCount``, a function of
+    the sizes: ``count.at(n=5)`` is exact, ``str(count)`` its closed form (``64 * n``), see
+    :mod:`simplify.count`. A ragged loop (bounds reading data, ``range(rowptr[v], rowptr[v +
+    1])``) has no count before the data is known: a UserError, unless ``ragged=N`` counts each
+    such loop as ``N`` trips per point (an estimate)."""
     from simplify import iterations as _iterations
     return _iterations(tensors, ragged)
 

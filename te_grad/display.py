@@ -46,14 +46,14 @@ def result_html(res) -> str:
         except UserError:
             return None
 
-    def fmt(n):
-        return "depends on the data" if n is None else f"{n:,}"
+    def fmt(n):  # an int, or a count in size variables (its closed form)
+        return "depends on the data" if n is None else html.escape(f"{n:,}")
 
     forward = count(list(res.outputs))
     rows = []
     for x, g, raw in zip(res.inputs, res.gradients, res.raw):
         n_simp, n_raw = count(g), count(raw)
-        saved = "" if n_simp is None or n_raw is None else f"{n_raw / max(n_simp, 1):,.0f}x"
+        saved = "" if n_simp is None or n_raw is None else _saved(n_raw, n_simp)
         rows.append(
             f"<tr><td><b>{html.escape(x.name)}</b></td>"
             f"<td style='text-align:left'>{_pre(show(g).splitlines()[-1])}</td>"
@@ -64,6 +64,13 @@ def result_html(res) -> str:
     raw_text = "\n\n".join(show(r) for r in res.raw)
     return (f"<b>gradients of {outs}</b> (forward: {fmt(forward)} innermost iterations)" + table
             + _details("raw vector-Jacobian products (before isl)", _pre(raw_text)))
+
+
+def _saved(n_raw, n_simp) -> str:
+    """``raw / simplified`` for int counts; counts in size variables print as functions."""
+    if isinstance(n_raw, int) and isinstance(n_simp, int):
+        return f"{n_raw / max(n_simp, 1):,.0f}x"
+    return html.escape(f"({n_raw}) / ({n_simp})")
 
 
 def kernel_html(kernel) -> str:
