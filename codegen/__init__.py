@@ -15,6 +15,7 @@ from simplify.count import tensor_iterations
 from te_grad.errors import UserError
 from te_grad.graph import reads_in, topo_order
 from te_grad.ir import Tensor
+from te_grad.sizes import graph_size_vars
 
 from . import build_codec, disk_cache
 from .jit import cached_module, compile_module, module_key
@@ -109,11 +110,12 @@ def _build(outs, inputs, options: CompileOptions, wait: bool) -> Kernel:
             index[id(t)] = len(buffers)
             buffers.append(t)
     works = [s.work if s.work is not None else tensor_iterations(s.tensor) for s in stages]
-    text = emit_module(stages, index, fast_math, works=works, bound_checks=bound_checks)
+    size_vars = graph_size_vars(outs)  # bound at each call; one module for every value
+    text = emit_module(stages, index, fast_math, works=works, bound_checks=bound_checks, sizes=size_vars)
     compiled = compile_module(text, [RUN_STAGES, RUN_REGION], wait=wait)
     compiled_stages = [CompiledStage(s, w) for s, w in zip(stages, works)]
     kernel = Kernel(simplified, inputs, buffers, compiled_stages, regions(stages), compiled,
-                    options.resolved_threads())
+                    options.resolved_threads(), size_vars)
     kernel.fast_math = fast_math  # what Kernel.export re-emits the stages with
     kernel.bound_checks = bound_checks
     kernel.options = options
