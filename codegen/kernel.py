@@ -98,6 +98,7 @@ class Kernel:
         #: the size variables (``tg.var``) bound at each call from the arguments' shapes, in the
         #: order of :func:`te_grad.sizes.graph_size_vars` (that of an exported kernel's sizes)
         self.size_vars = tuple(size_vars)
+        self._aliases = {}  # a cached build's own size variables -> the caller's of the same name
         self.inputs = list(inputs)
         self.buffers = list(buffers)
         self.stages = list(stages)
@@ -221,11 +222,22 @@ class Kernel:
             outs = [outs] if isinstance(outs, np.ndarray) else list(outs)
             declared += [(f"out={t.name}", t.shape, np.shape(a)) for t, a in zip(self.outputs, outs)
                          if isinstance(a, np.ndarray)]
-        sizes = bind_sizes(declared)
+        sizes = self._aliased(bind_sizes(declared))
         unbound = [v.name for v in self.size_vars if v not in sizes]
         if unbound:
             raise UserError(f"no argument's shape states the size(s) {', '.join(unbound)} of this kernel: "
                             "give the outputs with out=")
+        return sizes
+
+    def _aliased(self, sizes) -> Dict:
+        """``sizes`` with the values of the cached graph's variables (:attr:`_aliases`) too."""
+        if self._aliases:
+            sizes = dict(sizes)
+            for alias, v in self._aliases.items():
+                if v in sizes:
+                    sizes.setdefault(alias, sizes[v])
+                elif alias in sizes:
+                    sizes[v] = sizes[alias]
         return sizes
 
     def _size_values(self, sizes) -> Tuple[int, ...]:
@@ -290,7 +302,7 @@ class Kernel:
         to ints, which the arrays must follow."""
         if self.size_vars:
             from te_grad.sizes import named_sizes
-            sizes = named_sizes(self.size_vars, sizes)
+            sizes = self._aliased(named_sizes(self.size_vars, sizes))
             missing = [v.name for v in self.size_vars if v not in sizes]
             if missing:
                 raise UserError(f"run_pointers needs sizes= for {', '.join(missing)}")
@@ -431,7 +443,7 @@ class Kernel:
         if rc == 0:
             return
         if sizes and not isinstance(sizes, dict):  # the values, in the order of size_vars
-            sizes = dict(zip(self.size_vars, sizes))
+            sizes = self._aliased(dict(zip(self.size_vars, sizes)))
         stage = self.stages[err[3]].stage.tensor.name
         tensor = self.buffers[err[0]] if 0 <= err[0] < len(self.buffers) else None
         name = tensor.name if tensor is not None else "?"

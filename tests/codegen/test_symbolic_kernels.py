@@ -29,14 +29,26 @@ def _rand(*shape, dtype="float32"):
 
 @pytest.fixture
 def count_compiles(monkeypatch):
-    """The number of LLVM modules compiled by tg.build (codegen.jit.compile_module) so far."""
+    """The LLVM modules compiled so far (by the compile worker or in this process; a module
+    found in the in-process or disk cache is not compiled)."""
+    from codegen import jit
+    from codegen.team import team
+    from codegen.kernel import default_threads
+    team(default_threads())  # the thread team's own module, compiled once per process
     calls = []
-    original = codegen.compile_module
+    remote, here = jit._remote, jit._compile_here
 
-    def counting(text, functions, wait=True):
-        calls.append(text)
-        return original(text, functions, wait=wait)
-    monkeypatch.setattr(codegen, "compile_module", counting)
+    def counting_remote(text, key, functions):
+        got = remote(text, key, functions)
+        if got is not None:
+            calls.append(key)
+        return got
+
+    def counting_here(text, key, functions):
+        calls.append(key)
+        return here(text, key, functions)
+    monkeypatch.setattr(jit, "_remote", counting_remote)
+    monkeypatch.setattr(jit, "_compile_here", counting_here)
     return calls
 
 
@@ -124,3 +136,33 @@ def test_a_data_index_out_of_range_names_the_bound_extent():
     np.testing.assert_array_equal(kern(t, np.array([4, 0, 2])), t[[4, 0, 2]])
     with pytest.raises(UserError, match=r"index 5 is out of range \[0, 5\)"):
         kern(t, np.array([5, 0, 2]))
+
+
+def test_the_disk_cache_keeps_one_build_for_every_size(count_compiles, tmp_path):
+    from codegen import jit
+    with codegen.compile_options(disk_cache=True, cache_dir=str(tmp_path)):
+        _, X0, W0, _, _, L0 = _chain()
+        tg.build(L0, [X0, W0])
+        n, X, W, Y, Z, L = _chain()  # the same graph, new objects: found on disk
+        jit.clear_cache()
+        again = tg.build(L, [X, W])
+        assert len(count_compiles) == 1  # the second build compiled nothing
+        assert again.size_vars == (n,)
+        w = _rand(8, 4)
+        for size in (2, 5, 30):
+            x = _rand(size, 8)
+            np.testing.assert_allclose(again(x, w), tg.evaluate([L], {X: x, W: w})[0], rtol=1e-4)
+        with pytest.raises(UserError, match="n = 1.*>= 2"):
+            again(_rand(1, 8), w)
+        # a variable of the same name with another range makes another graph
+        m = tg.var("n", min=3)
+        X3, W3 = tg.placeholder((m, 8), name="X"), tg.placeholder((8, 4), name="W")
+        k = tg.reduce_axis(8, "k")
+        Y3 = tg.compute((m, 4), lambda i, j: tg.sum(X3[i, k] * W3[k, j], axis=k), name="Y")
+        Z3 = tg.compute((m - 1,), lambda i: tg.tanh(Y3[i, 0] + Y3[i + 1, 1]), name="Z")
+        r = tg.reduce_axis((0, m - 1), "r")
+        L3 = tg.compute((), lambda: tg.sum(Z3[r] * Z3[r], axis=r), name="L")
+        third = tg.build(L3, [X3, W3])
+        with pytest.raises(UserError, match="n = 2.*>= 3"):
+            third(_rand(2, 8), w)
+    assert len(count_compiles) == 1  # the same module: the range is checked by the call
