@@ -166,3 +166,67 @@ def test_the_disk_cache_keeps_one_build_for_every_size(count_compiles, tmp_path)
         with pytest.raises(UserError, match="n = 2.*>= 3"):
             third(_rand(2, 8), w)
     assert len(count_compiles) == 1  # the same module: the range is checked by the call
+
+
+def _export_and_run(kernel, sizes, arrays, out_shapes, tmp_path, name="sym"):
+    """Export ``kernel``, call it from a C program with ``sizes`` (int64 values, in the order
+    of kernel.size_vars) and ``arrays``; return (rc, info, outputs)."""
+    import shutil
+    import subprocess
+    from codegen.export import C_TYPES
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    d = tmp_path / "c"
+    d.mkdir(exist_ok=True)
+    files = kernel.export(str(d / name))
+    lines = ["#include <stdio.h>", "#include <stdlib.h>", f'#include "{name}.h"',
+             "static void *load(const char *p, size_t n) { FILE *f = fopen(p, \"rb\"); void *m = malloc(n ? n : 1);",
+             "  if (!f || fread(m, 1, n, f) != n) { exit(3); }",
+             "  fclose(f); return m; }",
+             "int main(void) {"]
+    args = [f"(int64_t){v}" for v in sizes]
+    for k, (t, a) in enumerate(zip(kernel.inputs, arrays)):
+        lines.append(f"  {C_TYPES[t.dtype]} *in{k} = load(\"in{k}.bin\", {a.nbytes});")
+        a.tofile(d / f"in{k}.bin")
+        args.append(f"in{k}")
+    for k, (t, shape) in enumerate(zip(kernel.outputs, out_shapes)):
+        count = max(1, int(np.prod(shape)))
+        lines.append(f"  {C_TYPES[t.dtype]} *out{k} = calloc({count}, sizeof({C_TYPES[t.dtype]}));")
+        args.append(f"out{k}")
+    lines += ["  int64_t info[4] = {0, 0, 0, 0};", f"  int rc = {name}_ex({', '.join(args)}, info);",
+              "  printf(\"%d %lld %lld %lld %lld\\n\", rc, (long long)info[0], (long long)info[1], "
+              "(long long)info[2], (long long)info[3]);"]
+    for k, (t, shape) in enumerate(zip(kernel.outputs, out_shapes)):
+        lines.append(f"  {{ FILE *f = fopen(\"out{k}.bin\", \"wb\"); fwrite(out{k}, sizeof({C_TYPES[t.dtype]}), "
+                     f"{int(np.prod(shape))}, f); fclose(f); }}")
+    lines += ["  return 0;", "}"]
+    (d / "main.c").write_text("\n".join(lines) + "\n")
+    done = subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", "-O1", "-I", str(d), "-o", str(d / "prog"),
+                           str(d / "main.c"), files["object"], "-lm"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run([str(d / "prog")], capture_output=True, text=True, cwd=d, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rc, *info = [int(v) for v in done.stdout.split()]
+    outs = [np.fromfile(d / f"out{k}.bin", dtype=t.dtype).reshape(shape)
+            for k, (t, shape) in enumerate(zip(kernel.outputs, out_shapes))]
+    return rc, info, outs
+
+
+def test_export_takes_the_sizes_as_int64_arguments_checked_at_entry(tmp_path):
+    n, X, W, Y, Z, L = _chain()
+    with codegen.compile_options(disk_cache=False):
+        kern = tg.build([Z, L], [X, W])
+    w = _rand(8, 4)
+    for size in (2, 11):
+        x = _rand(size, 8)
+        rc, _, got = _export_and_run(kern, [size], [x, w], [(size - 1,), ()], tmp_path)
+        assert rc == 0
+        for g, e in zip(got, kern(x, w)):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    header = (tmp_path / "c" / "sym.h").read_text()
+    assert "int sym(int64_t n, const float *X, const float *W, float *Z, float *L);" in header
+    assert "#define SYM_ERROR_SIZE 4" in header and "size n: the value of size variable n, >= 2" in header
+    rc, info, _ = _export_and_run(kern, [1], [_rand(1, 8), w], [(0,), ()], tmp_path)  # below min=2
+    assert rc == 4 and info[:3] == [-1, 0, 1]
+    rc, info, _ = _export_and_run(kern, [-3], [_rand(0, 8), w], [(0,), ()], tmp_path)
+    assert rc == 4 and info[2] == -3
