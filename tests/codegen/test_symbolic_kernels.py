@@ -230,3 +230,36 @@ def test_export_takes_the_sizes_as_int64_arguments_checked_at_entry(tmp_path):
     assert rc == 4 and info[:3] == [-1, 0, 1]
     rc, info, _ = _export_and_run(kern, [-3], [_rand(0, 8), w], [(0,), ()], tmp_path)
     assert rc == 4 and info[2] == -3
+
+
+def test_build_vjp_compiles_one_forward_and_one_backward_for_every_size(count_compiles):
+    n = tg.var("n", min=2)
+    X = tg.placeholder((n, 8), name="X", dtype="float64")
+    W = tg.placeholder((8, 4), name="W", dtype="float64")
+    k = tg.reduce_axis(8, "k")
+    Y = tg.compute((n, 4), lambda i, j: tg.sum(X[i, k] * W[k, j], axis=k), name="Y")
+    Z = tg.compute((n - 1, 4), lambda i, j: tg.tanh(Y[i, j] + Y[i + 1, j]), name="Z")
+    with codegen.compile_options(disk_cache=False):
+        vjp = tg.build_vjp(Z, [X, W])
+        assert vjp.forward.size_vars == (n,) and vjp.backward.size_vars == (n,)
+        assert "n" in str(vjp.residual_bytes)
+        w = _rand(8, 4, dtype="float64")
+        for size in (2, 6, 13):
+            x, h = _rand(size, 8, dtype="float64"), _rand(size - 1, 4, dtype="float64")
+            outs, res = vjp.run_forward(x, w)
+            gx, gw = vjp.run_backward(res, [x, w], [h])
+
+            def loss(x, w):
+                y = x @ w
+                return float((np.tanh(y[:-1] + y[1:]) * h).sum())
+            np.testing.assert_allclose(outs[0], np.tanh((x @ w)[:-1] + (x @ w)[1:]), rtol=1e-12)
+            eps = 1e-6
+            for g, arr in ((gx, x), (gw, w)):  # central finite differences in float64
+                for idx in [tuple(RNG.integers(0, s) for s in arr.shape) for _ in range(4)]:
+                    up, down = arr.copy(), arr.copy()
+                    up[idx] += eps
+                    down[idx] -= eps
+                    fd = (loss(up, w) - loss(down, w)) / (2 * eps) if arr is x else \
+                        (loss(x, up) - loss(x, down)) / (2 * eps)
+                    assert abs(g[idx] - fd) < 1e-6 * max(1.0, abs(fd))
+    assert len(count_compiles) == 2
