@@ -280,9 +280,14 @@ def test_the_loop_interpreter_binds_sizes_and_agrees_with_the_oracle():
         want = tg.evaluate([Z, L], {X: x, W: w})
         for t, e in zip(outs, want):
             np.testing.assert_allclose(got[id(t)], e, rtol=1e-5, atol=1e-6)
-    # every intermediate schedule of a symbolic tensor computes it
-    steps = list(schedule_steps(outs[0], outs[0].op.body))
-    assert [name for name, _ in steps] == ["definition"]
+    # every intermediate schedule of a symbolic tensor computes it: the loop orders run
+    _, Xd, Wd, Yd, _, _ = _chain()
+    steps = list(schedule_steps(Yd, Yd.op.body))
+    assert [name for name, _ in steps] == ["definition", "order_elementwise", "order_reductions", "decide_blocks"]
+    x = _rand(3, 8)
+    want = tg.evaluate([Yd], {Xd: x, Wd: w})[0]
+    for name, stage in steps:
+        np.testing.assert_allclose(run([stage], {Xd: x, Wd: w})[id(Yd)], want, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_reads_proven_in_bounds_over_the_sizes_are_not_checked_the_others_are():
