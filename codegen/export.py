@@ -254,6 +254,10 @@ def export(entries: Sequence[Entry], path: str, target: str = "host", cpu: Optio
     ``constants`` become global ``const`` arrays of the object. Returns the file paths."""
     if not isinstance(threads, int) or threads < 1:
         raise UserError(f"export: threads must be a positive int, got {threads!r}")
+    sized = [e.name for e in entries if getattr(e.kernel, "size_vars", ())]
+    if sized and threads > 1:
+        raise UserError(f"export: {', '.join(sized)} take sizes known only at run time; such kernels are "
+                        "exported single-threaded (threads=1)")
     spec = target_spec(target, cpu, features)
     machine = _machine(spec)
     constants = constants or {}

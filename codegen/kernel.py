@@ -9,7 +9,7 @@ import numpy as np
 
 from te_grad.errors import InternalError, UserError
 from te_grad.graph import reads_in
-from te_grad.ir import Tensor
+from te_grad.ir import Expr, Tensor
 
 from . import team_ir
 from te_grad.argcheck import check_feed
@@ -99,6 +99,7 @@ class Kernel:
         #: order of :func:`te_grad.sizes.graph_size_vars` (that of an exported kernel's sizes)
         self.size_vars = tuple(size_vars)
         self._aliases = {}  # a cached build's own size variables -> the caller's of the same name
+        self._bound: Dict[tuple, tuple] = {}  # input shapes -> (sizes, inputs at those sizes)
         self.inputs = list(inputs)
         self.buffers = list(buffers)
         self.stages = list(stages)
@@ -145,17 +146,49 @@ class Kernel:
         return plan([cs.stage for cs in self.stages], [cs.work for cs in self.stages], self.regions,
                     self.blocks, self.threads if threads is None else threads, **options)
 
-    def _plan_records(self) -> np.ndarray:
-        """The plan as the team's records (:mod:`.team_ir`), made once per thread count."""
-        records = self._plans.get(self.threads)
+    def _stages_at(self, sizes):
+        """``(stages, works)`` with the parallel extents and the innermost iterations of the
+        stages whose extents are size expressions at ``sizes`` (a call's own plan)."""
+        import dataclasses
+        from te_grad.sizes import concrete_shape, value
+        from .loopir import loops
+        from .regions import split_extent
+        from te_grad.ir import Const as _Const, ReduceAxis
+        stages, works = [], []
+        for cs in self.stages:
+            s, w = cs.stage, cs.work
+            if s.tensor.shape and any(isinstance(n, Expr) for n in s.tensor.shape):
+                extent = split_extent(s)
+                if extent is not None:
+                    s = dataclasses.replace(s, parallel_extent=value(extent, sizes))
+                inner = 1
+                for lp in loops(s.body):
+                    if isinstance(lp.var, ReduceAxis) and isinstance(lp.lo, _Const) and isinstance(lp.hi, _Const):
+                        inner *= max(1, int(lp.hi.value) - int(lp.lo.value))
+                w = int(np.prod(concrete_shape(s.tensor.shape, sizes))) * inner
+            stages.append(s)
+            works.append(w)
+        return stages, works
+
+    def _plan_records(self, sizes=None) -> np.ndarray:
+        """The plan as the team's records (:mod:`.team_ir`), made once per thread count (and
+        per sizes, for a kernel with size variables)."""
+        key = self.threads if not sizes else (self.threads, tuple(sizes))
+        records = self._plans.get(key)
         if records is None:
-            runs = self.plan()
+            if sizes:
+                stages, works = self._stages_at(self._aliased(dict(zip(self.size_vars, sizes))))
+                runs = plan(stages, works, self.regions, self.blocks, self.threads)
+                if len(self._plans) > 64:
+                    self._plans.clear()
+            else:
+                runs = self.plan()
             records = np.zeros((len(runs), team_ir.RECORD), dtype=np.int64)
             width = min(self.threads, team_ir.MAX_WIDTH)  # what the team's claim word holds
             for row, r in zip(records, runs):
                 row[:team_ir.REC_GRANULE + 1] = (r.first, r.last, r.block, r.extent,
                                                  min(r.chunks, team_ir.MAX_CHUNKS), width, r.granule)
-            self._plans[self.threads] = records
+            self._plans[key] = records
         return records
 
     @property
@@ -182,14 +215,23 @@ class Kernel:
     # -- calling ----------------------------------------------------------------------------
     def __call__(self, *arrays, out=None, **named):
         arrays = self._bind(arrays, named)
-        sizes = None
+        sizes, checked = None, self.inputs
         if self.size_vars:
             arrays = [a if isinstance(a, np.ndarray) else np.asarray(a) for a in arrays]
-            sizes = self.bind_sizes(arrays, out)
+            key = tuple(a.shape for a in arrays) if out is None else None
+            bound = self._bound.get(key) if key is not None else None
+            if bound is None:  # the sizes, and the inputs at those sizes, once per set of shapes
+                got = self.bind_sizes(arrays, out)
+                bound = (got, [_at_sizes(t, got) for t in self.inputs])
+                if key is not None:
+                    if len(self._bound) > 64:
+                        self._bound.clear()
+                    self._bound[key] = bound
+            sizes, checked = bound
         values: List[Optional[np.ndarray]] = [None] * len(self.buffers)
         given = []
-        for t, a in zip(self.inputs, arrays):
-            a = check_feed(t if sizes is None else _at_sizes(t, sizes), a)
+        for t, c, a in zip(self.inputs, checked, arrays):
+            a = check_feed(c, a)
             given.append(a)
             values[self._index[id(t)]] = np.ascontiguousarray(a)
         outs = self._out_arrays(out, sizes)
@@ -398,7 +440,9 @@ class Kernel:
     def _run_plan(self, table, sizes=None):
         if self._pending is not None:
             self.wait()
-        records = self._plan_records()
+        if sizes and isinstance(sizes, dict):
+            sizes = self._size_values(sizes)
+        records = self._plan_records(sizes)
         crew = team(self.threads)
         if crew.sleepers:
             crew.wake()

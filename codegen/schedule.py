@@ -56,7 +56,7 @@ from te_grad.sizes import uses_sizes
 from .cache_tiling import tile_stage
 from .congruence import interleave_classes, split_classes
 from .guard_ranges import narrow_guarded_loops
-from .loop_order import lane_var, order_elementwise, order_reductions, parallel_axis
+from .loop_order import lane_var, order_elementwise, order_reductions, parallel_axis, representative
 from .loopir import Stage, Store, guarded, nest, stmt_stores
 from .machine import PORTABLE, Machine
 from .options import CompileOptions, current_options, using
@@ -114,7 +114,9 @@ def definition(t: Tensor, body: Expr) -> Stage:
     ew, terms, _ = split_terms(body)
     axes, shape = list(t.op.axes), list(t.shape)
     symbolic = uses_sizes(t)
-    par = parallel_axis(axes, shape) if not symbolic else None
+    # extents known at run time: the parallel axis chosen at a representative size, its
+    # extent bound at each call (codegen.kernel)
+    par = parallel_axis(axes, [representative(n) for n in shape] if symbolic else shape)
     split = par if any(reduction(red.combiner).indexed for _, red in terms) else None
     init = ew
     if terms and ew is None:
@@ -129,8 +131,10 @@ def definition(t: Tensor, body: Expr) -> Stage:
             store = Store(t, tuple(axes), dsl.cast(t.dtype, red.body), combine=red.combiner)
         bounds = {**full, **{id(r): (r.lo, r.hi) for r in red.axes}}
         stmts += nest(axes + list(red.axes), bounds, guarded(dsl.all(conds) if conds else None, store), split)
-    if symbolic:  # extents known at run time: plain loops, run whole (see compute_stage)
-        return Stage(t, stmts, 0, work=SYMBOLIC_WORK)
+    if symbolic:  # the extent split among threads is that of the bound sizes (codegen.kernel)
+        extent = representative(dict(zip(map(id, axes), shape))[id(par)]) if par is not None else 0
+        return Stage(t, stmts, extent if extent > 1 else 0, parallel_axis=par if extent > 1 else None,
+                     work=SYMBOLIC_WORK)
     return Stage(t, stmts, dict(zip(map(id, axes), shape))[id(par)] if par is not None else 0, parallel_axis=par)
 
 

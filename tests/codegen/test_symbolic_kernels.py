@@ -272,7 +272,8 @@ def test_the_loop_interpreter_binds_sizes_and_agrees_with_the_oracle():
     n, X, W, Y, Z, L = _chain()
     outs = simplify([Z, L])
     stages = stages_for(outs)
-    assert all(s.parallel_extent == 0 for s in stages)  # extents known at run time: run whole
+    # the batch axis is split among threads, its extent bound at each call
+    assert all(s.parallel_axis is not None for s in stages if s.tensor.shape)
     w = _rand(8, 4)
     for size in (2, 4):
         x = _rand(size, 8)
@@ -309,3 +310,22 @@ def test_reads_proven_in_bounds_over_the_sizes_are_not_checked_the_others_are():
     np.testing.assert_array_equal(kern(v), tg.evaluate([S], {V: v})[0])
     with pytest.raises(UserError, match=r"index 3 is out of range \[0, 3\)"):
         kern(np.array([1.0, 2.0, 3.0], np.float32))
+
+
+def test_threads_share_a_range_known_at_run_time():
+    n = tg.var("n", min=1)
+    X = tg.placeholder((n, 300), name="X")
+    r = tg.reduce_axis(300, "r")
+    M = tg.compute((n,), lambda i: tg.max(X[i, r], axis=r), name="M")
+    E = tg.compute((n, 300), lambda i, j: tg.exp(X[i, j] - M[i]), name="E")
+    with codegen.compile_options(disk_cache=False):
+        kern = tg.build([M, E], [X], threads=2)
+    for size in (1, 7, 513):  # 513 rows: past the size the plan's structure was chosen at
+        x = _rand(size, 300)
+        records = kern._plan_records(kern._size_values({n: size}))
+        assert (records[:, 3] == size).any()  # the extent split among threads is the bound n
+        got = kern(x)
+        for g, e in zip(got, tg.evaluate([M, E], {X: x})):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    with pytest.raises(UserError, match="single-threaded"):
+        kern.export("/nonexistent/k", threads=2)
