@@ -329,3 +329,12 @@ def test_threads_share_a_range_known_at_run_time():
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
     with pytest.raises(UserError, match="single-threaded"):
         kern.export("/nonexistent/k", threads=2)
+
+
+def test_the_fuzzer_checks_one_symbolic_kernel_at_every_size_of_its_sized_programs():
+    from te_grad.tools.fuzz import Program, check, from_seed
+    sized = [src for src in (from_seed(s).source for s in range(120)) if "SIZE = n = tg.var" in src][:8]
+    assert len(sized) >= 5
+    for src in sized:
+        outcome = check(Program(src), seed=0)
+        assert outcome.kind in ("ok", "fd-unstable"), (outcome, src)
