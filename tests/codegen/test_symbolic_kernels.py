@@ -310,6 +310,13 @@ def test_reads_proven_in_bounds_over_the_sizes_are_not_checked_the_others_are():
     np.testing.assert_array_equal(kern(v), tg.evaluate([S], {V: v})[0])
     with pytest.raises(UserError, match=r"index 3 is out of range \[0, 3\)"):
         kern(np.array([1.0, 2.0, 3.0], np.float32))
+    # under the same condition, reads inside [0, n) for every n are not checked: one check left
+    T = tg.compute((n,), lambda i: tg.if_then_else(V[i] > 0, V[i + 1], V[i] * V[n - 1 - i]), name="T")
+    with codegen.compile_options(disk_cache=False):
+        kern = tg.build(T, [V])
+    assert kern.wait()._compiled.text.count("icmp uge") == 1  # V[i + 1] alone
+    v = np.array([-1.0, 2.0, -3.0, -0.5], np.float32)
+    np.testing.assert_allclose(kern(v), tg.evaluate([T], {V: v})[0])
 
 
 def test_threads_share_a_range_known_at_run_time():
