@@ -24,7 +24,7 @@ from typing import Dict, List, Sequence
 
 from te_grad import dsl
 from te_grad.errors import UserError
-from te_grad.graph import reads_in, topo_order
+from te_grad.graph import topo_order
 from te_grad.ir import Binary, ComputeOp, Expr, Read, Reduce, ScatterOp, Select, Tensor, Var
 from te_grad.printer import expr_to_str
 
