@@ -36,7 +36,8 @@ from te_grad import dtypes
 from te_grad.errors import InternalError
 from te_grad.ops import identity_of, reduction
 from te_grad.graph import free_vars, reads_in
-from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, Select, Tensor, Unary, Var)
+from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, Select, SizeVar, Tensor, Unary,
+                        Var)
 
 from te_grad.intervals import interval, speculatable
 from simplify.affine import isl_cond, isl_expr
@@ -69,7 +70,97 @@ def _opaque(lo: Expr, hi: Expr) -> bool:
 
 
 def _inside(iv, n: int) -> bool:
-    return iv is not None and iv[0] >= 0 and iv[1] < n
+    return iv is not None and not isinstance(n, Expr) and iv[0] >= 0 and iv[1] < n
+
+
+def _affine(e: Expr):
+    """``e`` as ``{key: coefficient}`` (keys: ``id`` of a variable, a size variable itself,
+    ``None`` for the constant) when it is affine in loop and size variables, else None."""
+    if isinstance(e, Const):
+        return {None: int(e.value)} if dtypes.is_int(e.dtype) else None
+    if isinstance(e, SizeVar):
+        return {e: 1}
+    if isinstance(e, Var):
+        return {id(e): 1}
+    if isinstance(e, Cast) and dtypes.is_int(e.dtype) and dtypes.is_int(e.a.dtype):
+        return _affine(e.a)
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
+        a, b = _affine(e.a), _affine(e.b)
+        if a is None or b is None:
+            return None
+        if e.op == "mul":
+            if set(a) <= {None}:
+                a, b = b, a
+            if not set(b) <= {None}:
+                return None
+            c = b.get(None, 0)
+            return {k: v * c for k, v in a.items()}
+        sign = 1 if e.op == "add" else -1
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = out.get(k, 0) + sign * v
+        return out
+    return None
+
+
+def _never_negative(form) -> bool:
+    """Whether an affine form in size variables only is >= 0 for every value of the sizes in
+    their ranges (a sufficient test: no negative coefficient, >= 0 at the least sizes)."""
+    total = form.get(None, 0)
+    for k, c in form.items():
+        if k is None or c == 0:
+            continue
+        if not isinstance(k, SizeVar) or c < 0:
+            return False
+        total += c * k.lo
+    return total >= 0
+
+
+def symbolic_inside(ix: Expr, n, bounds: Dict[int, tuple]) -> bool:
+    """Whether index ``ix`` stays in ``[0, n)`` wherever it is evaluated, ``n`` an extent (int or
+    size expression), each loop variable ``v`` of ``ix`` in ``[lo, hi)`` with ``bounds[id(v)] =
+    (lo, hi)`` affine in size variables: the proof of the reads of stages whose extents are known
+    only at run time (the static proof in :mod:`simplify.bounds` does not see sizes yet)."""
+    form = _affine(ix)
+    extent = _affine(n) if isinstance(n, Expr) else {None: int(n)}
+    if form is None or extent is None:
+        return False
+    least, most = {}, {}  # the least and largest values of ix, affine in the sizes
+
+    def add(into, f, c):
+        for k, v in f.items():
+            into[k] = into.get(k, 0) + c * v
+
+    for k, c in form.items():
+        if k is None or isinstance(k, SizeVar) or c == 0:
+            add(least, {k: c}, 1)
+            add(most, {k: c}, 1)
+            continue
+        got = bounds.get(k)
+        if got is None:
+            return False
+        lo, hi = _affine(got[0]), _affine(got[1])
+        if lo is None or hi is None or any(not (x is None or isinstance(x, SizeVar)) for x in list(lo) + list(hi)):
+            return False
+        top = dict(hi)
+        top[None] = top.get(None, 0) - 1
+        add(least, lo if c > 0 else top, c)
+        add(most, top if c > 0 else lo, c)
+    room = dict(extent)
+    room[None] = room.get(None, 0) - 1
+    add(room, most, -1)
+    return _never_negative(least) and _never_negative(room)
+
+
+def stage_size_vars(stage: Stage) -> Dict[int, SizeVar]:
+    """The size variables ``stage`` uses (in its loops and expressions, and in the shapes of
+    its buffers), by id."""
+    from te_grad.sizes import size_vars_in
+    found: Dict[int, SizeVar] = {}
+    for e in list(stmt_exprs(stage.body)) + [n for t in tensors_of(stage) for n in t.shape]:
+        for v in size_vars_in(e):
+            found.setdefault(id(v), v)
+    return found
 
 
 def _keeps_a_max(s: Store) -> bool:
@@ -112,7 +203,8 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
     """Emits one stage as one LLVM function into ``module``."""
 
     def __init__(self, module: ir.Module, stage: Stage, name: str, buffer_index: Dict[int, int],
-                 fast_math: bool = True, compared: bool = False, bound_checks: bool = True):
+                 fast_math: bool = True, compared: bool = False, bound_checks: bool = True,
+                 sizes: Sequence[SizeVar] = ()):
         self.module = module
         # reads the static bounds proof could not decide are checked at run time (module docstring)
         self.bound_checks = bound_checks
@@ -122,15 +214,26 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         self.compared = compared  # an equality test reads this stage's tensor: store it exactly
         self.buffer_index = buffer_index
         self.tensors = tensors_of(stage)
-        args = [ir.PointerType(MEMORY[t.dtype]) for t in self.tensors] + [I64, I64, ir.PointerType(I64)]
+        # a stage whose extents are known only at run time gets the sizes (``i64* sizes``, in
+        # the order of ``sizes``) after its buffers, and loads those it uses at its entry
+        self.sizes = [v for v in sizes if id(v) in stage_size_vars(stage)]
+        extra = [ir.PointerType(I64)] if self.sizes else []
+        args = [ir.PointerType(MEMORY[t.dtype]) for t in self.tensors] + extra + [I64, I64, ir.PointerType(I64)]
         self.fn = ir.Function(module, ir.FunctionType(I32, args), name)
-        for a in self.fn.args[:len(self.tensors)]:
+        for a in self.fn.args[:len(self.tensors) + len(extra)]:
             a.add_attribute("noalias")
         self.ptr = {id(t): self.fn.args[n] for n, t in enumerate(self.tensors)}
         self.lo, self.hi, self.err = self.fn.args[-3:]
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.env: Dict[int, ir.Value] = {}
+        if self.sizes:
+            table = self.fn.args[len(self.tensors)]
+            for k, v in enumerate(sizes):
+                if any(v is u for u in self.sizes):
+                    self.env[id(v)] = self.b.load(self.b.gep(table, [ir.Constant(I64, k)], inbounds=True),
+                                                  name=v.name)
         self.ranges: Dict[int, tuple] = {}  # inclusive value ranges of the enclosing loop variables
+        self.bounds: Dict[int, tuple] = {}  # (lo, hi) expressions of the enclosing loops (symbolic_inside)
         self.vec = None  # inside a register block: (id of its variable, lane values, width)
         self.transposed = None  # inside a transpose block: (its read, the vector of this row)
         self.emitted: List[Loop] = []  # the annotated loops (blocks, transposes, scans) lowered as marked
@@ -196,10 +299,12 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
             self.env[id(s.var)] = i
             if lo_iv is not None and hi_iv is not None:
                 self.ranges[id(s.var)] = (lo_iv[0], hi_iv[1] - 1)
+            self.bounds[id(s.var)] = (s.lo, s.hi)
             self.undecided += opaque
             self.stmts(s.body)
             self.undecided -= opaque
             self.ranges.pop(id(s.var), None)
+            self.bounds.pop(id(s.var), None)
             del self.env[id(s.var)]
 
         self.counted(lo, hi, s.var.name, body)
@@ -351,10 +456,32 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         return self.b.select(cmp, new, old)
 
     # -- memory ---------------------------------------------------------------------------
+    def extent(self, n):
+        """An extent (int or size expression) as an i64 value."""
+        return ir.Constant(I64, n) if not isinstance(n, Expr) else self.expr(n)
+
+    def strides_of(self, shape):
+        """The strides of a row-major tensor of ``shape``: ints, or i64 values computed from
+        the sizes when an extent is a size expression."""
+        if all(not isinstance(n, Expr) for n in shape):
+            return strides(shape)
+        out, acc = [], 1
+        for n in reversed(shape):
+            out.append(acc)
+            if isinstance(acc, int) and not isinstance(n, Expr):
+                acc *= n
+            else:
+                a = ir.Constant(I64, acc) if isinstance(acc, int) else acc
+                acc = self.b.mul(a, self.extent(n), flags=["nsw"])
+        return list(reversed(out))
+
     def address(self, t: Tensor, idx):
         offset = None
-        for ix, stride in zip(idx, strides(t.shape)):
-            term = ix if stride == 1 else self.b.mul(ix, ir.Constant(I64, stride), flags=["nsw"])
+        for ix, stride in zip(idx, self.strides_of(t.shape)):
+            if not isinstance(stride, int):
+                term = self.b.mul(ix, stride, flags=["nsw"])
+            else:
+                term = ix if stride == 1 else self.b.mul(ix, ir.Constant(I64, stride), flags=["nsw"])
             offset = term if offset is None else self.b.add(offset, term, flags=["nsw"])
         return self.b.gep(self.ptr[id(t)], [offset if offset is not None else ir.Constant(I64, 0)],
                           inbounds=True)
@@ -370,7 +497,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         for d, (ix, n) in enumerate(zip(idx, t.shape)):
             if dims is not None and d not in dims:
                 continue
-            bad = self.b.icmp_unsigned(">=", ix, ir.Constant(I64, n))  # negatives wrap to huge
+            bad = self.b.icmp_unsigned(">=", ix, self.extent(n))  # negatives wrap to huge
             with self.b.if_then(bad, likely=False):
                 self.fail(1, [self.buffer_index[id(t)], d], ix)
 
@@ -413,6 +540,12 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
 
     e_ReduceAxis = e_Var
 
+    def e_SizeVar(self, e: SizeVar):
+        try:
+            return self.env[id(e)]
+        except KeyError:
+            raise InternalError(f"size {e.name} is not passed to stage {self.stage.tensor.name}") from None
+
     def e_Read(self, e: Read):
         if self.transposed is not None and e is self.transposed[0]:
             return self.transposed[1]
@@ -424,7 +557,8 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
             self.check_indices(e.tensor, idx)
         elif self.bound_checks:  # under a condition on data, or not quasi-affine: unless intervals prove it
             dims = [d for d, (i, n) in enumerate(zip(e.indices, e.tensor.shape))
-                    if (self.undecided or not _decided_bound(i)) and not _inside(interval(i, self.ranges), n)]
+                    if (self.undecided or not _decided_bound(i)) and not _inside(interval(i, self.ranges), n)
+                    and not (self.sizes and symbolic_inside(i, n, self.bounds))]
             if dims:
                 self.check_indices(e.tensor, idx, dims)
         return self.load_scalar(e.tensor, self.address(e.tensor, idx))

@@ -24,6 +24,8 @@ import math
 
 import numpy as np
 
+from te_grad.ir import Expr
+
 from .loopir import Loop, Stage, stmt_reads
 
 #: a region whose tensors take more than this runs in blocks of rows
@@ -54,9 +56,20 @@ def _split_dim(s: Stage):
     return next((d for d, a in enumerate(s.tensor.op.axes) if a is s.parallel_axis), None)
 
 
+def split_extent(s: Stage):
+    """The extent of the output axis ``s`` splits among threads: an int, or a size expression
+    (bound at each call), or None."""
+    d = _split_dim(s)
+    return None if d is None else s.tensor.shape[d]
+
+
 def _joins(first: Stage, s: Stage, split_dim: Dict[int, int]) -> bool:
     if _split_dim(first) is None or s.parallel_extent != first.parallel_extent:
         return False
+    a, b = split_extent(first), split_extent(s)
+    if isinstance(a, Expr) or isinstance(b, Expr):  # extents known at run time: the same expression
+        if not (isinstance(a, Expr) and isinstance(b, Expr) and a.same_as(b)):
+            return False
     for r in stmt_reads(s.body):
         d = split_dim.get(id(r.tensor))
         if d is not None and r.indices[d] is not s.parallel_axis:
@@ -83,6 +96,9 @@ def row_blocks(stages: Sequence[Stage], runs: Sequence[Tuple[int, int]]) -> List
             touched[id(s.tensor)] = s.tensor
             for r in stmt_reads(s.body):
                 touched.setdefault(id(r.tensor), r.tensor)
+        if any(isinstance(n, Expr) for t in touched.values() for n in t.shape):
+            out.append(0)  # extents known only at run time: no blocks
+            continue
         total = sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in touched.values())
         if total <= REGION_CACHE_BYTES or extent <= 1:
             out.append(0)

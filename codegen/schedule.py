@@ -51,11 +51,12 @@ from te_grad.transform import summands
 from te_grad.errors import UserError
 from te_grad.ir import Const, Expr, PlaceholderOp, Reduce, ScatterOp, Select, Tensor, Var
 from te_grad.transform import sum_terms
+from te_grad.sizes import uses_sizes
 
 from .cache_tiling import tile_stage
 from .congruence import interleave_classes, split_classes
 from .guard_ranges import narrow_guarded_loops
-from .loop_order import lane_var, order_elementwise, order_reductions, parallel_axis
+from .loop_order import lane_var, order_elementwise, order_reductions, parallel_axis, representative
 from .loopir import Stage, Store, guarded, nest, stmt_stores
 from .machine import PORTABLE, Machine
 from .options import CompileOptions, current_options, using
@@ -64,6 +65,11 @@ from .pieces import const_bounds, split_pieces
 from .register_blocking import block_registers, decide_blocks
 from .scan import scans
 from .transpose_tiling import tile_transposes
+
+
+#: the innermost iterations a stage with run-time extents is counted as (an int for the
+#: plans and the optimizer's choices; such stages run whole on one thread)
+SYMBOLIC_WORK = 1 << 20
 
 
 def _has_reduce(e: Expr) -> bool:
@@ -107,12 +113,15 @@ def definition(t: Tensor, body: Expr) -> Stage:
     (but for an indexed reduction, which no pass changes: its loop over that axis is split)."""
     ew, terms, _ = split_terms(body)
     axes, shape = list(t.op.axes), list(t.shape)
-    par = parallel_axis(axes, shape)
+    symbolic = uses_sizes(t)
+    # extents known at run time: the parallel axis chosen at a representative size, its
+    # extent bound at each call (codegen.kernel)
+    par = parallel_axis(axes, [representative(n) for n in shape] if symbolic else shape)
     split = par if any(reduction(red.combiner).indexed for _, red in terms) else None
     init = ew
     if terms and ew is None:
         init = dsl.const(identity_of(terms[0][1].combiner, t.dtype), t.dtype)
-    full = const_bounds({id(a): (0, n) for a, n in zip(axes, shape)})
+    full = {id(a): (dsl.const(0), n if isinstance(n, Expr) else dsl.const(n)) for a, n in zip(axes, shape)}
     stmts = nest(axes, full, [Store(t, tuple(axes), dsl.cast(t.dtype, init))], split)
     for guard, red in terms:
         conds = ([guard] if guard is not None else []) + ([red.where] if red.where is not None else [])
@@ -122,6 +131,10 @@ def definition(t: Tensor, body: Expr) -> Stage:
             store = Store(t, tuple(axes), dsl.cast(t.dtype, red.body), combine=red.combiner)
         bounds = {**full, **{id(r): (r.lo, r.hi) for r in red.axes}}
         stmts += nest(axes + list(red.axes), bounds, guarded(dsl.all(conds) if conds else None, store), split)
+    if symbolic:  # the extent split among threads is that of the bound sizes (codegen.kernel)
+        extent = representative(dict(zip(map(id, axes), shape))[id(par)]) if par is not None else 0
+        return Stage(t, stmts, extent if extent > 1 else 0, parallel_axis=par if extent > 1 else None,
+                     work=SYMBOLIC_WORK)
     return Stage(t, stmts, dict(zip(map(id, axes), shape))[id(par)] if par is not None else 0, parallel_axis=par)
 
 
@@ -176,6 +189,13 @@ PASSES = (
 )
 
 
+#: the passes run on a stage whose extents are known only at run time (size variables): the
+#: loop orders (chosen at a representative size, :func:`.loop_order.representative`; a
+#: permutation is right at every size) and the lowering decision; the others size loops by
+#: int extents and leave such stages as defined
+RUN_TIME_EXTENT_PASSES = frozenset({"order_elementwise", "order_reductions", "decide_blocks"})
+
+
 def optional_passes() -> List[str]:
     """The names of the passes that may be switched off, in order."""
     return [p.name for p in PASSES if p.needed is None]
@@ -210,12 +230,15 @@ def schedule_steps(t: Tensor, body: Expr, machine: Machine = PORTABLE,
     off = disabled_pass_names(disabled)
     stage = definition(t, body)
     yield "definition", stage
+    symbolic = uses_sizes(t)
     if any(s.index is not None for s in stmt_stores(stage.body)):
         return  # an indexed reduction stays as defined: its winner test evaluates the body at the stored index
     ended = False  # a final pass changed the stage: only the lowering decisions follow
     for p in PASSES:
         if p.run is None or (ended and not p.lowering):
             continue
+        if symbolic and p.name not in RUN_TIME_EXTENT_PASSES:
+            continue  # extents known only at run time: this pass sizes loops by int extents
         new = stage if p.name in off else p.run(stage, machine)
         yield p.name, new
         ended = ended or (p.final and new is not stage)
@@ -237,10 +260,15 @@ def scatter_stages(t: Tensor) -> List[Stage]:
     op: ScatterOp = t.op
     axes = [Var(f"i{d}") for d in range(t.ndim)]
     parallel = axes[0] if axes else None
-    zero = nest(axes, {id(a): (dsl.const(0), dsl.const(n)) for a, n in zip(axes, t.shape)},
-                 [Store(t, tuple(axes), dsl.const(0, t.dtype))], parallel)
+    if uses_sizes(t):  # extents known at run time: both nests run whole
+        parallel = None
+    zero = nest(axes, {id(a): (dsl.const(0), n if isinstance(n, Expr) else dsl.const(n))
+                       for a, n in zip(axes, t.shape)},
+                [Store(t, tuple(axes), dsl.const(0, t.dtype))], parallel)
     store = Store(t, op.indices, dsl.cast(t.dtype, op.value), combine="sum", checked=True)
     acc = nest(list(op.axes), {id(r): (r.lo, r.hi) for r in op.axes}, guarded(op.where, store), None)
+    if parallel is None and axes:
+        return [Stage(t, zero, 0, work=SYMBOLIC_WORK), Stage(t, acc, 0, work=SYMBOLIC_WORK)]
     zero_fill = Stage(t, zero, t.shape[0] if axes else 0, parallel_axis=parallel, work=int(np.prod(t.shape)))
     return [zero_fill, Stage(t, acc, 0)]
 
@@ -275,7 +303,7 @@ def _stages(outputs: Sequence[Tensor], machine: Machine, off: FrozenSet[str]) ->
                     stages.append(compute_stage(lt, lt.op.body, machine, off))
                     done.add(id(lt))
         packed = []
-        if "packing" not in off:
+        if "packing" not in off and not uses_sizes(t):
             body, packed = pack_operands(t, body, split_terms(body)[1], lane_var, copies)
         stages.extend(compute_stage(p, p.op.body, machine, off) for p in packed)
         stages.append(compute_stage(t, body, machine, off))

@@ -258,7 +258,8 @@ def _check_refused(out, inputs, ids, head, feed, compile_) -> str:
 def _check_sized(ns, rng, compile_) -> str:
     """A program with a size variable: differentiated once (symbolic), then at each of its
     sizes the raw gradient against finite differences, the simplified against the raw, and
-    the kernels of the graph specialized there against the evaluator."""
+    the kernels of the graph specialized there, and the one symbolic kernel built for every
+    size, against the evaluator."""
     import te_grad as tg
     from ...sizes import concrete_shape, specialize
     out, inputs, ids, n = ns["OUT"], ns["INPUTS"], list(ns["IDS"]), ns["SIZE"]
@@ -266,6 +267,7 @@ def _check_sized(ns, rng, compile_) -> str:
     raw = tg.differentiate(out, inputs, head=head, simplify=False)
     res = tg.differentiate(out, inputs, head=head)
     status = "ok"
+    symbolic = tg.build([out] + list(res), inputs=inputs + ids + [head]) if compile_ else None
     for size in ns["SIZES"]:
         feed = _feed(ns, rng, "float64", {n: size})
         head_value = rng.standard_normal(concrete_shape(out.shape, {n: size}))
@@ -286,6 +288,13 @@ def _check_sized(ns, rng, compile_) -> str:
                    1e-12)
             for x, c, v in zip(inputs, got[1:], simp_values):
                 _close(c, v, 1e-8, f"compiled d{x.name} at n={size} vs evaluator", "mismatch-compiled-f64", 1e-12)
+            got = symbolic(*[feed[t] for t in order])
+            got = got if isinstance(got, tuple) else (got,)
+            _close(got[0], y, 1e-9, f"symbolic kernel's {out.name} at n={size} vs evaluator",
+                   "mismatch-compiled-forward", 1e-12)
+            for x, c, v in zip(inputs, got[1:], simp_values):
+                _close(c, v, 1e-8, f"symbolic kernel's d{x.name} at n={size} vs evaluator", "mismatch-compiled-f64",
+                       1e-12)
     return status
 
 
