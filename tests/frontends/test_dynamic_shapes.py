@@ -233,3 +233,45 @@ def test_an_op_that_cannot_be_built_on_size_variables_falls_back_to_exact_kernel
     assert op.static_reason is not None and "TypeError" in op.static_reason
     torch.testing.assert_close(op(torch.ones(4)), torch.full((4,), 2.0))
     assert len(made["exact"]) == 4 and made["symbolic"] == []  # forward and backward, per shape
+
+
+# -- JAX -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_jax_op_builds_once_for_every_batch_size_under_jit(monkeypatch, kind):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    import te_grad.jax as tgj
+    made = use_builds(monkeypatch, kind)
+    f = tgj.custom_op(dense_tanh, dynamic_dims={"x": 0})
+
+    def loss(f):
+        def run(x, w):
+            y, m = f(x, w)
+            return (y ** 2).sum() + m.sum()
+        return run
+
+    def reference(x, w):
+        y = jnp.tanh(x @ w)
+        return y, y.mean(0)
+    step = jax.jit(jax.value_and_grad(loss(f), argnums=(0, 1)))
+    want = jax.value_and_grad(loss(reference), argnums=(0, 1))  # JAX eager
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 2)).astype(np.float32)
+    for b in BATCHES:
+        x = rng.standard_normal((b, 4)).astype(np.float32)
+        (v, (gx, gw)), (v2, (gx2, gw2)) = step(x, w), want(x, w)
+        np.testing.assert_allclose(v, v2, rtol=1e-5)
+        np.testing.assert_allclose(gx, gx2, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(gw, gw2, rtol=1e-4, atol=1e-5)
+    assert f.static_reason is None
+    assert made["exact"] == [] and len(made["symbolic"]) == 2, made
+
+
+def test_jax_shape_polymorphism_is_a_clear_user_error(monkeypatch):
+    jax = pytest.importorskip("jax")
+    import te_grad.jax as tgj
+    use_builds(monkeypatch, "stand-in")
+    f = tgj.custom_op(dense_tanh)
+    b = jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, 4"), np.float32)
+    with pytest.raises(UserError, match="symbolic dimension b.*use jax.jit"):
+        jax.export.export(jax.jit(lambda x, w: f(x, w)[0]))(b, jax.ShapeDtypeStruct((4, 2), np.float32))
