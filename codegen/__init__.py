@@ -14,7 +14,8 @@ from simplify import simplify
 from simplify.count import tensor_iterations
 from te_grad.errors import UserError
 from te_grad.graph import reads_in, topo_order
-from te_grad.ir import Tensor
+from te_grad.ir import Expr, Tensor
+from te_grad.sizes import graph_size_vars, size_vars_in
 
 from . import build_codec, disk_cache
 from .jit import cached_module, compile_module, module_key
@@ -109,11 +110,12 @@ def _build(outs, inputs, options: CompileOptions, wait: bool) -> Kernel:
             index[id(t)] = len(buffers)
             buffers.append(t)
     works = [s.work if s.work is not None else tensor_iterations(s.tensor) for s in stages]
-    text = emit_module(stages, index, fast_math, works=works, bound_checks=bound_checks)
+    size_vars = graph_size_vars(outs)  # bound at each call; one module for every value
+    text = emit_module(stages, index, fast_math, works=works, bound_checks=bound_checks, sizes=size_vars)
     compiled = compile_module(text, [RUN_STAGES, RUN_REGION], wait=wait)
     compiled_stages = [CompiledStage(s, w) for s, w in zip(stages, works)]
     kernel = Kernel(simplified, inputs, buffers, compiled_stages, regions(stages), compiled,
-                    options.resolved_threads())
+                    options.resolved_threads(), size_vars)
     kernel.fast_math = fast_math  # what Kernel.export re-emits the stages with
     kernel.bound_checks = bound_checks
     kernel.options = options
@@ -152,7 +154,7 @@ def _checked_build(entry, inputs):
     tensors = list(entry["outputs"]) + list(entry["inputs"]) + list(entry["buffers"])
     if not all(isinstance(t, Tensor) for t in tensors) or len(entry["inputs"]) != len(inputs):
         return None
-    if any(o.shape != n.shape or o.dtype != n.dtype for o, n in zip(entry["inputs"], inputs)):
+    if any(not _same_extents(o.shape, n.shape) or o.dtype != n.dtype for o, n in zip(entry["inputs"], inputs)):
         return None
     if not all(isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], Stage) and type(s[1]) is int
                for s in entry["stages"]):
@@ -162,6 +164,23 @@ def _checked_build(entry, inputs):
     if type(entry["bound_checks"]) is not bool:
         return None
     return entry
+
+
+def _same_extents(a, b) -> bool:
+    """Whether two shapes are the same: ints equal, size expressions printed alike with
+    variables of the same ranges (a cached graph's variables are objects of its own)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, Expr) != isinstance(y, Expr):
+            return False
+        if isinstance(x, Expr):
+            vx, vy = size_vars_in(x), size_vars_in(y)
+            if str(x) != str(y) or [(v.name, v.lo, v.hi) for v in vx] != [(v.name, v.lo, v.hi) for v in vy]:
+                return False
+        elif x != y:
+            return False
+    return True
 
 
 def _cached_build(outs, inputs, options: CompileOptions):
@@ -186,8 +205,13 @@ def _cached_build(outs, inputs, options: CompileOptions):
     swap = {id(o): n for o, n in zip(old_inputs, inputs)}
     buffers = [swap.get(id(t), t) for t in entry["buffers"]]
     stages = [CompiledStage(stage, work) for stage, work in entry["stages"]]
+    size_vars = graph_size_vars(outs)
     kernel = Kernel(entry["outputs"], inputs, buffers, stages, entry["regions"], compiled,
-                    options.resolved_threads())
+                    options.resolved_threads(), size_vars)
+    # the cached graph's size variables stand for the caller's of the same names
+    mine = {v.name: v for v in size_vars}
+    cached = {id(v): v for t in kernel.buffers + kernel.outputs for n in t.shape for v in size_vars_in(n)}
+    kernel._aliases = {v: mine[v.name] for v in cached.values() if v.name in mine and mine[v.name] is not v}
     for o, n in zip(old_inputs, inputs):  # the stages read the cached placeholders
         kernel._index[id(o)] = kernel._index[id(n)]
     kernel.fast_math = options.fast_math

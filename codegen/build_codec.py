@@ -22,7 +22,7 @@ from te_grad.ir import Tensor
 from . import loopir as _loopir
 
 _CLASSES = {f"ir.{c.__name__}": c for c in (
-    _ir.Const, _ir.Var, _ir.ReduceAxis, _ir.Binary, _ir.Unary, _ir.Compare, _ir.Select, _ir.Call,
+    _ir.Const, _ir.Var, _ir.SizeVar, _ir.ReduceAxis, _ir.Binary, _ir.Unary, _ir.Compare, _ir.Select, _ir.Call,
     _ir.Cast, _ir.Read, _ir.Reduce, _ir.PlaceholderOp, _ir.ComputeOp, _ir.ScatterOp)}
 _CLASSES.update({f"loopir.{c.__name__}": c for c in (
     _loopir.Serial, _loopir.Parallel, _loopir.Jam, _loopir.RegisterBlocked, _loopir.Transposed,
@@ -34,7 +34,7 @@ _FIELDS = {c: tuple(f.name for f in fields(c) if f.init) for c in _CLASSES.value
 def _children(obj):
     """The values inside ``obj`` that become nodes of their own (or containers of them)."""
     if isinstance(obj, Tensor):
-        return (obj.op,)
+        return (obj.op,) + tuple(n for n in obj.shape if isinstance(n, _ir.Expr))
     if type(obj) in _FIELDS:
         return tuple(getattr(obj, n) for n in _FIELDS[type(obj)])
     if isinstance(obj, (tuple, list)):
@@ -86,7 +86,9 @@ def encode(value) -> dict:
             continue
         keep.append(obj)
         if isinstance(obj, Tensor):
-            node = {"c": "Tensor", "name": obj.name, "shape": [int(s) for s in obj.shape],
+            # an extent is an int, or a size expression (a reference to its node)
+            node = {"c": "Tensor", "name": obj.name,
+                    "shape": [ref(s) if isinstance(s, _ir.Expr) else int(s) for s in obj.shape],
                     "dtype": obj.dtype, "op": ref(obj.op)}
         else:
             if is_dataclass(obj) and type(obj) not in _NAMES:
@@ -127,7 +129,11 @@ def decode(data: dict):
         try:
             if name == "Tensor":
                 shape = node["shape"]
-                if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+                if not isinstance(shape, list) or not all(type(s) is int and s >= 0 or isinstance(s, dict)
+                                                          for s in shape):
+                    raise ValueError("malformed shape")
+                shape = [val(s) for s in shape]
+                if not all(type(s) is int or isinstance(s, _ir.Expr) for s in shape):
                     raise ValueError("malformed shape")
                 built.append(Tensor(str(node["name"]), tuple(shape), str(node["dtype"]), val(node["op"])))
                 continue

@@ -24,6 +24,18 @@ from .team import team
 _WHOLE = team_ir.WHOLE
 #: the key of a scratch set's address table
 _TABLE = -1
+#: the key of the sizes a scratch set's intermediates were allocated at (symbolic kernels)
+_SIZES = -2
+#: scratch sets a symbolic kernel keeps for other sizes than the current call's
+_KEPT_SCRATCH = 4
+
+
+def _at_sizes(t: Tensor, sizes) -> Tensor:
+    """Placeholder ``t`` with its shape at ``sizes`` (for checking an argument against it)."""
+    from te_grad.sizes import concrete_shape, shape_is_concrete
+    if shape_is_concrete(t.shape):
+        return t
+    return Tensor(t.name, concrete_shape(t.shape, sizes), t.dtype, t.op)
 
 
 def default_threads() -> int:
@@ -80,8 +92,13 @@ class Kernel:
     """
 
     def __init__(self, outputs: Sequence[Tensor], inputs: Sequence[Tensor], buffers: Sequence[Tensor],
-                 stages: Sequence[CompiledStage], regions: Sequence[Tuple[int, int]], compiled, threads: int):
+                 stages: Sequence[CompiledStage], regions: Sequence[Tuple[int, int]], compiled, threads: int,
+                 size_vars: Sequence = ()):
         self.outputs = list(outputs)
+        #: the size variables (``tg.var``) bound at each call from the arguments' shapes, in the
+        #: order of :func:`te_grad.sizes.graph_size_vars` (that of an exported kernel's sizes)
+        self.size_vars = tuple(size_vars)
+        self._aliases = {}  # a cached build's own size variables -> the caller's of the same name
         self.inputs = list(inputs)
         self.buffers = list(buffers)
         self.stages = list(stages)
@@ -165,24 +182,27 @@ class Kernel:
     # -- calling ----------------------------------------------------------------------------
     def __call__(self, *arrays, out=None, **named):
         arrays = self._bind(arrays, named)
+        sizes = None
+        if self.size_vars:
+            arrays = [a if isinstance(a, np.ndarray) else np.asarray(a) for a in arrays]
+            sizes = self.bind_sizes(arrays, out)
         values: List[Optional[np.ndarray]] = [None] * len(self.buffers)
         given = []
         for t, a in zip(self.inputs, arrays):
-            a = check_feed(t, a)
+            a = check_feed(t if sizes is None else _at_sizes(t, sizes), a)
             given.append(a)
             values[self._index[id(t)]] = np.ascontiguousarray(a)
-        outs = self._out_arrays(out)
+        outs = self._out_arrays(out, sizes)
         if out is not None:
             refuse_overlaps(self.inputs, given, self.outputs, outs)
         for t, a in zip(self.outputs, outs):
             if values[self._index[id(t)]] is None:
                 values[self._index[id(t)]] = a
-        scratch = self._take_scratch()
+        scratch = self._take_scratch(sizes)
         try:
             self._run_all(values, scratch)
         finally:
-            with self._lock:
-                self._scratch.append(scratch)
+            self._give_scratch(scratch)
         results = []
         for t, a in zip(self.outputs, outs):
             src = values[self._index[id(t)]]
@@ -190,6 +210,38 @@ class Kernel:
                 a[...] = src
             results.append(a)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def bind_sizes(self, arrays: Sequence, outs=None) -> Dict:
+        """The values of :attr:`size_vars` stated by the shapes of ``arrays`` (one per input)
+        and of the ``out=`` arrays when given (:func:`te_grad.sizes.bind_sizes`): a
+        ``UserError`` names the variable and the two arguments that disagree, or the one that
+        states no size."""
+        from te_grad.sizes import bind_sizes
+        declared = [(t.name, t.shape, np.shape(a)) for t, a in zip(self.inputs, arrays)]
+        if outs is not None:
+            outs = [outs] if isinstance(outs, np.ndarray) else list(outs)
+            declared += [(f"out={t.name}", t.shape, np.shape(a)) for t, a in zip(self.outputs, outs)
+                         if isinstance(a, np.ndarray)]
+        sizes = self._aliased(bind_sizes(declared))
+        unbound = [v.name for v in self.size_vars if v not in sizes]
+        if unbound:
+            raise UserError(f"no argument's shape states the size(s) {', '.join(unbound)} of this kernel: "
+                            "give the outputs with out=")
+        return sizes
+
+    def _aliased(self, sizes) -> Dict:
+        """``sizes`` with the values of the cached graph's variables (:attr:`_aliases`) too."""
+        if self._aliases:
+            sizes = dict(sizes)
+            for alias, v in self._aliases.items():
+                if v in sizes:
+                    sizes.setdefault(alias, sizes[v])
+                elif alias in sizes:
+                    sizes[v] = sizes[alias]
+        return sizes
+
+    def _size_values(self, sizes) -> Tuple[int, ...]:
+        return tuple(int(sizes[v]) for v in self.size_vars)
 
     def _bind(self, arrays: tuple, named: dict) -> list:
         """One array per input, from positional and named arguments (see the class docstring)."""
@@ -226,23 +278,44 @@ class Kernel:
         and dtypes (the bridge checked them once, when it chose this kernel), and every
         output distinct from the inputs and the other outputs (an overlap is a
         ``UserError``). The results are written into ``outs``."""
+        sizes = self._checked_sizes(arrays, outs)
         refuse_overlaps(self.inputs, arrays, self.outputs, outs)
-        self.run_pointers([a.ctypes.data for a in arrays], [a.ctypes.data for a in outs])
+        self.run_pointers([a.ctypes.data for a in arrays], [a.ctypes.data for a in outs], sizes=sizes)
 
-    def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int]) -> None:
+    def _checked_sizes(self, arrays, outs):
+        """The sizes of a call of :meth:`run` or :meth:`profile` (None for a fixed-shape
+        kernel), bound from the shapes of its arrays, which must then be those the sizes give."""
+        if not self.size_vars:
+            return None
+        sizes = self.bind_sizes(arrays, outs)
+        for t, a in list(zip(self.inputs, arrays)) + list(zip(self.outputs, outs)):
+            t = _at_sizes(t, sizes)
+            if a.shape != t.shape or a.dtype != np.dtype(t.dtype) or not a.flags.c_contiguous:
+                raise UserError(f"array for {t.name} must be a C-contiguous {t.dtype} array of shape "
+                                f"{list(t.shape)}, got {a.dtype} {list(a.shape)}")
+        return sizes
+
+    def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int], sizes=None) -> None:
         """:meth:`run` with the data addresses of the arrays (a framework tensor's
-        ``data_ptr()``): the same contract, no numpy object in between."""
-        scratch = self._take_scratch()
+        ``data_ptr()``): the same contract, no numpy object in between. A kernel with size
+        variables needs their values: ``sizes``, a dict from the variables (or their names)
+        to ints, which the arrays must follow."""
+        if self.size_vars:
+            from te_grad.sizes import named_sizes
+            sizes = self._aliased(named_sizes(self.size_vars, sizes))
+            missing = [v.name for v in self.size_vars if v not in sizes]
+            if missing:
+                raise UserError(f"run_pointers needs sizes= for {', '.join(missing)}")
+        scratch = self._take_scratch(sizes)
         table = scratch[_TABLE]
         try:
             for n, p in zip(self._input_slots, inputs):
                 table[n] = p
             for n, p in zip(self._output_slots, outputs):
                 table[n] = p
-            self._run_plan(table)
+            self._run_plan(table, sizes)
         finally:
-            with self._lock:
-                self._scratch.append(scratch)
+            self._give_scratch(scratch)
 
     def export(self, path: str, target: str = "host", *, shared: bool = False, cpu: str = None,
                features: str = None, threads: int = 1, name: str = None, scalars: Sequence[Tensor] = ()):
@@ -264,10 +337,11 @@ class Kernel:
         kernel), with the arguments of :meth:`run`: ``[{stage, tensor, ms, work}]`` in order."""
         import statistics
         import time
+        sizes = self._checked_sizes(arrays, outs)
         refuse_overlaps(self.inputs, arrays, self.outputs, outs)
         samples = [[] for _ in self.stages]
         for _ in range(max(1, repeat)):
-            scratch = self._take_scratch()
+            scratch = self._take_scratch(sizes)
             table = scratch[_TABLE]
             try:
                 for n, a in zip(self._input_slots, arrays):
@@ -276,38 +350,52 @@ class Kernel:
                     table[n] = a.ctypes.data
                 for k in range(len(self.stages)):
                     t0 = time.perf_counter()
-                    self._check(self._run_range(table, k, k + 1, 0, _WHOLE))
+                    self._check(self._run_range(table, k, k + 1, 0, _WHOLE), sizes)
                     samples[k].append(time.perf_counter() - t0)
             finally:
-                with self._lock:
-                    self._scratch.append(scratch)
+                self._give_scratch(scratch)
         return [dict(stage=f"{k}: {cs.stage.tensor.name}", tensor=cs.stage.tensor.name,
                      ms=statistics.median(v) * 1e3, work=cs.work)
                 for k, (cs, v) in enumerate(zip(self.stages, samples))]
 
-    def _take_scratch(self) -> Dict[int, np.ndarray]:
+    def _take_scratch(self, sizes=None) -> Dict[int, np.ndarray]:
         """Buffers for the intermediates of one call: allocated once, kept by the kernel and
         reused (a set per concurrent call), so that calls do not fault in fresh pages. The
-        set also holds its table of buffer addresses (:data:`_TABLE`), intermediates filled in."""
+        set also holds its table of buffer addresses (:data:`_TABLE`), intermediates filled in,
+        followed by the values of the sizes (a symbolic kernel's intermediates are allocated
+        at the sizes of the call, :data:`_SIZES`)."""
+        from te_grad.sizes import concrete_shape
+        key = self._size_values(sizes) if self.size_vars else ()
         with self._lock:
-            if self._scratch:
-                return self._scratch.pop()
-        scratch = {n: np.empty(t.shape, dtype=np.bool_ if t.dtype == "bool" else t.dtype)
+            for k in range(len(self._scratch) - 1, -1, -1):
+                if self._scratch[k][_SIZES] == key:
+                    return self._scratch.pop(k)
+        scratch = {n: np.empty(concrete_shape(t.shape, sizes) if key else t.shape,
+                               dtype=np.bool_ if t.dtype == "bool" else t.dtype)
                    for n in self._intermediates for t in [self.buffers[n]]}
-        table = (ctypes.c_void_p * len(self.buffers))()
+        table = (ctypes.c_void_p * (len(self.buffers) + len(key)))()
         for n, a in scratch.items():
             table[n] = a.ctypes.data
+        for k, v in enumerate(key):
+            table[len(self.buffers) + k] = v
         scratch[_TABLE] = table
+        scratch[_SIZES] = key
         return scratch
+
+    def _give_scratch(self, scratch):
+        with self._lock:
+            self._scratch.append(scratch)
+            if self.size_vars and len(self._scratch) > _KEPT_SCRATCH:
+                del self._scratch[0]
 
     def _run_all(self, values, scratch):
         table = scratch[_TABLE]
         for n, a in enumerate(values):
             if a is not None:
                 table[n] = a.ctypes.data
-        self._run_plan(table)
+        self._run_plan(table, scratch[_SIZES])
 
-    def _run_plan(self, table):
+    def _run_plan(self, table, sizes=None):
         if self._pending is not None:
             self.wait()
         records = self._plan_records()
@@ -317,15 +405,16 @@ class Kernel:
         err = (ctypes.c_int64 * 4)()
         rc = crew.run_plan(crew.address, records.ctypes.data, len(records), self._stages_fn, self._region_fn,
                            ctypes.addressof(table), ctypes.addressof(err))
-        self._check((rc, list(err)))
+        self._check((rc, list(err)), sizes)
 
-    def _out_arrays(self, out) -> List[np.ndarray]:
+    def _out_arrays(self, out, sizes=None) -> List[np.ndarray]:
+        outputs = self.outputs if sizes is None else [_at_sizes(t, sizes) for t in self.outputs]
         if out is None:
-            return [np.empty(t.shape, dtype=t.dtype) for t in self.outputs]
+            return [np.empty(t.shape, dtype=t.dtype) for t in outputs]
         out = [out] if isinstance(out, np.ndarray) else list(out)
         if len(out) != len(self.outputs):
             raise UserError(f"out= must give {len(self.outputs)} arrays, got {len(out)}")
-        for t, a in zip(self.outputs, out):
+        for t, a in zip(outputs, out):
             if not isinstance(a, np.ndarray) or a.shape != t.shape or a.dtype != np.dtype(t.dtype):
                 raise UserError(f"out array for {t.name} must be a numpy array of shape {list(t.shape)} "
                                 f"and dtype {t.dtype}, got {getattr(a, 'shape', a)!r} "
@@ -348,18 +437,24 @@ class Kernel:
         return any(mine(r.tensor) and any(reads_in(i) for i in r.indices) for r in stmt_reads(stage.body)) or \
             any(st.checked and mine(st.tensor) for st in stmt_stores(stage.body))
 
-    def _check(self, result):
+    def _check(self, result, sizes=None):
         """Raise the error a run of stages returned, if any (``err[3]`` is the failing stage)."""
         rc, err = result
         if rc == 0:
             return
+        if sizes and not isinstance(sizes, dict):  # the values, in the order of size_vars
+            sizes = self._aliased(dict(zip(self.size_vars, sizes)))
         stage = self.stages[err[3]].stage.tensor.name
         tensor = self.buffers[err[0]] if 0 <= err[0] < len(self.buffers) else None
         name = tensor.name if tensor is not None else "?"
         if rc == 1:
             why = "a data-dependent index" if self._indexed_by_data(self.stages[err[3]].stage, err[0]) else \
                 "a read under a condition on the data or with a non-affine index"
-            raise UserError(f"index {err[2]} is out of range [0, {tensor.shape[err[1]]}) for "
+            extent = tensor.shape[err[1]]
+            if sizes:
+                from te_grad.sizes import value
+                extent = value(extent, sizes)
+            raise UserError(f"index {err[2]} is out of range [0, {extent}) for "
                             f"dimension {err[1]} of tensor {name} ({why}, while computing {stage})")
         if rc == 2:
             raise UserError(f"integer division by zero while computing {name}")

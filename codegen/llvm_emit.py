@@ -35,7 +35,8 @@ from te_grad import dtypes
 from te_grad.errors import InternalError
 from te_grad.ops import identity_of, reduction
 from te_grad.graph import free_vars, reads_in
-from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, Select, Tensor, Unary, Var)
+from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, Select, SizeVar, Tensor, Unary,
+                        Var)
 
 from te_grad.intervals import interval, speculatable
 from simplify.affine import isl_cond, isl_expr
@@ -68,7 +69,18 @@ def _opaque(lo: Expr, hi: Expr) -> bool:
 
 
 def _inside(iv, n: int) -> bool:
-    return iv is not None and iv[0] >= 0 and iv[1] < n
+    return iv is not None and not isinstance(n, Expr) and iv[0] >= 0 and iv[1] < n
+
+
+def stage_size_vars(stage: Stage) -> Dict[int, SizeVar]:
+    """The size variables ``stage`` uses (in its loops and expressions, and in the shapes of
+    its buffers), by id."""
+    from te_grad.sizes import size_vars_in
+    found: Dict[int, SizeVar] = {}
+    for e in list(stmt_exprs(stage.body)) + [n for t in tensors_of(stage) for n in t.shape]:
+        for v in size_vars_in(e):
+            found.setdefault(id(v), v)
+    return found
 
 
 def _keeps_a_max(s: Store) -> bool:
@@ -111,7 +123,8 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
     """Emits one stage as one LLVM function into ``module``."""
 
     def __init__(self, module: ir.Module, stage: Stage, name: str, buffer_index: Dict[int, int],
-                 fast_math: bool = True, compared: bool = False, bound_checks: bool = True):
+                 fast_math: bool = True, compared: bool = False, bound_checks: bool = True,
+                 sizes: Sequence[SizeVar] = ()):
         self.module = module
         # reads the static bounds proof could not decide are checked at run time (module docstring)
         self.bound_checks = bound_checks
@@ -121,14 +134,24 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         self.compared = compared  # an equality test reads this stage's tensor: store it exactly
         self.buffer_index = buffer_index
         self.tensors = tensors_of(stage)
-        args = [ir.PointerType(MEMORY[t.dtype]) for t in self.tensors] + [I64, I64, ir.PointerType(I64)]
+        # a stage whose extents are known only at run time gets the sizes (``i64* sizes``, in
+        # the order of ``sizes``) after its buffers, and loads those it uses at its entry
+        self.sizes = [v for v in sizes if id(v) in stage_size_vars(stage)]
+        extra = [ir.PointerType(I64)] if self.sizes else []
+        args = [ir.PointerType(MEMORY[t.dtype]) for t in self.tensors] + extra + [I64, I64, ir.PointerType(I64)]
         self.fn = ir.Function(module, ir.FunctionType(I32, args), name)
-        for a in self.fn.args[:len(self.tensors)]:
+        for a in self.fn.args[:len(self.tensors) + len(extra)]:
             a.add_attribute("noalias")
         self.ptr = {id(t): self.fn.args[n] for n, t in enumerate(self.tensors)}
         self.lo, self.hi, self.err = self.fn.args[-3:]
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.env: Dict[int, ir.Value] = {}
+        if self.sizes:
+            table = self.fn.args[len(self.tensors)]
+            for k, v in enumerate(sizes):
+                if any(v is u for u in self.sizes):
+                    self.env[id(v)] = self.b.load(self.b.gep(table, [ir.Constant(I64, k)], inbounds=True),
+                                                  name=v.name)
         self.ranges: Dict[int, tuple] = {}  # inclusive value ranges of the enclosing loop variables
         self.vec = None  # inside a register block: (id of its variable, lane values, width)
         self.transposed = None  # inside a transpose block: (its read, the vector of this row)
@@ -347,10 +370,32 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         return self.b.select(cmp, new, old)
 
     # -- memory ---------------------------------------------------------------------------
+    def extent(self, n):
+        """An extent (int or size expression) as an i64 value."""
+        return ir.Constant(I64, n) if not isinstance(n, Expr) else self.expr(n)
+
+    def strides_of(self, shape):
+        """The strides of a row-major tensor of ``shape``: ints, or i64 values computed from
+        the sizes when an extent is a size expression."""
+        if all(not isinstance(n, Expr) for n in shape):
+            return strides(shape)
+        out, acc = [], 1
+        for n in reversed(shape):
+            out.append(acc)
+            if isinstance(acc, int) and not isinstance(n, Expr):
+                acc *= n
+            else:
+                a = ir.Constant(I64, acc) if isinstance(acc, int) else acc
+                acc = self.b.mul(a, self.extent(n), flags=["nsw"])
+        return list(reversed(out))
+
     def address(self, t: Tensor, idx):
         offset = None
-        for ix, stride in zip(idx, strides(t.shape)):
-            term = ix if stride == 1 else self.b.mul(ix, ir.Constant(I64, stride), flags=["nsw"])
+        for ix, stride in zip(idx, self.strides_of(t.shape)):
+            if not isinstance(stride, int):
+                term = self.b.mul(ix, stride, flags=["nsw"])
+            else:
+                term = ix if stride == 1 else self.b.mul(ix, ir.Constant(I64, stride), flags=["nsw"])
             offset = term if offset is None else self.b.add(offset, term, flags=["nsw"])
         return self.b.gep(self.ptr[id(t)], [offset if offset is not None else ir.Constant(I64, 0)],
                           inbounds=True)
@@ -366,7 +411,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         for d, (ix, n) in enumerate(zip(idx, t.shape)):
             if dims is not None and d not in dims:
                 continue
-            bad = self.b.icmp_unsigned(">=", ix, ir.Constant(I64, n))  # negatives wrap to huge
+            bad = self.b.icmp_unsigned(">=", ix, self.extent(n))  # negatives wrap to huge
             with self.b.if_then(bad, likely=False):
                 self.fail(1, [self.buffer_index[id(t)], d], ix)
 
@@ -394,6 +439,12 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
             raise InternalError(f"variable {e.name} used outside its loop in {self.stage.tensor.name}") from None
 
     e_ReduceAxis = e_Var
+
+    def e_SizeVar(self, e: SizeVar):
+        try:
+            return self.env[id(e)]
+        except KeyError:
+            raise InternalError(f"size {e.name} is not passed to stage {self.stage.tensor.name}") from None
 
     def e_Read(self, e: Read):
         if self.transposed is not None and e is self.transposed[0]:

@@ -26,7 +26,7 @@ UNOPTIMIZED_WORK = 256
 
 def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math: bool = True,
                 prefix: str = "", internal: bool = False, works: Sequence[int] = None,
-                bound_checks: bool = True):
+                bound_checks: bool = True, sizes: Sequence = ()):
     """One LLVM module with a function per stage, as text.
 
     It also defines :data:`RUN_STAGES`, ``i32 run_stages(i8** buffers, i64 first,
@@ -42,6 +42,10 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
     :data:`UNOPTIMIZED_WORK` iterations ``optnone``. ``bound_checks`` checks at run time the
     reads whose bounds the static proof cannot decide (:mod:`.llvm_emit`); ``tg.build`` turns
     it off when :func:`simplify.check_bounds` decided every read of the graph.
+
+    ``sizes`` (the kernel's size variables, ``kernel.size_vars``) are known only at run time:
+    their values (int64) follow the buffer addresses in ``buffers`` (slot ``len(buffers)``
+    on), and each stage that uses them gets a pointer to them after its buffers.
     """
     module = ir.Module(name="te_grad")
     functions = []
@@ -50,7 +54,7 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
     for n, s in enumerate(stages):
         name = f"{prefix}stage{n}_{s.tensor.name}"
         fn = StageEmitter(module, s, name, buffer_index, fast_math, id(s.tensor) in compared,
-                          bound_checks).emit()
+                          bound_checks, sizes).emit()
         fn.attributes.add("noinline")  # called from run_stages too: one copy of the code
         if works is not None and works[n] <= UNOPTIMIZED_WORK:
             fn.attributes.add("optnone")
@@ -94,9 +98,13 @@ def _emit_run_stages(module: ir.Module, stages: Sequence[Stage], functions, buff
         b.cbranch(b.and_(b.icmp_signed("<=", first, k64), b.icmp_signed("<", k64, last)), run, skip)
         b.position_at_end(run)
         args = []
-        for t, param in zip(tensors_of(stage), callee.args):
+        tensors = tensors_of(stage)
+        for t, param in zip(tensors, callee.args):
             slot = b.gep(bufs, [ir.Constant(I64, buffer_index[id(t)])], inbounds=True)
             args.append(b.bitcast(b.load(slot), param.type))
+        if len(callee.args) > len(tensors) + 3:  # the sizes, after the buffer addresses
+            first_size = ir.Constant(I64, max(buffer_index.values()) + 1)
+            args.append(b.bitcast(b.gep(bufs, [first_size], inbounds=True), ir.PointerType(I64)))
         rc = b.call(callee, args + [lo, hi, err])
         failed = fn.append_basic_block(f"failed{k}")
         b.cbranch(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), failed, skip)

@@ -51,6 +51,7 @@ from te_grad.transform import summands
 from te_grad.errors import UserError
 from te_grad.ir import Const, Expr, PlaceholderOp, Reduce, ScatterOp, Select, Tensor, Var
 from te_grad.transform import sum_terms
+from te_grad.sizes import uses_sizes
 
 from .cache_tiling import tile_stage
 from .congruence import interleave_classes, split_classes
@@ -64,6 +65,11 @@ from .pieces import const_bounds, split_pieces
 from .register_blocking import block_registers, decide_blocks
 from .scan import scans
 from .transpose_tiling import tile_transposes
+
+
+#: the innermost iterations a stage with run-time extents is counted as (an int for the
+#: plans and the optimizer's choices; such stages run whole on one thread)
+SYMBOLIC_WORK = 1 << 20
 
 
 def _has_reduce(e: Expr) -> bool:
@@ -107,12 +113,13 @@ def definition(t: Tensor, body: Expr) -> Stage:
     (but for an indexed reduction, which no pass changes: its loop over that axis is split)."""
     ew, terms, _ = split_terms(body)
     axes, shape = list(t.op.axes), list(t.shape)
-    par = parallel_axis(axes, shape)
+    symbolic = uses_sizes(t)
+    par = parallel_axis(axes, shape) if not symbolic else None
     split = par if any(reduction(red.combiner).indexed for _, red in terms) else None
     init = ew
     if terms and ew is None:
         init = dsl.const(identity_of(terms[0][1].combiner, t.dtype), t.dtype)
-    full = const_bounds({id(a): (0, n) for a, n in zip(axes, shape)})
+    full = {id(a): (dsl.const(0), n if isinstance(n, Expr) else dsl.const(n)) for a, n in zip(axes, shape)}
     stmts = nest(axes, full, [Store(t, tuple(axes), dsl.cast(t.dtype, init))], split)
     for guard, red in terms:
         conds = ([guard] if guard is not None else []) + ([red.where] if red.where is not None else [])
@@ -122,6 +129,8 @@ def definition(t: Tensor, body: Expr) -> Stage:
             store = Store(t, tuple(axes), dsl.cast(t.dtype, red.body), combine=red.combiner)
         bounds = {**full, **{id(r): (r.lo, r.hi) for r in red.axes}}
         stmts += nest(axes + list(red.axes), bounds, guarded(dsl.all(conds) if conds else None, store), split)
+    if symbolic:  # extents known at run time: plain loops, run whole (see compute_stage)
+        return Stage(t, stmts, 0, work=SYMBOLIC_WORK)
     return Stage(t, stmts, dict(zip(map(id, axes), shape))[id(par)] if par is not None else 0, parallel_axis=par)
 
 
@@ -210,6 +219,8 @@ def schedule_steps(t: Tensor, body: Expr, machine: Machine = PORTABLE,
     off = disabled_pass_names(disabled)
     stage = definition(t, body)
     yield "definition", stage
+    if uses_sizes(t):
+        return  # extents known only at run time: the passes size loops by int extents
     if any(s.index is not None for s in stmt_stores(stage.body)):
         return  # an indexed reduction stays as defined: its winner test evaluates the body at the stored index
     ended = False  # a final pass changed the stage: only the lowering decisions follow
@@ -237,10 +248,15 @@ def scatter_stages(t: Tensor) -> List[Stage]:
     op: ScatterOp = t.op
     axes = [Var(f"i{d}") for d in range(t.ndim)]
     parallel = axes[0] if axes else None
-    zero = nest(axes, {id(a): (dsl.const(0), dsl.const(n)) for a, n in zip(axes, t.shape)},
-                 [Store(t, tuple(axes), dsl.const(0, t.dtype))], parallel)
+    if uses_sizes(t):  # extents known at run time: both nests run whole
+        parallel = None
+    zero = nest(axes, {id(a): (dsl.const(0), n if isinstance(n, Expr) else dsl.const(n))
+                       for a, n in zip(axes, t.shape)},
+                [Store(t, tuple(axes), dsl.const(0, t.dtype))], parallel)
     store = Store(t, op.indices, dsl.cast(t.dtype, op.value), combine="sum", checked=True)
     acc = nest(list(op.axes), {id(r): (r.lo, r.hi) for r in op.axes}, guarded(op.where, store), None)
+    if parallel is None and axes:
+        return [Stage(t, zero, 0, work=SYMBOLIC_WORK), Stage(t, acc, 0, work=SYMBOLIC_WORK)]
     zero_fill = Stage(t, zero, t.shape[0] if axes else 0, parallel_axis=parallel, work=int(np.prod(t.shape)))
     return [zero_fill, Stage(t, acc, 0)]
 
@@ -275,7 +291,7 @@ def _stages(outputs: Sequence[Tensor], machine: Machine, off: FrozenSet[str]) ->
                     stages.append(compute_stage(lt, lt.op.body, machine, off))
                     done.add(id(lt))
         packed = []
-        if "packing" not in off:
+        if "packing" not in off and not uses_sizes(t):
             body, packed = pack_operands(t, body, split_terms(body)[1], lane_var, copies)
         stages.extend(compute_stage(p, p.op.body, machine, off) for p in packed)
         stages.append(compute_stage(t, body, machine, off))

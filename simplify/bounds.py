@@ -19,9 +19,10 @@ from typing import Dict, List, Sequence
 
 from te_grad import dsl
 from te_grad.errors import UserError
-from te_grad.graph import topo_order
+from te_grad.graph import reads_in, topo_order
 from te_grad.ir import Binary, ComputeOp, Expr, Read, Reduce, ScatterOp, Select, Tensor, Var
 from te_grad.printer import expr_to_str
+from te_grad.sizes import uses_sizes
 
 from .affine import conjuncts, isl_cond, isl_expr
 from .isl_bridge import Domain
@@ -135,6 +136,14 @@ class _Checker:
 
 def check_tensor(t: Tensor, runtime: List[RuntimeCheck]):
     """Prove the reads of ``t`` in bounds, raise on a reachable violation, collect undecidable reads."""
+    if uses_sizes(t):
+        # SYMBOLIC SIZES (interim, until the proof takes size variables as isl parameters):
+        # every read of a tensor whose extents are known only at run time is checked where it runs
+        op = t.op
+        parts = [op.body] if isinstance(op, ComputeOp) else list(op.indices) + [op.value] + \
+            ([op.where] if op.where is not None else []) if isinstance(op, ScatterOp) else []
+        runtime.extend(RuntimeCheck(t, r) for p in parts for r in reads_in(p))
+        return
     checker = _Checker(t, runtime)
     if isinstance(t.op, ComputeOp):
         for ax, n in zip(t.op.axes, t.shape):

@@ -14,7 +14,7 @@ from dataclasses import fields
 from typing import Dict, Sequence
 
 from .graph import topo_order
-from .ir import ComputeOp, Const, Expr, PlaceholderOp, ReduceAxis, ScatterOp, Tensor, Var
+from .ir import ComputeOp, Const, Expr, PlaceholderOp, ReduceAxis, ScatterOp, SizeVar, Tensor, Var
 
 
 def fingerprint(outputs: Sequence[Tensor], inputs: Sequence[Tensor], extra: str = "") -> str:
@@ -32,6 +32,8 @@ def fingerprint(outputs: Sequence[Tensor], inputs: Sequence[Tensor], extra: str 
     for t in order:
         tensors[id(t)] = len(tensors)
         put(("T", t.name, t.shape, t.dtype, type(t.op).__name__))
+        if any(isinstance(n, Expr) for n in t.shape):  # size variables: their ranges too
+            put(("sizes", _size_ranges(t.shape)))
         op = t.op
         if isinstance(op, PlaceholderOp):
             continue
@@ -52,6 +54,20 @@ def fingerprint(outputs: Sequence[Tensor], inputs: Sequence[Tensor], extra: str 
     put(("outputs", [tensors[id(t)] for t in outputs]))
     put(("inputs", [tensors[id(t)] for t in inputs]))
     return h.hexdigest()
+
+
+def _size_ranges(shape) -> list:
+    """``(name, min, max)`` of each size variable in ``shape``, in order of first use."""
+    out, seen, stack = [], set(), [n for n in reversed(shape) if isinstance(n, Expr)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, SizeVar):
+            if id(node) not in seen:
+                seen.add(id(node))
+                out.append((node.name, node.lo, node.hi))
+            continue
+        stack.extend(reversed(node.children()))
+    return out
 
 
 def _expr(e: Expr, put, tensors, variables):

@@ -376,5 +376,21 @@ def specialize(outputs: Sequence[Tensor], sizes: Mapping[SizeVar, int]) -> Tuple
     return [new[id(t)] for t in outputs], new
 
 
-__all__ = ["var", "is_size_expr", "size_vars_in", "graph_size_vars", "is_symbolic", "value",
+def uses_sizes(t: Tensor) -> bool:
+    """Whether ``t``'s own definition needs the sizes: its shape, its bounds or body, or the
+    shape of a tensor it reads, uses a size variable (its producers may, it need not)."""
+    from .graph import reads_in
+    op = t.op
+    parts: List = list(t.shape)
+    if isinstance(op, ComputeOp):
+        parts.append(op.body)
+    elif isinstance(op, ScatterOp):
+        parts += [b for ax in op.axes for b in (ax.lo, ax.hi)] + list(op.indices) + [op.value]
+        parts += [op.where] if op.where is not None else []
+    exprs = [p for p in parts if isinstance(p, Expr)]
+    return any(size_vars_in(p) for p in exprs) or \
+        any(size_vars_in(n) for p in exprs for r in reads_in(p) for n in r.tensor.shape)
+
+
+__all__ = ["var", "uses_sizes", "is_size_expr", "size_vars_in", "graph_size_vars", "is_symbolic", "value",
            "bind_sizes", "named_sizes", "concrete_shape", "same_shape", "shape_is_concrete", "specialize", "Binding", "SIZE_OPS"]
