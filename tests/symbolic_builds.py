@@ -25,14 +25,20 @@ class StandInKernel:
 
     def __call__(self, *arrays, out=None):
         sizes = tg.sizes.bind_sizes([(t.name, t.shape, np.shape(a)) for t, a in zip(self.inputs, arrays)])
+        return self._exact(sizes)(*arrays, out=out)
+
+    def run_pointers(self, inputs, outputs, sizes=None):
+        self._exact(tg.sizes.named_sizes(self.size_vars, sizes)).run_pointers(inputs, outputs)
+
+    def _exact(self, sizes):
         key = tuple(sorted((v.name, n) for v, n in sizes.items()))
         if key not in self.exact:
             outs, new = tg.sizes.specialize(self.outputs, sizes)
             ins = [new[id(x)] if id(x) in new else
                    tg.placeholder(tg.sizes.concrete_shape(x.shape, sizes), dtype=x.dtype, name=x.name)
                    for x in self.inputs]
-            self.exact[key] = _REAL_BUILD(outs, ins, **self.options)
-        return self.exact[key](*arrays, out=out)
+            self.exact[key] = _REAL_BUILD(outs, ins, **{k: v for k, v in self.options.items() if k != "wait"})
+        return self.exact[key]
 
     def wait(self):
         return self
