@@ -31,6 +31,14 @@ code. The earlier :class:`TorchOp` object keeps its own behaviour: called, it ru
 own kernels (eagerly, through a ``torch.autograd.Function``, since its operators now
 belong to the newer op).
 
+Dynamic shapes: a dimension declared in ``dynamic_dims`` (``{"x": 0}``), or made symbolic
+by ``torch.compile`` (default settings once it changes, ``dynamic=True``,
+``torch._dynamo.mark_dynamic``), gets a size variable: the op's graph and its two kernels are
+built once on it and serve every extent, the fake implementations return symbolic output
+shapes (the graph's size expressions evaluated on the ``SymInt``s), and the op keeps the
+dimension dynamic for its later calls, eager ones included. Other dimensions keep exact
+kernels per shape (see :mod:`te_grad.frontends.base`).
+
 Conventions:
 - CPU tensors only (a CUDA tensor is a ``UserError``); contiguous inputs and the
   outputs are shared with the kernels without a copy, non-contiguous inputs are
