@@ -138,7 +138,7 @@ class TorchOp(FrontendOp):
         def forward_impl(*args):
             spec, sizes = op.bind(*args)
             kern = spec.vjp.forward
-            if spec.symbolic:  # one kernel for every size: it binds them from the arrays
+            if spec.symbolic and not spec.plain_outputs:  # one kernel for every size: it binds them
                 results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
                 kern(*[_numpy(a) for a in args], out=[r.numpy() for r in results])
                 return results
@@ -147,8 +147,12 @@ class TorchOp(FrontendOp):
                 got = got if isinstance(got, tuple) else (got,)
                 return [torch.from_numpy(np.array(g)) for g in got]
             args = [a if a.is_contiguous() else a.contiguous() for a in args]
-            results = [torch.empty(t.shape, dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
-            kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
+            results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
+            if spec.symbolic:  # the sizes bound from the arguments' shapes, by variable name
+                kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results],
+                                  sizes=sizes.by_name)
+            else:
+                kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
             return results
 
         def forward_fake(*args):
@@ -168,10 +172,11 @@ class TorchOp(FrontendOp):
             args = spec.backward_arguments(vjp, inputs, residuals, grads)
             kern = vjp.backward
             results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
-            if spec.symbolic:
-                kern(*[_numpy(a) for a in args], out=[r.numpy() for r in results])
-                return results
             args = [a if a.is_contiguous() else a.contiguous() for a in args]
+            if spec.symbolic:
+                kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results],
+                                  sizes=sizes.by_name)
+                return results
             kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
             return results
 
