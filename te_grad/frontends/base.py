@@ -345,8 +345,9 @@ class FrontendOp:
         where = "" if self.label == fn_name else f"{self.label}: "
         #: per argument index: its dynamic dimensions (declared, or seen symbolic since)
         self.dynamic: Dict[int, frozenset] = check_dynamic_dims(dynamic_dims, self.names, where)
-        #: why the op builds exact kernels per shape only (``fn`` or its kernels failed on size variables)
+        #: why the op last fell back to exact kernels (``fn`` or its kernels failed on size variables)
         self.static_reason: Optional[str] = None
+        self._failed: set = set()  # symbolic keys that fell back: their calls get exact keys
 
     @property
     def max_shapes(self) -> int:
@@ -384,8 +385,9 @@ class FrontendOp:
         name of its size variable (see the module docstring)."""
         return self.signature(args)[0]
 
-    def signature(self, args) -> Tuple[tuple, NamedSizes]:
-        """The key of a call (:meth:`key`) and the values of its size variables, by name."""
+    def signature(self, args, exact: bool = False) -> Tuple[tuple, NamedSizes]:
+        """The key of a call (:meth:`key`) and the values of its size variables, by name;
+        ``exact``: every extent as an int (a symbolic size is specialized)."""
         key, by_name, groups = [], {}, {}
         learned = False
         for i, (name, a) in enumerate(zip(self.names, args)):
@@ -401,7 +403,7 @@ class FrontendOp:
             pattern = []
             for d, n in enumerate(shape):
                 group = self.symbolic_size(n)
-                if self.static_reason is not None or (group is None and d not in declared):
+                if exact or (group is None and d not in declared):
                     pattern.append(int(n))  # exact (a symbolic size is specialized: one build per shape)
                     continue
                 if d not in declared:  # the framework made it symbolic: keep it dynamic from now on
@@ -437,6 +439,8 @@ class FrontendOp:
             key, sizes = spec.key, NO_SIZES
         else:
             key, sizes = self.signature(args)
+            if key in self._failed:
+                key, sizes = self.signature(args, exact=True)
         try:
             with self._specs.lock:  # refreshed in the LRU order (or made); the fast key points to it
                 spec = self._specs.get(key, lambda: self.make_spec(key))
@@ -448,6 +452,7 @@ class FrontendOp:
             if not any(isinstance(e, str) for shape, _ in key for e in shape):
                 raise
             self._specs.discard(key)
+            self._failed.add(key)
             self.static_reason = f"{type(e).__name__}: {e}"
             self._seen.clear()
             warnings.warn(f"{self.label}: cannot build on size variables ({self.static_reason}); building "
