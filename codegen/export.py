@@ -10,10 +10,15 @@ pthreads for a threaded build). Its calling convention, written into the header:
   states (a ``#define`` per dimension, one per element count), outputs distinct from
   inputs and from each other;
 - 0-d inputs listed as scalars are passed by value instead (``float lr``);
+- a kernel whose shapes use size variables (``tg.var``) takes their values first, as
+  ``int64_t`` arguments in the order of ``kernel.size_vars`` (``int f(int64_t n, const
+  float *X, float *Y)``); the buffers have the shapes those sizes give. A size outside its
+  variable's range, or one that makes an extent negative, returns ``4`` (the buffers are
+  not touched);
 - a group packs several buffers in one blob at stated byte offsets (a model's state);
 - the return value is ``0``, or an error code: ``1`` an index out of range, computed from
   data or read under a condition on data (the bad index is never read), ``2`` an integer
-  division by zero, ``3`` no memory for the intermediates (``malloc``); ``NAME_ex`` takes a
+  division by zero, ``3`` no memory for the intermediates (``malloc``), ``4`` sizes out of range; ``NAME_ex`` takes a
   last ``int64_t info[4]`` receiving (buffer, dimension, value, stage) of the error;
 - intermediates live in one ``malloc`` per call, freed before returning; with
   ``threads > 1`` the parallel regions of the kernel run on that many pthreads.
@@ -49,7 +54,7 @@ TARGETS = {
                               "arm-linux-gnueabihf-gcc"),
     "riscv64-linux-gnu": ("riscv64-unknown-linux-gnu", "generic-rv64", "+m,+a,+f,+d,+c", "riscv64-linux-gnu-gcc"),
 }
-ERRORS = {0: "OK", 1: "ERROR_INDEX", 2: "ERROR_DIVISION", 3: "ERROR_MEMORY"}
+ERRORS = {0: "OK", 1: "ERROR_INDEX", 2: "ERROR_DIVISION", 3: "ERROR_MEMORY", 4: "ERROR_SIZE"}
 C_TYPES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t", "bool": "uint8_t"}
 _WHOLE = 1 << 62
 
@@ -59,12 +64,13 @@ class Arg:
     """One argument of an entry point: a buffer (``tensor``), a scalar (a 0-d input passed by
     value), or a group (``members``: tensors at byte offsets of one blob)."""
     name: str
-    kind: str                               # "buffer", "scalar" or "group"
+    kind: str                               # "buffer", "scalar", "group" or "size"
     tensor: Optional[Tensor] = None
     output: bool = False
     members: List[Tuple[Tensor, int]] = field(default_factory=list)
     size: int = 0                           # a group's bytes
     doc: str = ""                           # what the argument means, written into the header
+    size_var: object = None                 # a "size" argument's variable (te_grad.ir.SizeVar)
 
 
 @dataclass
@@ -173,8 +179,12 @@ def c_name(name: str) -> str:
 
 
 def entry_for(kernel, name: str, scalars: Sequence[Tensor] = ()) -> Entry:
-    """The plain entry point of ``kernel``: inputs (scalars by value), then outputs."""
+    """The plain entry point of ``kernel``: its sizes (``int64_t``, in the order of
+    ``kernel.size_vars``), inputs (scalars by value), then outputs."""
     used, args = set(), []
+    for v in getattr(kernel, "size_vars", ()):
+        used.add(c_name(v.name))
+        args.append(Arg(c_name(v.name), "size", size_var=v))
     for t, out in [(t, False) for t in kernel.inputs] + [(t, True) for t in kernel.outputs]:
         base = c_name(t.name)
         arg_name, k = base, 1
@@ -254,7 +264,8 @@ def export(entries: Sequence[Entry], path: str, target: str = "host", cpu: Optio
         stages = [cs.stage for cs in kernel.stages]
         text = emit_module(stages, kernel._index, getattr(kernel, "fast_math", True),
                            prefix=f"{e.name}__", internal=True,
-                           bound_checks=getattr(kernel, "bound_checks", True))
+                           bound_checks=getattr(kernel, "bound_checks", True),
+                           sizes=getattr(kernel, "size_vars", ()))
         modules.append(llvm.parse_assembly(text))
     check_names(entries, os.path.basename(path), spec, constants,
                 {f.name for m in modules for f in m.functions if f.is_declaration})
@@ -313,6 +324,8 @@ def _wrappers(entries: Sequence[Entry], pointer_bits: int, threads: int, constan
 
 
 def _param_type(a: Arg):
+    if a.kind == "size":
+        return I64
     if a.kind == "scalar":
         return MEMORY[a.tensor.dtype]
     if a.kind == "group":
@@ -331,12 +344,25 @@ def _entry(module, e: Entry, malloc, free, size_t, threads: int):
                          variant)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         n = len(kernel.buffers)
-        table = b.alloca(ir.ArrayType(i8p, n), name="buffers")
+        size_vars = tuple(getattr(kernel, "size_vars", ()))
+        table = b.alloca(ir.ArrayType(i8p, n + len(size_vars)), name="buffers")
 
         def slot(k):
             return b.gep(table, [ir.Constant(I32, 0), ir.Constant(I32, k)], inbounds=True)
 
+        sizes = {id(a.size_var): value for a, value in zip(e.args, fn.args) if a.kind == "size"}
+        if size_vars:
+            info = fn.args[-1] if with_info else None
+            _check_sizes(b, fn, kernel, size_vars, sizes, info)
+            for k, v in enumerate(size_vars):  # after the buffer addresses, as the stages read them
+                b.store(b.inttoptr(sizes[id(v)], i8p), slot(n + k))
+
+        def extent(x):
+            return ir.Constant(I64, x) if isinstance(x, int) else _size_value(b, x, sizes)
+
         for a, value in zip(e.args, fn.args):
+            if a.kind == "size":
+                continue
             if a.kind == "buffer":
                 b.store(b.bitcast(value, i8p), slot(kernel._index[id(a.tensor)]))
             elif a.kind == "scalar":
@@ -350,16 +376,33 @@ def _entry(module, e: Entry, malloc, free, size_t, threads: int):
         scratch = [(k, t) for k, t in enumerate(kernel.buffers) if id(t) not in given]
         offsets, total = [], 0
         for k, t in scratch:
-            total = -(-total // 64) * 64
+            item = np.dtype(t.dtype if t.dtype != "bool" else "int8").itemsize
+            if isinstance(total, int) and all(isinstance(x, int) for x in t.shape):
+                total = -(-total // 64) * 64
+                offsets.append(total)
+                total += max(1, t.size * item)
+                continue
+            # extents known at run time: the offsets computed from the sizes (i64)
+            total = ir.Constant(I64, total) if isinstance(total, int) else total
+            total = b.and_(b.add(total, ir.Constant(I64, 63)), ir.Constant(I64, -64))
             offsets.append(total)
-            total += max(1, t.size * np.dtype(t.dtype if t.dtype != "bool" else "int8").itemsize)
+            bytes_ = ir.Constant(I64, item)
+            for x in t.shape:
+                bytes_ = b.mul(bytes_, extent(x))
+            bytes_ = b.select(b.icmp_signed("<", bytes_, ir.Constant(I64, 1)), ir.Constant(I64, 1), bytes_)
+            total = b.add(total, bytes_)
         block = None
         if scratch:
-            block = b.call(malloc, [ir.Constant(size_t, total)])
+            if isinstance(total, int):
+                size = ir.Constant(size_t, total)
+            else:
+                size = total if size_t.width == 64 else b.trunc(total, size_t)
+            block = b.call(malloc, [size])
             with b.if_then(b.icmp_unsigned("==", block, ir.Constant(i8p, None)), likely=False):
                 b.ret(ir.Constant(I32, 3))
             for (k, _), off in zip(scratch, offsets):
-                b.store(b.gep(block, [ir.Constant(I64, off)], inbounds=True), slot(k))
+                off = ir.Constant(I64, off) if isinstance(off, int) else off
+                b.store(b.gep(block, [off], inbounds=True), slot(k))
         err = b.alloca(ir.ArrayType(I64, 4), name="err")
         err_p = b.gep(err, [ir.Constant(I32, 0), ir.Constant(I32, 0)], inbounds=True)
         table_p = b.gep(table, [ir.Constant(I32, 0), ir.Constant(I32, 0)], inbounds=True)
@@ -372,6 +415,67 @@ def _entry(module, e: Entry, malloc, free, size_t, threads: int):
                 b.store(b.load(b.gep(err, [ir.Constant(I32, 0), ir.Constant(I32, k)])),
                         b.gep(info, [ir.Constant(I64, k)]))
         b.ret(rc)
+
+
+def _size_value(b, e, sizes):
+    """The i64 value of size expression ``e`` (size variables: ``sizes[id(var)]``)."""
+    from te_grad.ir import Binary, Cast, Const, SizeVar
+    if isinstance(e, int):
+        return ir.Constant(I64, e)
+    if isinstance(e, SizeVar):
+        return sizes[id(e)]
+    if isinstance(e, Const):
+        return ir.Constant(I64, int(e.value))
+    if isinstance(e, Cast):
+        return _size_value(b, e.a, sizes)
+    if isinstance(e, Binary):
+        x, y = _size_value(b, e.a, sizes), _size_value(b, e.b, sizes)
+        if e.op == "add":
+            return b.add(x, y)
+        if e.op == "sub":
+            return b.sub(x, y)
+        if e.op == "mul":
+            return b.mul(x, y)
+        if e.op in ("min", "max"):
+            return b.select(b.icmp_signed("<" if e.op == "min" else ">", x, y), x, y)
+        if e.op in ("floordiv", "floormod") and isinstance(e.b, Const) and int(e.b.value) > 0:
+            q = b.sdiv(x, y)
+            r = b.srem(x, y)
+            neg = b.icmp_signed("<", r, ir.Constant(I64, 0))
+            if e.op == "floordiv":
+                return b.sub(q, b.zext(neg, I64))
+            return b.select(neg, b.add(r, y), r)
+    raise UserError(f"export: the size {e} is not a size expression the entry point can compute")
+
+
+def _check_sizes(b, fn, kernel, size_vars, sizes, info):
+    """Return ``4`` (and fill ``info`` with (-1, variable number, value, -1)) when a size is
+    outside its variable's range or makes an extent of a buffer negative."""
+    from te_grad.sizes import size_vars_in
+    position = {id(v): k for k, v in enumerate(size_vars)}
+
+    def refuse(bad, k, value):
+        with b.if_then(bad, likely=False):
+            if info is not None:
+                for j, x in enumerate((ir.Constant(I64, -1), ir.Constant(I64, k), value, ir.Constant(I64, -1))):
+                    b.store(x, b.gep(info, [ir.Constant(I64, j)]))
+            b.ret(ir.Constant(I32, 4))
+
+    for k, v in enumerate(size_vars):
+        x = sizes[id(v)]
+        bad = b.icmp_signed("<", x, ir.Constant(I64, v.lo))
+        if v.hi is not None:
+            bad = b.or_(bad, b.icmp_signed(">", x, ir.Constant(I64, v.hi)))
+        refuse(bad, k, x)
+    seen = set()
+    for t in kernel.buffers:
+        for x in t.shape:
+            if isinstance(x, int) or str(x) in seen:
+                continue
+            seen.add(str(x))
+            value = _size_value(b, x, sizes)
+            used = size_vars_in(x)
+            refuse(b.icmp_signed("<", value, ir.Constant(I64, 0)), position[id(used[0])] if used else -1, value)
 
 
 def _run_all(module, b, e: Entry, run, table_p, err_p, threads: int, pointer_bits: int):
@@ -420,6 +524,13 @@ def header(entries: Sequence[Entry], base: str, spec: TargetSpec, threads: int, 
         params = []
         for a in e.args:
             tag = f"{up}_{c_name(a.name).upper()}"
+            if a.kind == "size":
+                v = a.size_var
+                rng = f">= {v.lo}" if v.hi is None else f"in [{v.lo}, {v.hi}]"
+                lines.append(f"/* size {a.name}: the value of size variable {v.name}, {rng} (else "
+                             f"{prefix}_ERROR_SIZE) */")
+                params.append(f"int64_t {a.name}")
+                continue
             if a.kind == "group":
                 lines.append(f"/* {a.name}: a group of {len(a.members)} buffers, {a.size} bytes */")
                 lines += [f"/*   {line} */" for line in textwrap.wrap(a.doc, 92)]
@@ -440,9 +551,11 @@ def header(entries: Sequence[Entry], base: str, spec: TargetSpec, threads: int, 
             else:
                 lines.append(f"/* {what} */")
             lines.append(f"#define {tag}_NDIM {t.ndim}")
-            for d, n in enumerate(t.shape):
-                lines.append(f"#define {tag}_DIM{d} {n}")
-            lines.append(f"#define {tag}_SIZE {t.size}")
+            for d, n in enumerate(t.shape):  # an extent known only at run time: in the comment above
+                if isinstance(n, int):
+                    lines.append(f"#define {tag}_DIM{d} {n}")
+            if all(isinstance(n, int) for n in t.shape):
+                lines.append(f"#define {tag}_SIZE {t.size}")
             ctype = C_TYPES[t.dtype]
             if a.kind == "scalar":
                 params.append(f"{ctype} {a.name}")

@@ -39,10 +39,11 @@ def _combine(op: str, old, new):
 
 
 class _Interpreter:
-    def __init__(self, values: Dict[int, np.ndarray], stage: Stage):
+    def __init__(self, values: Dict[int, np.ndarray], stage: Stage, sizes=None):
         self.values = values
         self.stage = stage
-        self.env: Dict[int, np.int64] = {}
+        # size variables (tg.var) are bound for the whole program, like loop variables
+        self.env: Dict[int, np.int64] = {id(v): np.int64(n) for v, n in (sizes or {}).items()}
         self.evaluate = expression_evaluator(values, where=stage.tensor.name)
 
     def value(self, e):
@@ -91,15 +92,20 @@ class _Interpreter:
         return new_i if bool(red.better(new_v, new_i, old_v, old_i)) else old_i
 
 
-def run(stages: Sequence[Stage], feed: Dict[Tensor, np.ndarray]) -> Dict[int, np.ndarray]:
+def run(stages: Sequence[Stage], feed: Dict[Tensor, np.ndarray], sizes=None) -> Dict[int, np.ndarray]:
     """Run ``stages`` in order on the placeholder values of ``feed``; returns every buffer by
-    ``id(tensor)``."""
+    ``id(tensor)``. Size variables (``tg.var``) are bound from the shapes of the fed arrays
+    (:func:`te_grad.sizes.bind_sizes`), or given by ``sizes`` (a dict from the variables to
+    ints); intermediates are allocated at the bound shapes."""
+    from te_grad.sizes import bind_sizes, concrete_shape
     values: Dict[int, np.ndarray] = {id(t): np.asarray(a) for t, a in feed.items()}
+    sizes = bind_sizes([(t.name, t.shape, np.shape(a)) for t, a in feed.items()], sizes)
     for stage in stages:
         t = stage.tensor
         if id(t) not in values:
             fill = np.nan if dtypes.is_float(t.dtype) else (False if t.dtype == "bool" else INT_SENTINEL)
-            values[id(t)] = np.full(t.shape, fill, dtype=np.bool_ if t.dtype == "bool" else t.dtype)
+            values[id(t)] = np.full(concrete_shape(t.shape, sizes), fill,
+                                    dtype=np.bool_ if t.dtype == "bool" else t.dtype)
         with np.errstate(all="ignore"):
-            _Interpreter(values, stage).run(stage.body)
+            _Interpreter(values, stage, sizes).run(stage.body)
     return values

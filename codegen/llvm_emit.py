@@ -72,6 +72,85 @@ def _inside(iv, n: int) -> bool:
     return iv is not None and not isinstance(n, Expr) and iv[0] >= 0 and iv[1] < n
 
 
+def _affine(e: Expr):
+    """``e`` as ``{key: coefficient}`` (keys: ``id`` of a variable, a size variable itself,
+    ``None`` for the constant) when it is affine in loop and size variables, else None."""
+    if isinstance(e, Const):
+        return {None: int(e.value)} if dtypes.is_int(e.dtype) else None
+    if isinstance(e, SizeVar):
+        return {e: 1}
+    if isinstance(e, Var):
+        return {id(e): 1}
+    if isinstance(e, Cast) and dtypes.is_int(e.dtype) and dtypes.is_int(e.a.dtype):
+        return _affine(e.a)
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
+        a, b = _affine(e.a), _affine(e.b)
+        if a is None or b is None:
+            return None
+        if e.op == "mul":
+            if set(a) <= {None}:
+                a, b = b, a
+            if not set(b) <= {None}:
+                return None
+            c = b.get(None, 0)
+            return {k: v * c for k, v in a.items()}
+        sign = 1 if e.op == "add" else -1
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = out.get(k, 0) + sign * v
+        return out
+    return None
+
+
+def _never_negative(form) -> bool:
+    """Whether an affine form in size variables only is >= 0 for every value of the sizes in
+    their ranges (a sufficient test: no negative coefficient, >= 0 at the least sizes)."""
+    total = form.get(None, 0)
+    for k, c in form.items():
+        if k is None or c == 0:
+            continue
+        if not isinstance(k, SizeVar) or c < 0:
+            return False
+        total += c * k.lo
+    return total >= 0
+
+
+def symbolic_inside(ix: Expr, n, bounds: Dict[int, tuple]) -> bool:
+    """Whether index ``ix`` stays in ``[0, n)`` wherever it is evaluated, ``n`` an extent (int or
+    size expression), each loop variable ``v`` of ``ix`` in ``[lo, hi)`` with ``bounds[id(v)] =
+    (lo, hi)`` affine in size variables: the proof of the reads of stages whose extents are known
+    only at run time (the static proof in :mod:`simplify.bounds` does not see sizes yet)."""
+    form = _affine(ix)
+    extent = _affine(n) if isinstance(n, Expr) else {None: int(n)}
+    if form is None or extent is None:
+        return False
+    least, most = {}, {}  # the least and largest values of ix, affine in the sizes
+
+    def add(into, f, c):
+        for k, v in f.items():
+            into[k] = into.get(k, 0) + c * v
+
+    for k, c in form.items():
+        if k is None or isinstance(k, SizeVar) or c == 0:
+            add(least, {k: c}, 1)
+            add(most, {k: c}, 1)
+            continue
+        got = bounds.get(k)
+        if got is None:
+            return False
+        lo, hi = _affine(got[0]), _affine(got[1])
+        if lo is None or hi is None or any(not (x is None or isinstance(x, SizeVar)) for x in list(lo) + list(hi)):
+            return False
+        top = dict(hi)
+        top[None] = top.get(None, 0) - 1
+        add(least, lo if c > 0 else top, c)
+        add(most, top if c > 0 else lo, c)
+    room = dict(extent)
+    room[None] = room.get(None, 0) - 1
+    add(room, most, -1)
+    return _never_negative(least) and _never_negative(room)
+
+
 def stage_size_vars(stage: Stage) -> Dict[int, SizeVar]:
     """The size variables ``stage`` uses (in its loops and expressions, and in the shapes of
     its buffers), by id."""
@@ -153,6 +232,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
                     self.env[id(v)] = self.b.load(self.b.gep(table, [ir.Constant(I64, k)], inbounds=True),
                                                   name=v.name)
         self.ranges: Dict[int, tuple] = {}  # inclusive value ranges of the enclosing loop variables
+        self.bounds: Dict[int, tuple] = {}  # (lo, hi) expressions of the enclosing loops (symbolic_inside)
         self.vec = None  # inside a register block: (id of its variable, lane values, width)
         self.transposed = None  # inside a transpose block: (its read, the vector of this row)
         self.emitted: List[Loop] = []  # the annotated loops (blocks, transposes, scans) lowered as marked
@@ -217,10 +297,12 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
             self.env[id(s.var)] = i
             if lo_iv is not None and hi_iv is not None:
                 self.ranges[id(s.var)] = (lo_iv[0], hi_iv[1] - 1)
+            self.bounds[id(s.var)] = (s.lo, s.hi)
             self.undecided += opaque
             self.stmts(s.body)
             self.undecided -= opaque
             self.ranges.pop(id(s.var), None)
+            self.bounds.pop(id(s.var), None)
             del self.env[id(s.var)]
 
         self.counted(lo, hi, s.var.name, body)
@@ -457,7 +539,8 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
             self.check_indices(e.tensor, idx)
         elif self.bound_checks:  # under a condition on data, or not quasi-affine: unless intervals prove it
             dims = [d for d, (i, n) in enumerate(zip(e.indices, e.tensor.shape))
-                    if (self.undecided or not _decided_bound(i)) and not _inside(interval(i, self.ranges), n)]
+                    if (self.undecided or not _decided_bound(i)) and not _inside(interval(i, self.ranges), n)
+                    and not (self.sizes and symbolic_inside(i, n, self.bounds))]
             if dims:
                 self.check_indices(e.tensor, idx, dims)
         return self.load_scalar(e.tensor, self.address(e.tensor, idx))

@@ -35,6 +35,30 @@ UNIT_COST, INVARIANT_COST, STRIDED_COST = 1.0, 0.25, 8.0
 SHORT_LOOP_COST = 16.0
 
 
+#: the value a size variable (``tg.var``) stands at when a loop order is chosen for extents
+#: known only at run time (clamped to the variable's range): a long loop
+REPRESENTATIVE_SIZE = 256
+
+
+def representative(n) -> Optional[int]:
+    """An extent as an int to choose loop orders by: an int itself, a size expression at
+    :data:`REPRESENTATIVE_SIZE` (each variable clamped to its range), None if it uses
+    loop variables."""
+    if not isinstance(n, Expr):
+        return int(n)
+    from te_grad.sizes import is_size_expr, size_vars_in, value
+    if not is_size_expr(n):
+        return None
+    sizes = {v: min(max(v.lo, REPRESENTATIVE_SIZE), v.hi if v.hi is not None else REPRESENTATIVE_SIZE)
+             for v in size_vars_in(n)}
+    return value(n, sizes)
+
+
+def _size_bound(e: Expr) -> bool:
+    """Whether a loop bound is a constant or a size expression (no loop variable)."""
+    return isinstance(e, Const) or representative(e) is not None
+
+
 def _lane_cost(indices: Sequence[Expr], v: Var) -> float:
     """The cost of an access at ``indices`` when vector lanes run along ``v``."""
     if not indices:
@@ -58,7 +82,7 @@ def _max_stride(v: Var, reads: Sequence[Read]) -> int:
                 best = max(best, stride)
             elif c:
                 best = max(best, abs(c) * stride)
-            stride *= n
+            stride *= representative(n) or 1
     return best
 
 
@@ -83,7 +107,9 @@ def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
     domain (``first``: its first values, 0 by default). The parallel axis is ``parallel``
     when given (a stage splits one axis in every nest), else :func:`parallel_axis` of the
     whole domain."""
-    extents: Dict[int, int] = {id(a): n for a, n in zip(out_axes, piece if piece is not None else shape)}
+    shape = [representative(n) or 0 for n in shape]  # extents known at run time: at a representative size
+    extents: Dict[int, int] = {id(a): representative(n) or 0
+                               for a, n in zip(out_axes, piece if piece is not None else shape)}
     starts = first if first is not None else [0] * len(out_axes)
     middle_point = {a: dsl.const(s + n // 2) for a, s, n in zip(out_axes, starts, shape)}
     for r in red_axes:
@@ -171,7 +197,7 @@ def _nest_order(n: Nest, parallel: Optional[Var], domains: Dict[int, Tuple[int, 
     memory strides of the store and, with ``strides_of_reads``, of the reads."""
     outs = n.outputs
     out_ids = {id(v) for v in outs}
-    piece = [int(lp.hi.value) - int(lp.lo.value) for lp in n.loops if id(lp.var) in out_ids]
+    piece = [representative(lp.hi) - representative(lp.lo) for lp in n.loops if id(lp.var) in out_ids]
     whole = [domains[id(v)] for v in outs]
     reads = reads_in(n.store.value) if strides_of_reads else ()
     order, _ = loop_order(outs, [hi - lo for lo, hi in whole], n.reductions, accesses(n.store.value, n.cond),
@@ -186,9 +212,10 @@ def _domains(stage: Stage) -> Dict[int, Tuple[int, int]]:
     for s in stage.body:
         n = Nest.of(s)
         for lp in n.loops if n is not None else ():
-            if not isinstance(lp.var, ReduceAxis) and isinstance(lp.lo, Const) and isinstance(lp.hi, Const):
-                lo, hi = out.get(id(lp.var), (int(lp.lo.value), int(lp.hi.value)))
-                out[id(lp.var)] = (min(lo, int(lp.lo.value)), max(hi, int(lp.hi.value)))
+            if not isinstance(lp.var, ReduceAxis) and _size_bound(lp.lo) and _size_bound(lp.hi):
+                lo0, hi0 = representative(lp.lo), representative(lp.hi)
+                lo, hi = out.get(id(lp.var), (lo0, hi0))
+                out[id(lp.var)] = (min(lo, lo0), max(hi, hi0))
     return out
 
 
@@ -198,7 +225,7 @@ def order_elementwise(stage: Stage) -> Stage:
     done = []
 
     def order(n: Nest):
-        if done or n.accumulates or n.reductions or any(not isinstance(b, Const) for lo_hi in n.bounds.values()
+        if done or n.accumulates or n.reductions or any(not _size_bound(b) for lo_hi in n.bounds.values()
                                                         for b in lo_hi):
             return None
         done.append(True)
@@ -214,7 +241,7 @@ def order_reductions(stage: Stage) -> Stage:
     domains = _domains(stage)
 
     def order(n: Nest):
-        if not n.accumulates or not all(isinstance(b, Const) for lp in n.loops
+        if not n.accumulates or not all(_size_bound(b) for lp in n.loops
                                         if not isinstance(lp.var, ReduceAxis) for b in (lp.lo, lp.hi)):
             return None
         return [n.stmt(_nest_order(n, stage.parallel_axis, domains), parallel=stage.parallel_axis)]

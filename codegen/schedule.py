@@ -185,6 +185,13 @@ PASSES = (
 )
 
 
+#: the passes run on a stage whose extents are known only at run time (size variables): the
+#: loop orders (chosen at a representative size, :func:`.loop_order.representative`; a
+#: permutation is right at every size) and the lowering decision; the others size loops by
+#: int extents and leave such stages as defined
+RUN_TIME_EXTENT_PASSES = frozenset({"order_elementwise", "order_reductions", "decide_blocks"})
+
+
 def optional_passes() -> List[str]:
     """The names of the passes that may be switched off, in order."""
     return [p.name for p in PASSES if p.needed is None]
@@ -219,14 +226,15 @@ def schedule_steps(t: Tensor, body: Expr, machine: Machine = PORTABLE,
     off = disabled_pass_names(disabled)
     stage = definition(t, body)
     yield "definition", stage
-    if uses_sizes(t):
-        return  # extents known only at run time: the passes size loops by int extents
+    symbolic = uses_sizes(t)
     if any(s.index is not None for s in stmt_stores(stage.body)):
         return  # an indexed reduction stays as defined: its winner test evaluates the body at the stored index
     ended = False  # a final pass changed the stage: only the lowering decisions follow
     for p in PASSES:
         if p.run is None or (ended and not p.lowering):
             continue
+        if symbolic and p.name not in RUN_TIME_EXTENT_PASSES:
+            continue  # extents known only at run time: this pass sizes loops by int extents
         new = stage if p.name in off else p.run(stage, machine)
         yield p.name, new
         ended = ended or (p.final and new is not stage)

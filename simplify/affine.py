@@ -6,16 +6,40 @@ positive constant, ``minimum`` and ``maximum``; conditions are comparisons of
 those combined with ``&``, ``|`` and ``~``. :func:`isl_expr` and
 :func:`isl_cond` return isl syntax for such expressions and ``None`` for
 anything else (a read of a tensor, a float, a product of two variables).
+
+A size variable (:class:`te_grad.ir.SizeVar`) is an isl *parameter*: it is rendered as
+:func:`size_param` of it (``_n`` for ``n``) unless ``names`` names it, and an
+:class:`IslNames` records every size variable it renders, so that the caller can declare
+them (with their constraints ``lo <= n <= hi``) in the isl set it builds
+(:class:`simplify.isl_bridge.Domain` ``sizes=``).
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional
 
 from te_grad import dtypes
-from te_grad.ir import Binary, Cast, Compare, Const, Expr, Select, Unary, Var
+from te_grad.ir import Binary, Cast, Compare, Const, Expr, Select, SizeVar, Unary, Var
 
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=", "ne": "!="}
 _NEGATED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
+
+
+def size_param(v: SizeVar) -> str:
+    """The isl name of the parameter standing for the size variable ``v`` (never one of the
+    simplifier's own names, which do not start with ``_``)."""
+    return "_" + v.name
+
+
+class IslNames(dict):
+    """``{id(variable): isl name}`` that also records the size variables rendered with it
+    (``sizes``: isl name -> :class:`SizeVar`, in order of first use)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sizes: Dict[str, SizeVar] = {}
+
+    def size_vars(self) -> List[SizeVar]:
+        return list(self.sizes.values())
 
 
 def constant_value(e: Expr) -> Optional[int]:
@@ -47,6 +71,13 @@ def isl_expr(e: Expr, names: Dict[int, str]) -> Optional[str]:
         return None
     if isinstance(e, Var):
         return names.get(id(e))
+    if isinstance(e, SizeVar):
+        name = names.get(id(e))
+        if name is None:
+            name = size_param(e)
+            if isinstance(names, IslNames):
+                names.sizes.setdefault(name, e)
+        return name
     if isinstance(e, Cast):
         return isl_expr(e.a, names) if dtypes.is_int(e.a.dtype) else None
     if isinstance(e, Unary) and e.op == "neg":

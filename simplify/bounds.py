@@ -11,6 +11,11 @@ some point of the context puts ``g`` outside ``[0, shape)``:
   that point;
 - otherwise (a data-dependent index, or a data-dependent guard on the way):
   it cannot be decided statically and is reported as needing a run-time check.
+
+Size variables are isl parameters constrained by their ranges: a proof holds for every
+size, and a violation names the sizes where it happens (``at n=0, i=...``). A shape or a
+bound that isl cannot represent (a product of two sizes) makes the reads it bounds
+undecidable: they are checked at run time.
 """
 from __future__ import annotations
 
@@ -22,9 +27,8 @@ from te_grad.errors import UserError
 from te_grad.graph import reads_in, topo_order
 from te_grad.ir import Binary, ComputeOp, Expr, Read, Reduce, ScatterOp, Select, Tensor, Var
 from te_grad.printer import expr_to_str
-from te_grad.sizes import uses_sizes
 
-from .affine import conjuncts, isl_cond, isl_expr
+from .affine import IslNames, conjuncts, isl_cond, isl_expr
 from .isl_bridge import Domain
 
 
@@ -41,7 +45,7 @@ class RuntimeCheck:
 class _Context:
     def __init__(self, tensor: Tensor):
         self.tensor = tensor
-        self.names: Dict[int, str] = {}
+        self.names: Dict[int, str] = IslNames()
         self.vars: List[Var] = []
         self.bounds: List[str] = []
         self.conds: List[str] = []
@@ -119,35 +123,36 @@ class _Checker:
             if g is None:
                 self.runtime.append(RuntimeCheck(self.tensor, read))
                 return
-            outside = f"({g} < 0 or {g} >= {t.shape[d]})"
+            extent = isl_expr(t.shape[d], self.ctx.names) if isinstance(t.shape[d], Expr) else t.shape[d]
+            if extent is None:
+                self.runtime.append(RuntimeCheck(self.tensor, read))
+                return
+            outside = f"({g} < 0 or {g} >= {extent})"
             dom = Domain([], [(self.ctx.names[id(v)], v.name) for v in self.ctx.vars],
-                         self.ctx.bounds + self.ctx.conds + [outside])
+                         self.ctx.bounds + self.ctx.conds + [outside], sizes=self.ctx.names.size_vars())
             point = dom.sample()
             if point is None:
                 continue
             if self.ctx.opaque:
                 self.runtime.append(RuntimeCheck(self.tensor, read))
                 return
-            at = ", ".join(f"{v.name}={point[self.ctx.names[id(v)]]}" for v in self.ctx.vars)
+            at = ", ".join([f"{v.name}={point[n]}" for n, v in dom.sizes] +
+                           [f"{v.name}={point[self.ctx.names[id(v)]]}" for v in self.ctx.vars])
             raise UserError(f"read {expr_to_str(read)} in {self.tensor.name} can go out of bounds: at {at} "
                             f"index {d} leaves [0, {t.shape[d]}) of tensor {t.name} with shape "
-                            f"{list(t.shape)}")
+                            f"{_shape_text(t.shape)}")
+
+
+def _shape_text(shape) -> str:
+    return "[" + ", ".join(str(n) for n in shape) + "]"
 
 
 def check_tensor(t: Tensor, runtime: List[RuntimeCheck]):
     """Prove the reads of ``t`` in bounds, raise on a reachable violation, collect undecidable reads."""
-    if uses_sizes(t):
-        # SYMBOLIC SIZES (interim, until the proof takes size variables as isl parameters):
-        # every read of a tensor whose extents are known only at run time is checked where it runs
-        op = t.op
-        parts = [op.body] if isinstance(op, ComputeOp) else list(op.indices) + [op.value] + \
-            ([op.where] if op.where is not None else []) if isinstance(op, ScatterOp) else []
-        runtime.extend(RuntimeCheck(t, r) for p in parts for r in reads_in(p))
-        return
     checker = _Checker(t, runtime)
     if isinstance(t.op, ComputeOp):
         for ax, n in zip(t.op.axes, t.shape):
-            checker.ctx.bind(ax, dsl.const(0), dsl.const(n))
+            checker.ctx.bind(ax, dsl.const(0), n if isinstance(n, Expr) else dsl.const(n))
         checker.visit(t.op.body)
     elif isinstance(t.op, ScatterOp):
         op = t.op

@@ -16,14 +16,27 @@ closed form. Points are enumerated in blocks of at most :data:`BLOCK` at a time,
 memory stays bounded. (isl's ``count_val`` enumerates points one by one, which is too
 slow for the 10^12-point raw domains; the tests check both agree on small domains.)
 A guard that reads data or computes in floats restricts nothing here.
+
+A graph with size variables (``tg.var``) has a count that depends on the sizes:
+:func:`iterations` returns a :class:`SizeCount`. Its value at given sizes
+(``count.at(n=5)``, ``count({"n": 5})``) is exact: the graph specialized at those sizes,
+counted as above. Its closed form (``str(count)``, :meth:`SizeCount.pieces`,
+:meth:`SizeCount.leading`), for one size variable, is a piecewise quasi-polynomial in it:
+counts of polyhedral domains are polynomials of degree at most the number of loops on
+each residue class of the size modulo some period, from some size on. It is *interpolated*
+from exact counts (the smallest start, period and degree that reproduce every count on a
+window of sizes) and then checked at further sizes, far past the window; the installed isl
+has no ``card`` (barvinok), so the closed form is found and checked, not derived.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Sequence, Tuple
+from fractions import Fraction
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from te_grad.errors import InternalError
+from te_grad.errors import InternalError, UserError
+from te_grad.sizes import graph_size_vars, named_sizes, specialize
 from te_grad.graph import free_vars, reads_in, reductions_in, topo_order
 from te_grad.intervals import NotAnIndex, index_values, is_index_expr
 from te_grad.ir import Expr, PlaceholderOp, ReduceAxis, ScatterOp, Tensor, Var
@@ -155,8 +168,201 @@ def tensor_iterations(t: Tensor) -> int:
                for red, guards, loops in found)
 
 
-def iterations(tensors) -> int:
-    """Innermost iterations to compute ``tensors`` and everything they need, each tensor once."""
+def iterations(tensors):
+    """Innermost iterations to compute ``tensors`` and everything they need, each tensor once:
+    an int for fixed shapes, a :class:`SizeCount` (a function of the sizes) for a graph with
+    size variables."""
     if isinstance(tensors, Tensor):
         tensors = [tensors]
-    return sum(tensor_iterations(t) for t in topo_order(list(tensors)))
+    tensors = list(tensors)
+    variables = graph_size_vars(tensors)
+    if variables:
+        return SizeCount(tensors, variables)
+    return sum(tensor_iterations(t) for t in topo_order(tensors))
+
+
+#: the largest period, degree and start of a closed form searched for
+MAX_PERIOD, MAX_DEGREE, MAX_START = 6, 6, 8
+#: sizes past the interpolation window at which a closed form is checked (offsets from its end)
+CHECK_AT = (1, 2, 3, 17, 40, 101)
+
+
+class SizeCount:
+    """The exact iteration count of a graph with size variables, as a function of them.
+
+    ``count.at(n=5)`` and ``count({"n": 5})`` (names or :class:`~te_grad.ir.SizeVar` keys)
+    give the int at those sizes; ``str(count)`` the closed form (one size variable:
+    ``8 * n + 32``, or pieces by range and residue); :meth:`pieces` and :meth:`leading` the
+    polynomials (see the module docstring for how they are found and checked)."""
+
+    def __init__(self, tensors: Sequence[Tensor], variables):
+        self.tensors = list(tensors)
+        self.variables = tuple(variables)
+        self._values: Dict[Tuple[int, ...], int] = {}
+        self._form = None
+
+    # -- values -------------------------------------------------------------------------
+    def at(self, **sizes) -> int:
+        """The count at ``sizes`` given by name: ``count.at(n=5)``."""
+        return self(sizes)
+
+    def __call__(self, sizes: Mapping) -> int:
+        bound = named_sizes(self.variables, sizes)
+        missing = [v.name for v in self.variables if v not in bound]
+        if missing:
+            raise UserError(f"the count needs the value of {', '.join(missing)}")
+        key = tuple(bound[v] for v in self.variables)
+        got = self._values.get(key)
+        if got is None:
+            outs, _ = specialize(self.tensors, bound)
+            got = self._values[key] = sum(tensor_iterations(t) for t in topo_order(outs))
+        return got
+
+    def _at1(self, n: int) -> int:
+        return self({self.variables[0]: n})
+
+    # -- closed form ----------------------------------------------------------------------
+    def pieces(self):
+        """``(table, start, period, polys)`` for one size variable ``n``: the count is
+        ``table[n]`` for ``lo <= n < start`` and ``sum(c * n**k for k, c in
+        enumerate(polys[n % period]))`` from ``start`` on (coefficients are Fractions).
+        None when no closed form was found (several variables, or none reproduces the
+        counts)."""
+        if self._form is None:
+            self._form = self._fit() or False
+        return self._form or None
+
+    def leading(self) -> Tuple[int, Fraction]:
+        """``(degree, coefficient)`` of the highest power of the closed form (the same on
+        every residue class, else an error)."""
+        form = self.pieces()
+        if form is None:
+            raise UserError(f"no closed form of the count in {self._names()}")
+        tops = set()
+        for poly in form[3]:
+            deg = max((k for k, c in enumerate(poly) if c), default=0)
+            tops.add((deg, poly[deg] if poly else Fraction(0)))
+        if len(tops) != 1:
+            raise UserError(f"the count's leading term depends on the residue of the size: {self}")
+        return tops.pop()
+
+    def closed_form_at(self, n: int) -> int:
+        """The closed form (:meth:`pieces`) at ``n``, without counting."""
+        form = self.pieces()
+        if form is None:
+            raise UserError(f"no closed form of the count in {self._names()}")
+        table, start, period, polys = form
+        if n < start:
+            return table[n]
+        got = _poly_at(polys, period, start, n)
+        if got.denominator != 1:  # pragma: no cover - a fitted count is an integer at every size
+            raise InternalError(f"the closed form {self} is not an integer at {n}")
+        return int(got)
+
+    def _names(self) -> str:
+        return ", ".join(v.name for v in self.variables)
+
+    def _fit(self):
+        if len(self.variables) != 1:
+            return None
+        v = self.variables[0]
+        lo, hi = v.lo, v.hi
+        for start in range(lo, lo + MAX_START + 1):
+            for period in range(1, MAX_PERIOD + 1):
+                points = MAX_DEGREE + 2  # per residue class: one more than a degree-MAX_DEGREE fit needs
+                end = start + period * points
+                if hi is not None and end > hi + 1:
+                    continue
+                polys = []
+                for r in range(period):
+                    ns = [start + r + period * k for k in range(points)]
+                    poly = _interpolate(ns, [self._at1(n) for n in ns])
+                    if poly is None:
+                        break
+                    polys.append(poly)
+                else:
+                    checks = [end - 1 + d for d in CHECK_AT]
+                    if hi is not None:
+                        checks = [n for n in checks if n <= hi]
+                    if all(_poly_at(polys, period, start, n) == self._at1(n) for n in checks):
+                        table = {n: self._at1(n) for n in range(lo, start)}
+                        return table, start, period, polys
+        return None
+
+    def __str__(self):
+        form = self.pieces()
+        if form is None:
+            return f"iterations({self._names()}): evaluate with .at({self._names()}=...)"
+        (name,) = [v.name for v in self.variables]
+        table, start, period, polys = form
+        parts = [f"{name} = {n}: {c}" for n, c in table.items()]
+        cond = f"{name} >= {start}" if start > self.variables[0].lo else ""
+        for r, poly in enumerate(polys):
+            where = [cond] if cond else []
+            if period > 1:
+                where.append(f"{name} % {period} = {(start + r) % period}")
+            text = _poly_text(poly, name)
+            parts.append(f"{' and '.join(where)}: {text}" if where else text)
+        return parts[0] if len(parts) == 1 else "; ".join(parts)
+
+    def __repr__(self):
+        return f"SizeCount({self})"
+
+    def __int__(self):
+        raise UserError(f"the count depends on {self._names()}: evaluate it with .at({self._names()}=...)")
+
+
+def _interpolate(ns: Sequence[int], values: Sequence[int]) -> Optional[List[Fraction]]:
+    """Coefficients (lowest power first) of the polynomial through ``(ns, values)``, of
+    degree at most ``len(ns) - 2`` (the last point checks it), or None."""
+    pts = list(zip(ns, values))
+    fit, check = pts[:-1], pts[-1]
+    coeffs = [Fraction(0)] * len(fit)
+    for k, (xk, yk) in enumerate(fit):  # Lagrange, expanded
+        basis = [Fraction(1)]
+        denom = Fraction(1)
+        for j, (xj, _) in enumerate(fit):
+            if j == k:
+                continue
+            basis = [Fraction(0)] + basis  # times x
+            for q in range(len(basis) - 1):
+                basis[q] -= xj * basis[q + 1]
+            denom *= xk - xj
+        for q, c in enumerate(basis):
+            coeffs[q] += yk * c / denom
+    while len(coeffs) > 1 and coeffs[-1] == 0:
+        coeffs.pop()
+    if _eval_poly(coeffs, check[0]) != check[1]:
+        return None
+    return coeffs
+
+
+def _eval_poly(coeffs, n) -> Fraction:
+    return sum((c * Fraction(n) ** k for k, c in enumerate(coeffs)), Fraction(0))
+
+
+def _poly_at(polys, period: int, start: int, n: int) -> Fraction:
+    return _eval_poly(polys[(n - start) % period], n)
+
+
+def _poly_text(coeffs, name: str) -> str:
+    terms = []
+    for k in range(len(coeffs) - 1, -1, -1):
+        c = coeffs[k]
+        if c == 0:
+            continue
+        mag = abs(c)
+        power = "" if k == 0 else (name if k == 1 else f"{name}**{k}")
+        if k == 0:
+            body = str(mag)
+        elif mag == 1:
+            body = power
+        elif mag.denominator == 1:
+            body = f"{mag} * {power}"
+        else:
+            body = (power if mag.numerator == 1 else f"{mag.numerator} * {power}") + f" / {mag.denominator}"
+        terms.append(("- " if c < 0 else "+ ") + body)
+    if not terms:
+        return "0"
+    text = " ".join(terms)
+    return text[2:] if text.startswith("+ ") else "-" + text[2:]

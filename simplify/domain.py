@@ -5,9 +5,9 @@ from typing import List
 
 from te_grad.errors import UserError
 from te_grad.graph import reductions_in
-from te_grad.ir import ComputeOp, Reduce, Tensor
+from te_grad.ir import ComputeOp, Expr, Reduce, Tensor
 
-from .affine import conjuncts, isl_cond, isl_expr
+from .affine import IslNames, conjuncts, isl_cond, isl_expr
 from .isl_bridge import Domain
 
 
@@ -38,7 +38,7 @@ def domains(tensor: Tensor) -> List[IterationDomain]:
     found = reductions_in(tensor.op.body)
     out = []
     for red, _guards, loops in found:
-        names, params = {}, []
+        names, params = IslNames(), []
         for d, (ax, n) in enumerate(zip(tensor.op.axes, tensor.shape)):
             names[id(ax)] = ax.name if ax.name.isidentifier() else f"i{d}"
             params.append((names[id(ax)], ax, n))
@@ -56,7 +56,10 @@ def domains(tensor: Tensor) -> List[IterationDomain]:
                 filters.append(expr_to_str(c))
             else:
                 cons.append(text)
-        box = [f"0 <= {p[0]} < {p[2]}" for p in params]
-        dom = Domain([], [(p[0], p[0]) for p in params] + dims, box + cons)
+        box = []
+        for p in params:
+            hi = isl_expr(p[2], names) if isinstance(p[2], Expr) else p[2]
+            box.append(f"0 <= {p[0]}" if hi is None else f"0 <= {p[0]} < {hi}")
+        dom = Domain([], [(p[0], p[0]) for p in params] + dims, box + cons, sizes=names.size_vars())
         out.append(IterationDomain(tensor, red, str(dom.set.coalesce()), filters))
     return out

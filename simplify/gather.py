@@ -24,7 +24,7 @@ from te_grad.ops import identity_of, reduction
 from te_grad.ir import Binary, Cast, Const, Expr, Reduce, Select, Unary, Var
 from te_grad.transform import substitute
 
-from .affine import conjuncts, isl_cond, isl_expr
+from .affine import IslNames, conjuncts, isl_cond, isl_expr
 from .isl_bridge import Domain, LoopNest, Unsupported
 from .validate import scan
 
@@ -76,18 +76,22 @@ class ReductionParts:
         if reduction(red.combiner).lowering == "add":
             lifted, self.body = lift_guards(red.body)
             conds = conds + [c for lc in lifted for c in conjuncts(lc)]
-        self.names: Dict[int, str] = {}
+        self.names: Dict[int, str] = IslNames()
         self.params = []
+        self.ok = True
         for d, (ax, n) in enumerate(zip(out_axes, shape)):
             self.names[id(ax)] = f"p{d}"
             self.params.append((f"p{d}", ax, n))
+            if isinstance(n, Expr) and isl_expr(n, self.names) is None:
+                self.ok = False  # an extent isl cannot represent (a product of two sizes)
         self.dims = []
         for n, ax in enumerate(red.axes):
             self.names[id(ax)] = f"r{n}"
             self.dims.append((f"r{n}", ax.name))
         self.affine: List[str] = []
         self.residual: List[Expr] = []
-        self.ok = True
+        if not self.ok:
+            return
         for n, ax in enumerate(red.axes):
             lo, hi = isl_expr(ax.lo, self.names), isl_expr(ax.hi, self.names)
             if lo is None or hi is None:
@@ -104,7 +108,7 @@ class ReductionParts:
                 self.affine_conditions += 1
 
     def domain(self, order=None) -> Domain:
-        return Domain(self.params, self.dims, self.affine, order)
+        return Domain(self.params, self.dims, self.affine, order, sizes=self.names.size_vars())
 
 
 def simplify_reduction(red: Reduce, out_axes: Sequence[Var], shape: Sequence[int]) -> Optional[Expr]:

@@ -7,6 +7,12 @@ variables of a reduction), given by quasi-affine constraints in isl syntax
 nest that visits exactly its points and converts that AST back to te_grad IR:
 isl eliminates every dimension an equality determines, turns congruences into
 strided loops, and gives tight (min/max/floordiv) bounds for the rest.
+
+Size variables (:class:`te_grad.ir.SizeVar`) are parameters too, constrained by their
+ranges (``lo <= n``, ``n <= hi``): a set, a proof or a count then holds for every size,
+and the loop nests isl builds use the size variables themselves (an output extent may be
+a size expression, ``0 <= p0 < n - 1``). Without size variables the isl texts are those
+of fixed shapes, unchanged.
 """
 from __future__ import annotations
 
@@ -19,7 +25,10 @@ import islpy as isl
 
 from te_grad import dsl
 from te_grad.errors import InternalError
-from te_grad.ir import Expr, ReduceAxis, Var
+from te_grad.ir import Expr, ReduceAxis, SizeVar, Var
+from te_grad.sizes import size_vars_in
+
+from .affine import IslNames, isl_expr, size_param
 
 
 #: isl's error, raised by the methods of the sets and maps this module hands out
@@ -93,24 +102,49 @@ def _sample(context_text: str, set_text: str) -> Optional[Tuple[Tuple[str, int],
 class Domain:
     """``{ [dims] : constraints }`` with parameters; see the module docstring."""
 
-    def __init__(self, params: Sequence[Tuple[str, Var, int]], dims: Sequence[Tuple[str, str]],
-                 constraints: Sequence[str], order: Sequence[int] = None):
-        self.params = list(params)      # (isl name, IR variable, extent)
+    def __init__(self, params: Sequence[Tuple[str, Var, object]], dims: Sequence[Tuple[str, str]],
+                 constraints: Sequence[str], order: Sequence[int] = None, sizes: Sequence[SizeVar] = ()):
+        self.params = list(params)      # (isl name, IR variable, extent: an int or a size expression)
         self.dims = list(dims)          # (isl name, readable hint)
         self.constraints = list(constraints)
         # the schedule: the order in which dimensions become loops (earlier ones are kept as
         # loop variables, later ones are solved from equalities where possible)
         self.order = list(order) if order is not None else list(range(len(self.dims)))
-        pnames = ", ".join(p[0] for p in self.params)
+        # size parameters: those the constraints use (``sizes``) and those of the extents
+        names = IslNames()
+        for v in sizes:
+            names.sizes.setdefault(size_param(v), v)
+        extents = []
+        for p in self.params:
+            text = isl_expr(p[2], names) if isinstance(p[2], Expr) else str(p[2])
+            if text is None:
+                raise InternalError(f"the extent {p[2]} of {p[0]} is not quasi-affine in the sizes")
+            extents.append(text)
+        for p in self.params:
+            for v in size_vars_in(p[2]):
+                names.sizes.setdefault(size_param(v), v)
+        self.sizes = list(names.sizes.items())   # (isl name, size variable)
+        pnames = ", ".join([n for n, _ in self.sizes] + [p[0] for p in self.params])
         dnames = ", ".join(d[0] for d in self.dims)
         body = " and ".join(self.constraints) if self.constraints else "0 = 0"
+        ranges = [f"{v.lo} <= {n}" + (f" <= {v.hi}" if v.hi is not None else "") for n, v in self.sizes]
         self._texts = (f"[{pnames}] -> {{ : " + (" and ".join(
-            f"0 <= {p[0]} < {p[2]}" for p in self.params) or "0 = 0") + " }",
+            ranges + [f"0 <= {p[0]} < {e}" for p, e in zip(self.params, extents)]) or "0 = 0") + " }",
             f"[{pnames}] -> {{ S[{dnames}] : {body} }}")
         try:
             self.context, self.set = _parsed(*self._texts)
         except isl.Error as err:
             raise InternalError(f"isl rejected the domain {body!r}: {err}") from None
+
+    def param_names(self) -> Dict[int, str]:
+        """``{id(IR variable): isl name}`` of every parameter, sizes included."""
+        names = IslNames({id(p[1]): p[0] for p in self.params})
+        names.update({id(v): n for n, v in self.sizes})
+        return names
+
+    def header(self) -> str:
+        """The parameter list of the domain's isl texts: ``[sizes, params]``."""
+        return "[" + ", ".join([n for n, _ in self.sizes] + [p[0] for p in self.params]) + "]"
 
     def is_empty(self) -> bool:
         return self.set.is_empty()
@@ -151,6 +185,7 @@ class Domain:
         except isl.Error as err:  # e.g. "unknown divs" for some nested floor/min/max bounds
             raise Unsupported(f"isl could not scan the domain: {err}") from None
         env: Dict[str, Expr] = {p[0]: p[1] for p in self.params}
+        env.update({n: v for n, v in self.sizes})
         out: List[LoopNest] = []
         self._walk(root, env, LoopNest(), out)
         return out

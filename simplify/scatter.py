@@ -18,7 +18,7 @@ from te_grad.ir import Compare, ComputeOp, Expr, Reduce, ScatterOp, Tensor
 from te_grad.ops import reduction
 from te_grad.transform import substitute
 
-from .affine import conjuncts, isl_cond, isl_expr
+from .affine import IslNames, conjuncts, isl_cond, isl_expr
 from .gather import lift_guards
 from .isl_bridge import Domain, Unsupported
 from .validate import scan
@@ -70,7 +70,7 @@ def scatter_term(name: str, shape, dtype: str, red: Reduce, out_axes, note: str)
 
 
 def _scatter(name, shape, dtype, red: Reduce, out_axes, eqs, note) -> Tensor:
-    names = {id(ax): f"r{n}" for n, ax in enumerate(red.axes)}
+    names = IslNames({id(ax): f"r{n}" for n, ax in enumerate(red.axes)})
     used = {id(c) for _, c in eqs.values()}
     to_index = {ax: eqs[d][0] for d, ax in enumerate(out_axes)}
     lifted, value = lift_guards(red.body)
@@ -96,7 +96,8 @@ def _tighten(red: Reduce, indices, value, conds: List[Expr], names):
             return list(red.axes), indices, value, dsl.all(conds) if conds else None
         bounds.append(f"{lo} <= r{n} < {hi}")
     try:
-        nests = scan(Domain([], [(f"r{n}", ax.name) for n, ax in enumerate(red.axes)], bounds + affine))
+        nests = scan(Domain([], [(f"r{n}", ax.name) for n, ax in enumerate(red.axes)], bounds + affine,
+                            sizes=names.size_vars()))
     except Unsupported:
         nests = None
     if nests is None or len(nests) != 1 or nests[0].guards or not nests[0].axes:

@@ -30,7 +30,7 @@ from .isl_bridge import IslError, LoopNest, Unsupported, Unverified, empty_set, 
 
 def _nest_text(domain, nest, k: int):
     """The map ``loops -> dims`` of nest ``k`` in isl syntax, or a reason it has none."""
-    names: Dict[int, str] = {id(p[1]): p[0] for p in domain.params}
+    names: Dict[int, str] = domain.param_names()
     loops = []
     cons: List[str] = []
     for g in nest.guards:
@@ -59,11 +59,10 @@ def _nest_text(domain, nest, k: int):
         if text is None:
             return None, f"the value {v} of {d} is not quasi-affine"
         cons.append(f"{d} = {text}")
-    pnames = ", ".join(p[0] for p in domain.params)
     body = " and ".join(cons) if cons else "0 = 0"
     lnames = ", ".join(loops)
     dnames = ", ".join(dims)
-    return f"[{pnames}] -> {{ L[{lnames}] -> S[{dnames}] : {body} }}", None
+    return f"{domain.header()} -> {{ L[{lnames}] -> S[{dnames}] : {body} }}", None
 
 
 def scan(domain) -> List[LoopNest]:

@@ -126,8 +126,12 @@ def latex(tensors) -> str:
 
 
 @deep_entry
-def iterations(tensors) -> int:
-    """Exact innermost-loop iterations to compute ``tensors`` from placeholders, each op once."""
+def iterations(tensors):
+    """Exact innermost-loop iterations to compute ``tensors`` from placeholders, each op once.
+
+    An int for fixed shapes; for a graph with size variables a ``SizeCount``, a function of
+    the sizes: ``count.at(n=5)`` is exact, ``str(count)`` its closed form (``64 * n``), see
+    :mod:`simplify.count`."""
     from simplify import iterations as _iterations
     return _iterations(tensors)
 

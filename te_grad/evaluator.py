@@ -235,6 +235,7 @@ class _ExprEvaluator:
                                 f"{self.tensor.name}") from None
 
     e_ReduceAxis = e_Var
+    e_SizeVar = e_Var  # bound in env by a loop program's interpreter (graphs are specialized first)
 
     # -- arithmetic and logic -------------------------------------------------------
     def e_Binary(self, e: Binary, mask):
@@ -284,7 +285,7 @@ class _ExprEvaluator:
         safe = []
         bad = None
         for d, ix in enumerate(idx):
-            n = e.tensor.shape[d]
+            n = arr.shape[d]  # the tensor's extent (bound, when it is a size expression)
             if ix.size and (ix.min() < 0 or ix.max() >= n):
                 ok = (ix >= 0) & (ix < n)
                 miss = _and(mask, np.logical_not(ok))

@@ -28,7 +28,7 @@ import numpy as np
 from . import dsl, dtypes, ops
 from .errors import UserError
 from .graph import topo_order
-from .ir import Call, ComputeOp, Reduce, Tensor
+from .ir import Call, ComputeOp, Expr, Reduce, Tensor
 from .transform import replace_tensors
 
 #: a forward tensor costing more innermost iterations per element than this is saved
@@ -64,8 +64,11 @@ class VJP:
         self.backward = backward
 
     @property
-    def residual_bytes(self) -> int:
-        return int(sum(np.dtype(t.dtype).itemsize * t.size for t in self.saved))
+    def residual_bytes(self):
+        """The bytes of the saved tensors: an int, or a size expression when their shapes use
+        size variables (``tg.var``)."""
+        total = sum(np.dtype(t.dtype).itemsize * t.size for t in self.saved)
+        return total if isinstance(total, Expr) else int(total)
 
     @property
     def residuals(self) -> List[Tensor]:

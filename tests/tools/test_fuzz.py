@@ -236,3 +236,47 @@ def test_the_second_order_check_catches_a_missing_scatter_rule(monkeypatch):
     monkeypatch.setitem(autodiff.VJP_RULES, ScatterOp, lambda t, adj, box: [])
     outcome = check(Program(source), seed=0)
     assert outcome.kind == "mismatch-second-order-fd", outcome
+
+
+def test_the_generator_draws_sized_stages():
+    """Programs whose last stage has a shape in a size variable (a window, a stride, a shift,
+    a reduction over (0, n), a guard on the size), checked at 2 or 3 sizes, the smallest
+    allowed first."""
+    sources = [from_seed(s).source for s in range(300)]
+    sized = [src for src in sources if "SIZE = n = tg.var" in src]
+    assert len(sized) > 30 and not any("INVALID = " in src or "SECOND = True" in src for src in sized)
+    for form in ("XN[i0 + kN]", "XN[2 * i0 + kN]", "XN[i0 + 1, i1]", "reduce_axis((0, n)", "i0 + kN < n"):
+        assert any(form in src for src in sized), form
+    ns = Program(sized[0]).build("float64")
+    assert ns["SIZES"][0] == ns["SIZE"].lo and 2 <= len(ns["SIZES"]) <= 3
+    outcome = check(Program(sized[0]), seed=0)
+    assert outcome.kind in ("ok", "fd-unstable") and "a size variable" in outcome.notes, outcome
+
+
+def test_the_sized_check_catches_a_wrong_simplification(monkeypatch):
+    """A simplified gradient that is wrong at one size only (a loop bound off by one for the
+    smallest size) is reported, not passed: every size is checked."""
+    import simplify
+    from te_grad import dsl
+    from te_grad.ir import ComputeOp, Tensor
+    from te_grad.sizes import size_vars_in
+    source = ("C = lambda value: tg.const(value, DT)\nX0 = tg.placeholder((2,), dtype=DT, name='X0')\n"
+              "SIZE = n = tg.var('n', min=1)\nkN = tg.reduce_axis((0, 2), name='kN')\n"
+              "XN = tg.placeholder((n + 1,), dtype=DT, name='XN')\n"
+              "S0 = tg.compute((n,), lambda i0: tg.cast(DT, tg.sum(tg.sin(XN[i0 + kN]) * tg.tanh(X0[1]), "
+              "axis=kN)), name='S0')\nSIZES = [1, 3]\n"
+              "OUT = S0\nSTAGES = [S0]\nINPUTS = [X0, XN]\nIDS = {}\n")
+    assert check(Program(source), seed=0, compile_=False).kind == "ok"
+    original = simplify.simplify_graph
+
+    def broken(tensors, keep=frozenset(), fallbacks=None):
+        new = original(tensors, keep, fallbacks)
+        for k, t in list(new.items()):
+            if t.name == "dXN":  # zero where n == 1
+                (n,) = size_vars_in(t.shape[0])
+                body = dsl.if_then_else(n > 1, t.op.body, dsl.const(0.0, t.dtype))
+                new[k] = Tensor(t.name, t.shape, t.dtype, ComputeOp(t.op.axes, body))
+        return new
+    monkeypatch.setattr(simplify, "simplify_graph", broken)  # what tg.differentiate calls
+    outcome = check(Program(source), seed=0, compile_=False)
+    assert outcome.kind == "mismatch-simplified-raw" and "n=1" in outcome.detail, outcome

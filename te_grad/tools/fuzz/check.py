@@ -58,8 +58,10 @@ class _Mismatch(Exception):
         self.detail = detail
 
 
-def _feed(ns, rng: np.random.Generator, dtype: str) -> Dict:
-    feed = {x: rng.uniform(-1.0, 1.0, size=x.shape).astype(dtype) for x in ns["INPUTS"]}
+def _feed(ns, rng: np.random.Generator, dtype: str, sizes=None) -> Dict:
+    from ...sizes import concrete_shape
+    feed = {x: rng.uniform(-1.0, 1.0, size=concrete_shape(x.shape, sizes or {})).astype(dtype)
+            for x in ns["INPUTS"]}
     for ids, high in ns["IDS"].items():
         feed[ids] = rng.integers(0, high, size=ids.shape).astype(ids.dtype)
     return feed
@@ -92,8 +94,8 @@ def _objective(out, head_value, feed):
 
 
 def _directions(x, rng, units_up_to: int):
-    """Two random directions in ``x``'s space, and every unit vector when ``x`` has at most
-    ``units_up_to`` elements."""
+    """Two random directions in the space of ``x`` (a tensor of fixed shape, or an array),
+    and every unit vector when ``x`` has at most ``units_up_to`` elements."""
     directions = [rng.standard_normal(x.shape) for _ in range(2)]
     if x.size <= units_up_to:
         for idx in np.ndindex(*x.shape):
@@ -110,7 +112,7 @@ def _fd_check(out, inputs, feed, head_value, grads, rng):
     unstable = False
     for x, g in zip(inputs, grads):
         base = feed[x]
-        for v in _directions(x, rng, units_up_to=12):
+        for v in _directions(base, rng, units_up_to=12):
             def fd(eps):
                 plus, minus = dict(feed), dict(feed)
                 plus[x], minus[x] = base + eps * v, base - eps * v
@@ -141,6 +143,10 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
             ns = program.build("float64")
             out, inputs = ns["OUT"], ns["INPUTS"]
             ids = list(ns["IDS"])
+            if ns.get("SIZE") is not None:
+                status = _check_sized(ns, rng, compile_)
+                fallbacks = sum(1 for w in caught if issubclass(w.category, SimplificationWarning))
+                return Outcome(status, fallbacks=fallbacks, notes=["a size variable"])
             feed = _feed(ns, rng, "float64")
             head = dsl.placeholder(out.shape, dtype="float64", name="head")
             head_value = rng.standard_normal(out.shape)
@@ -148,6 +154,7 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
             if ns.get("INVALID") is not None:
                 return Outcome(_check_refused(out, inputs, ids, head, feed, compile_),
                                notes=["a read out of bounds under a data condition"])
+
             y = tg.evaluate([out], feed)[0]
             if not np.all(np.isfinite(y)):
                 raise _Mismatch("generator", "the forward value is not finite")
@@ -242,6 +249,40 @@ def _check_refused(out, inputs, ids, head, feed, compile_) -> str:
                                    f"taken)", "mismatch-compiled-f64", 1e-12)
         rejected |= refused or kernel_refused
     return "rejected" if rejected else "ok"
+
+
+def _check_sized(ns, rng, compile_) -> str:
+    """A program with a size variable: differentiated once (symbolic), then at each of its
+    sizes the raw gradient against finite differences, the simplified against the raw, and
+    the kernels of the graph specialized there against the evaluator."""
+    import te_grad as tg
+    from ...sizes import concrete_shape, specialize
+    out, inputs, ids, n = ns["OUT"], ns["INPUTS"], list(ns["IDS"]), ns["SIZE"]
+    head = dsl.placeholder(out.shape, dtype="float64", name="head")
+    raw = tg.differentiate(out, inputs, head=head, simplify=False)
+    res = tg.differentiate(out, inputs, head=head)
+    status = "ok"
+    for size in ns["SIZES"]:
+        feed = _feed(ns, rng, "float64", {n: size})
+        head_value = rng.standard_normal(concrete_shape(out.shape, {n: size}))
+        feed[head] = head_value
+        y = tg.evaluate([out], feed)[0]
+        raw_values = tg.evaluate(list(raw), feed)
+        status = _worse(status, _fd_check(out, inputs, feed, head_value, raw_values, rng))
+        simp_values = tg.evaluate(list(res), feed)
+        for x, r, v in zip(inputs, raw_values, simp_values):
+            _close(v, r, 1e-9, f"simplified d{x.name} vs raw at n={size}", "mismatch-simplified-raw", 1e-12)
+        if compile_:
+            order = inputs + ids + [head]
+            fixed, new = specialize([out] + list(res) + order, {n: size})
+            kern = tg.build(fixed[:1 + len(res)], inputs=fixed[1 + len(res):])
+            got = kern(*[feed[t] for t in order])
+            got = got if isinstance(got, tuple) else (got,)
+            _close(got[0], y, 1e-9, f"compiled {out.name} at n={size} vs evaluator", "mismatch-compiled-forward",
+                   1e-12)
+            for x, c, v in zip(inputs, got[1:], simp_values):
+                _close(c, v, 1e-8, f"compiled d{x.name} at n={size} vs evaluator", "mismatch-compiled-f64", 1e-12)
+    return status
 
 
 def _worse(a: str, b: str) -> str:

@@ -23,7 +23,12 @@ and maxima through it have second-order terms of their own); ``SECOND = True``, 
 asks for the second order as well (the gradient of ``<V, gradient>``, through the
 simplified first-order gradient's scatters and folded forms); and an *invalid* last stage
 (``INVALID``), a read that leaves its tensor at some point of the domain under a condition
-on data, which every stage must refuse where the data take it.
+on data, which every stage must refuse where the data take it. Last of all, a valid program
+may get a *sized stage* (``SIZE``, a ``tg.var``, and ``SIZES``, the 2 or 3 values it is
+checked at, its smallest allowed one first): a last stage over a shape in the size (``(n,)``,
+``(n - 1,)``, ``(n, 3)``) reading a placeholder whose shape is a size expression
+(``(n + 2,)``, ``(2 * n + 1,)``) by a shift, a stride, a window or a reduction over
+``(0, n)``, or under a guard on the size, times the previous output read at fixed indices.
 
 Conventions excluded by construction: a ``max`` / ``min`` reduction that may be
 empty (its value is -inf / inf) is combined with a finite constant, so no
@@ -285,6 +290,9 @@ class _Gen:
         invalid = self.chance(8)
         if invalid:  # the last stage reads out of bounds, under a condition on data
             stages.append(self.out_of_bounds_stage(len(stages)))
+        elif self.chance(4):  # a last stage whose shape is a size known only at run time
+            stages.append(self.sized_stage(len(stages), stages[-1]))
+            second = False
         self.lines.append(f"OUT = {stages[-1]}")
         self.lines.append(f"STAGES = [{', '.join(stages)}]")
         self.lines.append(f"INPUTS = [{', '.join([f'X{k}' for k in range(n_inputs)] + self.extra_inputs)}]")
@@ -318,6 +326,40 @@ class _Gen:
             f"tg.if_then_else({cond}, {bad}, {other})"
         params = ", ".join(names)
         self.lines.append(f"S{s} = tg.compute({out_shape!r}, lambda {params}: tg.cast(DT, {body}), name='S{s}')")
+        return f"S{s}"
+
+    def sized_stage(self, s: int, prev: str) -> str:
+        """A last stage over a shape in the size variable ``n`` (see the module docstring)."""
+        name, pshape = prev, dict(self.sources)[prev]
+        lo = 1 + self.draw(2)
+        kind = self.draw(5)
+        c = self.draw(3)
+        w = 1 + self.draw(3)
+        self.lines.append(f"SIZE = n = tg.var('n', min={lo})")
+        self.lines.append(f"kN = tg.reduce_axis((0, {w}), name='kN')")
+        if kind == 0:  # a window: XN[i + k], k < c + 1
+            xshape, oshape, read = f"(n + {c},)", "(n,)", "XN[i0 + kN]"
+            self.lines[-1] = f"kN = tg.reduce_axis((0, {c + 1}), name='kN')"
+        elif kind == 1:  # a stride: XN[2 i + k]
+            xshape, oshape, read = f"(2 * n + {c},)", "(n,)", "XN[2 * i0 + kN]"
+            self.lines[-1] = f"kN = tg.reduce_axis((0, {c + 1}), name='kN')"
+        elif kind == 2:  # a shift: out has one element less
+            xshape, oshape, read = "(n, 3)", "(n - 1, 3)", f"XN[i0 + 1, i1] * XN[i0, (i1 + {c}) % 3]"
+            self.lines[-1] = "kN = tg.reduce_axis((0, 1), name='kN')"
+        elif kind == 3:  # a reduction over (0, n)
+            xshape, oshape, read = f"(n + {c}, 2)", "(2,)", f"XN[kN + {c}, i0]"
+            self.lines[-1] = "kN = tg.reduce_axis((0, n), name='kN')"
+        else:  # a guard on the size: a padded read
+            xshape, oshape = "(n,)", "(n,)"
+            read = "tg.if_then_else(i0 + kN < n, XN[i0 + kN], C(0.5))"
+        scale = f"tg.tanh({name}[{', '.join(str(self.draw(e)) for e in pshape)}])" if pshape else f"tg.tanh({name}[()])"
+        self.lines.append(f"XN = tg.placeholder({xshape}, dtype=DT, name='XN')")
+        self.extra_inputs.append("XN")
+        params = "i0, i1" if kind == 2 else "i0"
+        body = f"tg.sum(tg.sin({read}) * {scale}, axis=kN)"
+        self.lines.append(f"S{s} = tg.compute({oshape}, lambda {params}: tg.cast(DT, {body}), name='S{s}')")
+        sizes = [lo] + sorted({lo + 1 + self.draw(3), lo + 4 + self.draw(3)})
+        self.lines.append(f"SIZES = {sizes!r}  # the sizes it is checked at, the smallest allowed first")
         return f"S{s}"
 
     def gather_stage(self, s: int) -> str:
