@@ -275,3 +275,16 @@ def test_jax_shape_polymorphism_is_a_clear_user_error(monkeypatch):
     b = jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, 4"), np.float32)
     with pytest.raises(UserError, match="symbolic dimension b.*use jax.jit"):
         jax.export.export(jax.jit(lambda x, w: f(x, w)[0]))(b, jax.ShapeDtypeStruct((4, 2), np.float32))
+
+
+def test_the_residuals_of_a_symbolic_graph_are_chosen_as_at_a_fixed_size(monkeypatch):
+    """The saving policy judges a symbolic tensor's cost per element at a representative size:
+    layer norm saves its mean and variance on size variables as at fixed sizes."""
+    use_builds(monkeypatch, "real")
+
+    def saved(n, m):
+        x = tg.placeholder((n, m), name="x")
+        g, b = tg.placeholder((m,), name="gamma"), tg.placeholder((m,), name="beta")
+        return sorted(t.name for t in tg.build_vjp([tg.nn.layer_norm(x, g, b)], [x, g, b]).saved)
+    assert saved(tg.var("n"), tg.var("m")) == saved(tg.var("n"), 8) == saved(16, 8)
+    assert saved(16, 8) == ["layer_norm_mean", "layer_norm_var"]
