@@ -16,6 +16,14 @@ combination of input shapes and dtypes, at trace time, and cached (at most
 ``max_shapes`` combinations, least recently used dropped first, as in te_grad.torch). Shapes and dtypes
 follow the inputs (float64 needs ``jax.config.update("jax_enable_x64", True)``);
 integer inputs (ids) get no gradient.
+
+Dynamic shapes: ``custom_op(fn, dynamic_dims={"x": 0})`` declares dimensions whose extent
+changes between calls (a batch). The op's graph is then built once on a size variable
+(``tg.var``) for them and its kernels serve every extent: ``jax.jit`` still traces each new
+shape (JAX's own rule), but every trace finds the same te_grad graph and kernels, so no
+LLVM build happens after the first. Shape polymorphism (``jax.export`` with
+``jax.export.symbolic_shape``) is refused with a ``UserError``: JAX cannot lower the host
+callbacks the op runs in with symbolic result shapes.
 """
 from __future__ import annotations
 
@@ -24,11 +32,19 @@ from typing import Callable, Optional
 import numpy as np
 import jax
 
+from .errors import UserError
 from .frontends.base import MAX_SHAPES, FrontendOp
 
 
-def _shapes(tensors):
-    return [jax.ShapeDtypeStruct(t.shape, np.dtype(t.dtype)) for t in tensors]
+def _shapes(tensors, sizes):
+    """The result shapes of a callback: the tensors' shapes at the call's ``sizes``."""
+    for name, n in sizes.by_name.items():
+        if not isinstance(n, (int, np.integer)):
+            raise UserError(f"the size {name} is the symbolic dimension {n}: JAX cannot run host callbacks "
+                            "(which run te_grad's kernels) on symbolic shapes (jax.export shape "
+                            "polymorphism); use jax.jit, which traces each shape and reuses one te_grad "
+                            "kernel for dynamic_dims")
+    return [jax.ShapeDtypeStruct(sizes.shape(t.shape), np.dtype(t.dtype)) for t in tensors]
 
 
 class JaxOp(FrontendOp):
@@ -39,12 +55,18 @@ class JaxOp(FrontendOp):
     noun = "arrays"
 
     def __init__(self, fn: Callable, save=None, threads: Optional[int] = None, max_shapes: int = MAX_SHAPES,
-                 **attrs):
-        super().__init__(fn, save=save, threads=threads, max_shapes=max_shapes, **attrs)
+                 dynamic_dims=None, **attrs):
+        super().__init__(fn, save=save, threads=threads, max_shapes=max_shapes, dynamic_dims=dynamic_dims,
+                         **attrs)
         self._call = self._make()
 
     def shape_dtype(self, name, a):
         return a.shape, np.dtype(a.dtype).name
+
+    def symbolic_size(self, n):
+        if isinstance(n, (int, np.integer)):
+            return None
+        return str(n)  # a symbolic dimension of shape polymorphism
 
     def __call__(self, *args):
         self.check_arity(args)
@@ -55,7 +77,7 @@ class JaxOp(FrontendOp):
         op = self
 
         def forward_host(*arrays):
-            spec = op.spec(*arrays)
+            spec = op.spec(*arrays)  # a kernel on size variables binds them from the arrays
             got = spec.vjp.forward(*[np.asarray(a) for a in arrays])
             return list(got) if isinstance(got, tuple) else [got]
 
@@ -67,9 +89,10 @@ class JaxOp(FrontendOp):
             return vjp.run_backward(rest[:len(vjp.saved)], inputs, rest[len(vjp.saved):])
 
         def run_forward(args):
-            spec = op.spec(*args)
+            spec, sizes = op.bind(*args)
             kern = spec.vjp.forward
-            return jax.pure_callback(forward_host, _shapes(kern.outputs), *args, vmap_method="sequential"), spec
+            return jax.pure_callback(forward_host, _shapes(kern.outputs, sizes), *args,
+                                     vmap_method="sequential"), spec
 
         @jax.custom_vjp
         def call(*args):
@@ -86,10 +109,10 @@ class JaxOp(FrontendOp):
 
         def call_bwd(saved, grads):
             args, residuals = saved
-            spec = op.spec(*args)
+            spec, sizes = op.bind(*args)
             if spec.vjp.backward is None:
                 return tuple(None for _ in args)
-            got = jax.pure_callback(backward_host, _shapes(spec.vjp.wrt), *args, *residuals, *grads,
+            got = jax.pure_callback(backward_host, _shapes(spec.vjp.wrt, sizes), *args, *residuals, *grads,
                                     vmap_method="sequential")
             return spec.spread(got, spec.differentiable)
 
@@ -98,11 +121,13 @@ class JaxOp(FrontendOp):
 
 
 def custom_op(fn: Callable, *, save=None, threads: Optional[int] = None, max_shapes: int = MAX_SHAPES,
-              **attrs) -> JaxOp:
+              dynamic_dims=None, **attrs) -> JaxOp:
     """The te_grad op ``fn`` as a JAX function with a custom VJP (see the module docstring).
 
     ``save`` picks the residuals (see :func:`te_grad.build_vjp`); ``threads`` the kernels'
     threads; ``max_shapes`` how many combinations of input shapes and dtypes stay built
-    (least recently used dropped first); other keywords override attributes of ``fn``
-    (parameters with a default)."""
-    return JaxOp(fn, save=save, threads=threads, max_shapes=max_shapes, **attrs)
+    (least recently used dropped first); ``dynamic_dims`` declares dimensions whose extent
+    changes (``{"x": 0}``, ``{"x": (0, 1)}``, ``["x"]`` for dimension 0): one kernel on size
+    variables serves them all; other keywords override attributes of ``fn`` (parameters
+    with a default)."""
+    return JaxOp(fn, save=save, threads=threads, max_shapes=max_shapes, dynamic_dims=dynamic_dims, **attrs)

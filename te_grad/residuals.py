@@ -122,9 +122,21 @@ def _check_count(what: str, tensors: Sequence[Tensor], values: list) -> None:
                     f"{len(values)} given: {len(values) - len(tensors)} too many")
 
 
+#: the value of each size variable at which a symbolic tensor's cost per element is judged
+#: (clamped to the variable's range); the choice of residuals never changes a value
+REPRESENTATIVE_SIZE = 64
+
+
 def _cost_is_high(t: Tensor) -> bool:
     from simplify.count import RAGGED_TRIPS, tensor_iterations
-    if tensor_iterations(t, RAGGED_TRIPS) > RECOMPUTE_PER_ELEMENT * max(1, t.size):
+    from .sizes import graph_size_vars, specialize
+    judged = t
+    variables = graph_size_vars([t])
+    if variables:  # the cost per element at a representative size
+        at = {v: max(v.lo, REPRESENTATIVE_SIZE if v.hi is None else min(v.hi, REPRESENTATIVE_SIZE))
+              for v in variables}
+        judged = specialize([t], at)[0][0]
+    if tensor_iterations(judged, RAGGED_TRIPS) > RECOMPUTE_PER_ELEMENT * max(1, judged.size):
         return True
     stack = [t.op.body] if isinstance(t.op, ComputeOp) else []
     while stack:

@@ -31,6 +31,14 @@ code. The earlier :class:`TorchOp` object keeps its own behaviour: called, it ru
 own kernels (eagerly, through a ``torch.autograd.Function``, since its operators now
 belong to the newer op).
 
+Dynamic shapes: a dimension declared in ``dynamic_dims`` (``{"x": 0}``), or made symbolic
+by ``torch.compile`` (default settings once it changes, ``dynamic=True``,
+``torch._dynamo.mark_dynamic``), gets a size variable: the op's graph and its two kernels are
+built once on it and serve every extent, the fake implementations return symbolic output
+shapes (the graph's size expressions evaluated on the ``SymInt``s), and the op keeps the
+dimension dynamic for its later calls, eager ones included. Other dimensions keep exact
+kernels per shape (see :mod:`te_grad.frontends.base`).
+
 Conventions:
 - CPU tensors only (a CUDA tensor is a ``UserError``); contiguous inputs and the
   outputs are shared with the kernels without a copy, non-contiguous inputs are
@@ -86,11 +94,12 @@ class TorchOp(FrontendOp):
     dtypes = _TO_TE
 
     def __init__(self, name: str, fn: Callable, save=None, threads: Optional[int] = None,
-                 max_shapes: int = MAX_SHAPES, **attrs):
+                 max_shapes: int = MAX_SHAPES, dynamic_dims=None, **attrs):
         if "::" not in name:
             raise UserError(f"custom_op name {name!r} must be 'namespace::name'")
         self.name = name
-        super().__init__(fn, save=save, threads=threads, max_shapes=max_shapes, label=name, **attrs)
+        super().__init__(fn, save=save, threads=threads, max_shapes=max_shapes, label=name,
+                         dynamic_dims=dynamic_dims, **attrs)
         self._register()
 
     def shape_dtype(self, name, a):
@@ -101,6 +110,12 @@ class TorchOp(FrontendOp):
 
     def fast_key(self, args):
         return tuple((a.shape, a.dtype, a.device) for a in args)  # torch's own shapes, dtypes and device
+
+    def symbolic_size(self, n):
+        if isinstance(n, torch.SymInt):
+            expr = n.node.expr
+            return None if getattr(expr, "is_number", False) else str(expr)
+        return None
 
     def __call__(self, *args):
         self.check_arity(args)
@@ -121,20 +136,28 @@ class TorchOp(FrontendOp):
         op = self
 
         def forward_impl(*args):
-            spec = op.spec(*args)
+            spec, sizes = op.bind(*args)
             kern = spec.vjp.forward
+            if spec.symbolic and not spec.plain_outputs:  # one kernel for every size: it binds them
+                results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
+                kern(*[_numpy(a) for a in args], out=[r.numpy() for r in results])
+                return results
             if not spec.plain_outputs:  # an output that is an input, or twice the same tensor
                 got = kern(*[_numpy(a) for a in args])
                 got = got if isinstance(got, tuple) else (got,)
                 return [torch.from_numpy(np.array(g)) for g in got]
             args = [a if a.is_contiguous() else a.contiguous() for a in args]
-            results = [torch.empty(t.shape, dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
-            kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
+            results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
+            if spec.symbolic:  # the sizes bound from the arguments' shapes, by variable name
+                kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results],
+                                  sizes=sizes.by_name)
+            else:
+                kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
             return results
 
         def forward_fake(*args):
-            spec = op.spec(*args)
-            return [_empty(shape, dt, args[0]) for shape, dt in spec.forward_results]
+            spec, sizes = op.bind(*args)  # symbolic sizes give symbolic output shapes
+            return [_empty(shape, dt, args[0]) for shape, dt in spec.forward_results(sizes)]
 
         self.fwd = torch.library.custom_op(f"{ns}::{base}_fwd", mutates_args=(),
                                            schema=f"({arglist}) -> Tensor[]")(forward_impl)
@@ -142,20 +165,24 @@ class TorchOp(FrontendOp):
 
         def backward_impl(inputs: List[torch.Tensor], residuals: List[torch.Tensor], grads: List[torch.Tensor],
                           needs: List[bool]):
-            spec = op.spec(*inputs)
+            spec, sizes = op.bind(*inputs)
             vjp = spec.backward_for(tuple(needs))
             if vjp.backward is None:
                 return []
             args = spec.backward_arguments(vjp, inputs, residuals, grads)
-            args = [a if a.is_contiguous() else a.contiguous() for a in args]
             kern = vjp.backward
-            results = [torch.empty(t.shape, dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
+            results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
+            args = [a if a.is_contiguous() else a.contiguous() for a in args]
+            if spec.symbolic:
+                kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results],
+                                  sizes=sizes.by_name)
+                return results
             kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
             return results
 
         def backward_fake(inputs, residuals, grads, needs):
-            spec = op.spec(*inputs)
-            return [_empty(x.shape, x.dtype, inputs[0]) for x, n in zip(spec.inputs, needs) if n]
+            spec, sizes = op.bind(*inputs)
+            return [_empty(sizes.shape(x.shape), x.dtype, inputs[0]) for x, n in zip(spec.inputs, needs) if n]
 
         self.bwd = torch.library.custom_op(
             f"{ns}::{base}_bwd", mutates_args=(),
@@ -187,13 +214,13 @@ def _input_gradients(op: "TorchOp", ctx, needs_input_grad, grads, run_backward):
     ``run_backward(inputs, residuals, output gradients, needs)``."""
     tensors = ctx.saved_tensors
     inputs, saved = list(tensors[:ctx.n_in]), list(tensors[ctx.n_in:])
-    spec = op.spec(*inputs)
+    spec, sizes = op.bind(*inputs)
     needs = spec.needs(needs_input_grad)
     if not any(needs):
         return tuple([None] * ctx.n_in)
     heads = []
     for g, y in zip(list(grads)[:ctx.n_out], spec.outputs):
-        heads.append(g if g is not None else torch.zeros(y.shape, dtype=_TO_TORCH[y.dtype]))
+        heads.append(g if g is not None else torch.zeros(sizes.shape(y.shape), dtype=_TO_TORCH[y.dtype]))
     return spec.spread(run_backward(inputs, saved, heads, list(needs)), needs)
 
 
@@ -223,11 +250,16 @@ def _output_count(op: "TorchOp", *args) -> int:
 
 
 def custom_op(name: str, fn: Callable, *, save=None, threads: Optional[int] = None,
-              max_shapes: int = MAX_SHAPES, **attrs) -> TorchOp:
+              max_shapes: int = MAX_SHAPES, dynamic_dims=None, **attrs) -> TorchOp:
     """Register the te_grad op ``fn`` as the PyTorch operator ``name`` (``"namespace::name"``).
 
     ``save`` picks the residuals (see :func:`te_grad.build_vjp`); ``threads`` the kernels'
     threads (default: ``TE_GRAD_NUM_THREADS`` or all CPUs); ``max_shapes`` how many
     combinations of input shapes and dtypes stay built (least recently used dropped first);
-    other keywords override attributes of ``fn`` (its parameters with a default value)."""
-    return TorchOp(name, fn, save=save, threads=threads, max_shapes=max_shapes, **attrs)
+    ``dynamic_dims`` declares dimensions whose extent changes between calls
+    (``{"x": 0, "labels": 0}``, ``{"x": (0, 1)}``, or ``["x", "labels"]`` for dimension 0):
+    one kernel built on size variables serves them all, eager or compiled (dimensions
+    torch.compile makes symbolic become dynamic by themselves); other keywords override
+    attributes of ``fn`` (its parameters with a default value)."""
+    return TorchOp(name, fn, save=save, threads=threads, max_shapes=max_shapes, dynamic_dims=dynamic_dims,
+                   **attrs)

@@ -17,6 +17,21 @@ not depend on the framework lives here:
 - :func:`dtype_table`: the dtypes a frontend passes, as a table from the framework's
   dtype objects to te_grad's names.
 
+Dynamic dimensions. A dimension of an argument is *dynamic* when the user declares it
+(``dynamic_dims={"x": 0}``), or once the framework hands the op a symbolic size there (a
+``torch.SymInt`` under ``torch.compile``: the framework decided that dimension changes; the op
+remembers it for its later calls). The key of a call then names a size variable instead of
+the extent (``(("x_0", 8), "float32")``): the graph is built once on ``tg.var`` size
+variables and its kernels serve every extent, bound from the arguments' shapes at each call
+(:meth:`FrontendOp.bind` returns the spec and the sizes, by variable name; the output and
+residual shapes are the graph's size expressions evaluated on them, which stay symbolic when
+the sizes are). Dynamic dimensions of equal extent in a call share one variable (PyTorch's
+"duck sizing"), so ``x`` and ``labels`` of one batch keep agreeing. Other dimensions keep
+exact kernels, built per shape. If ``fn`` cannot be built on size variables, or its kernels
+cannot, the op falls back to exact kernels per shape and says why in
+:attr:`FrontendOp.static_reason` (a symbolic size is then specialized: under torch.compile,
+a guard on its value).
+
 A frontend subclasses :class:`FrontendOp`, saying how to read an argument's shape and
 dtype (:meth:`FrontendOp.shape_dtype`) and, if it likes, a cheap key for the fast path
 (:meth:`FrontendOp.fast_key`), and registers the op with its framework (``te_grad.torch``:
@@ -25,13 +40,15 @@ dtype (:meth:`FrontendOp.shape_dtype`) and, if it likes, a cheap key for the fas
 from __future__ import annotations
 
 import inspect
+import numbers
 import threading
+import warnings
 from collections import OrderedDict
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from .. import dsl, dtypes
+from .. import dsl, dtypes, sizes as tg_sizes
 from ..errors import UserError
-from ..ir import Tensor
+from ..ir import SizeVar, Tensor
 
 #: the te_grad dtypes a frontend passes in and out, in the order error messages list them
 FRONTEND_DTYPES = (dtypes.FLOAT32, dtypes.FLOAT64, dtypes.INT32, dtypes.INT64, dtypes.BOOL)
@@ -75,6 +92,64 @@ def check_max_shapes(value) -> int:
     return value
 
 
+def check_dynamic_dims(value, names: Sequence[str], where: str = "") -> Dict[int, frozenset]:
+    """``dynamic_dims`` (``{argument name: dim or dims}``, or a sequence of argument names whose
+    dimension 0 is dynamic) as ``{argument index: dims}``; anything else is a :class:`UserError`."""
+    if value is None:
+        return {}
+    if isinstance(value, str) or not isinstance(value, (Mapping, list, tuple)):
+        raise UserError(f"{where}dynamic_dims must be a dict {{argument name: dim or tuple of dims}} (or a list "
+                        f"of argument names, dimension 0 each), got {value!r}")
+    if not isinstance(value, Mapping):
+        value = {name: 0 for name in value}
+    out: Dict[int, frozenset] = {}
+    for name, dims in value.items():
+        if name not in names:
+            raise UserError(f"{where}dynamic_dims names {name!r}, which is not a tensor argument "
+                            f"(they are {', '.join(names)})")
+        dims = (dims,) if isinstance(dims, numbers.Integral) else dims
+        if not isinstance(dims, (list, tuple, set, frozenset)) or not all(
+                isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in dims):
+            raise UserError(f"{where}dynamic_dims[{name!r}] must be a dimension (an int >= 0) or a tuple of "
+                            f"them, got {dims!r}")
+        out[names.index(name)] = frozenset(int(d) for d in dims)
+    return out
+
+
+class NamedSizes(Mapping):
+    """A binding of size variables by their names (``{"x_0": 8}``) that
+    :func:`te_grad.sizes.value` reads for any variable of that name, so shapes of kernels
+    whose graphs were rebuilt (simplified, loaded from the build cache) evaluate too. The
+    values may be the framework's symbolic sizes (``torch.SymInt``): the arithmetic of a size
+    expression (``+ - * // %``) then builds the symbolic result."""
+
+    def __init__(self, by_name: Mapping[str, object]):
+        self.by_name = dict(by_name)
+
+    def __getitem__(self, v):
+        return self.by_name[v.name if isinstance(v, SizeVar) else v]
+
+    def get(self, v, default=None):
+        return self.by_name.get(v.name if isinstance(v, SizeVar) else v, default)
+
+    def __contains__(self, v):
+        return (v.name if isinstance(v, SizeVar) else v) in self.by_name
+
+    def __iter__(self) -> Iterator:
+        return iter(self.by_name)
+
+    def __len__(self):
+        return len(self.by_name)
+
+    def shape(self, shape) -> tuple:
+        """``shape`` with its size expressions evaluated on these sizes."""
+        return tuple(s if isinstance(s, numbers.Integral) else tg_sizes.value(s, self) for s in shape)
+
+
+#: the sizes of a call whose spec has no size variable
+NO_SIZES = NamedSizes({})
+
+
 class SpecCache:
     """An op's graphs and kernels by input shapes and dtypes: at most ``size`` of them, the
     least recently used dropped first (with its kernels, whose engines are freed once the
@@ -114,6 +189,13 @@ class SpecCache:
             if self._on_evict is not None:
                 self._on_evict(spec)
 
+    def discard(self, key):
+        """Drop ``key``'s spec (if kept), telling ``on_evict``."""
+        with self.lock:
+            spec = self._specs.pop(key, None)
+            if spec is not None and self._on_evict is not None:
+                self._on_evict(spec)
+
     def __len__(self):
         return len(self._specs)
 
@@ -128,6 +210,8 @@ class SpecCache:
 class Spec:
     """The te_grad graph of an op for one combination of input shapes and dtypes (``key``:
     ``((shape, dtype), ...)`` per tensor argument), and its kernels, built on first use.
+    An extent that is a string in ``key`` is a size variable of that name (``tg.var``): the
+    graph and kernels then serve every value of it (:attr:`symbolic`, :attr:`size_vars`).
 
     ``accepts``: the te_grad dtypes the framework can receive (an output of another dtype is
     a :class:`UserError` naming ``framework``)."""
@@ -137,7 +221,15 @@ class Spec:
         self.key = key
         self.save = save
         self.threads = threads
-        self.inputs = [dsl.placeholder(shape, dtype=dt, name=n) for n, (shape, dt) in zip(names, key)]
+        #: the size variables of the key's symbolic extents, by name
+        self.size_vars: Dict[str, SizeVar] = {}
+        for shape, _ in key:
+            for e in shape:
+                if isinstance(e, str) and e not in self.size_vars:
+                    self.size_vars[e] = tg_sizes.var(e)
+        self.symbolic = bool(self.size_vars)
+        self.inputs = [dsl.placeholder(tuple(self.size_vars[e] if isinstance(e, str) else e for e in shape),
+                                       dtype=dt, name=n) for n, (shape, dt) in zip(names, key)]
         out = fn(*self.inputs, **attrs)
         self.single = isinstance(out, Tensor)
         self.outputs = [out] if self.single else list(out)
@@ -177,10 +269,10 @@ class Spec:
                 len({id(t) for t in outs}) == len(outs)
         return self._plain_outputs
 
-    @property
-    def forward_results(self) -> List[Tuple[tuple, str]]:
-        """``(shape, dtype)`` of the forward kernel's results: the outputs, then the residuals."""
-        return [(t.shape, t.dtype) for t in self.outputs + self.vjp.residuals]
+    def forward_results(self, sizes: NamedSizes = NO_SIZES) -> List[Tuple[tuple, str]]:
+        """``(shape, dtype)`` of the forward kernel's results at ``sizes`` (those of the call,
+        from :meth:`FrontendOp.bind`): the outputs, then the residuals."""
+        return [(sizes.shape(t.shape), t.dtype) for t in self.outputs + self.vjp.residuals]
 
     def saved_from(self, outputs, residuals) -> list:
         """The saved values in the VJP's ``saved`` order, from the forward kernel's results
@@ -240,7 +332,7 @@ class FrontendOp:
     dtypes: Dict[Hashable, str] = {name: name for name in FRONTEND_DTYPES}
 
     def __init__(self, fn: Callable, save=None, threads: Optional[int] = None, max_shapes: int = MAX_SHAPES,
-                 label: Optional[str] = None, **attrs):
+                 label: Optional[str] = None, dynamic_dims=None, **attrs):
         self.fn = fn
         self.label = label if label is not None else getattr(fn, "__name__", "the op")
         self.names, defaults = tensor_params(fn)
@@ -250,6 +342,12 @@ class FrontendOp:
         self.threads = threads
         self._specs = SpecCache(max_shapes, on_evict=self._forget)
         self._seen: Dict[Hashable, Spec] = {}  # fast keys (the framework's own shape objects) -> spec
+        where = "" if self.label == fn_name else f"{self.label}: "
+        #: per argument index: its dynamic dimensions (declared, or seen symbolic since)
+        self.dynamic: Dict[int, frozenset] = check_dynamic_dims(dynamic_dims, self.names, where)
+        #: why the op last fell back to exact kernels (``fn`` or its kernels failed on size variables)
+        self.static_reason: Optional[str] = None
+        self._failed: set = set()  # symbolic keys that fell back: their calls get exact keys
 
     @property
     def max_shapes(self) -> int:
@@ -271,6 +369,11 @@ class FrontendOp:
         before gives the spec of its first call without reading the arguments again."""
         return None
 
+    def symbolic_size(self, n) -> Optional[Hashable]:
+        """For an extent that is one of the framework's symbolic sizes (``torch.SymInt``), a
+        key equal for equal sizes (its expression); ``None`` for a concrete extent."""
+        return None
+
     # -- shared ------------------------------------------------------------------------------
     def check_arity(self, args) -> None:
         if len(args) != len(self.names):
@@ -278,16 +381,41 @@ class FrontendOp:
                             f"got {len(args)}")
 
     def key(self, args) -> tuple:
-        """``((shape, te_grad dtype), ...)``, one per tensor argument."""
-        key = []
-        for name, a in zip(self.names, args):
+        """``((shape, te_grad dtype), ...)``, one per tensor argument; a dynamic extent is the
+        name of its size variable (see the module docstring)."""
+        return self.signature(args)[0]
+
+    def signature(self, args, exact: bool = False) -> Tuple[tuple, NamedSizes]:
+        """The key of a call (:meth:`key`) and the values of its size variables, by name;
+        ``exact``: every extent as an int (a symbolic size is specialized)."""
+        key, by_name, groups = [], {}, {}
+        learned = False
+        for i, (name, a) in enumerate(zip(self.names, args)):
             shape, native = self.shape_dtype(name, a)
             dt = self.dtypes.get(native)
             if dt is None:
                 raise UserError(f"argument {name} has dtype {native}; te_grad supports "
                                 f"{', '.join(str(d) for d in self.dtypes)}")
-            key.append((tuple(int(n) for n in shape), dt))  # a symbolic size is specialized: one build per shape
-        return tuple(key)
+            declared = self.dynamic.get(i, frozenset())
+            if declared and max(declared) >= len(shape):
+                raise UserError(f"{self.label}: dynamic_dims names dimension {max(declared)} of {name}, which "
+                                f"has {len(shape)} dimensions")
+            pattern = []
+            for d, n in enumerate(shape):
+                group = self.symbolic_size(n)
+                if exact or (group is None and d not in declared):
+                    pattern.append(int(n))  # exact (a symbolic size is specialized: one build per shape)
+                    continue
+                if d not in declared:  # the framework made it symbolic: keep it dynamic from now on
+                    self.dynamic[i] = declared = declared | {d}
+                    learned = True
+                var = groups.setdefault(("int", int(n)) if group is None else ("sym", group), f"{name}_{d}")
+                by_name.setdefault(var, n)
+                pattern.append(var)
+            key.append((tuple(pattern), dt))
+        if learned:
+            self._seen.clear()  # fast keys of exact specs no longer stand for these shapes
+        return tuple(key), NamedSizes(by_name)
 
     def make_spec(self, key: tuple) -> Spec:
         return Spec(self.fn, self.names, self.attrs, key, self.save, self.threads,
@@ -295,17 +423,42 @@ class FrontendOp:
 
     def spec(self, *args) -> Spec:
         """The te_grad graph and kernels for the shapes and dtypes of ``args``."""
+        return self.bind(*args)[0]
+
+    def bind(self, *args) -> Tuple[Spec, NamedSizes]:
+        """The spec for ``args`` (:meth:`spec`) and the values of its size variables, by name
+        (empty for an exact spec). A symbolic spec has its VJP kernels built here: if ``fn``
+        or they fail on size variables, the op falls back to exact specs (see the module
+        docstring)."""
         try:
             fast = self.fast_key(args)
             spec = self._seen.get(fast) if fast is not None else None
-        except (AttributeError, TypeError):  # not arrays of the framework: key() says what is wrong
+        except (AttributeError, TypeError):  # not arrays, or symbolic sizes: signature() reads them
             fast = spec = None
-        key = spec.key if spec is not None else self.key(args)
-        with self._specs.lock:  # refreshed in the LRU order (or made); the fast key points to it
-            spec = self._specs.get(key, lambda: self.make_spec(key))
-            if fast is not None:
-                self._seen[fast] = spec
-        return spec
+        if spec is not None and not spec.symbolic:
+            key, sizes = spec.key, NO_SIZES
+        else:
+            key, sizes = self.signature(args)
+            if key in self._failed:
+                key, sizes = self.signature(args, exact=True)
+        try:
+            with self._specs.lock:  # refreshed in the LRU order (or made); the fast key points to it
+                spec = self._specs.get(key, lambda: self.make_spec(key))
+                if fast is not None:
+                    self._seen[fast] = spec
+            if spec.symbolic:
+                spec.vjp  # noqa: B018 - built now, so a failure on size variables falls back here
+        except Exception as e:  # noqa: BLE001 - any failure on size variables: exact kernels instead
+            if not any(isinstance(e, str) for shape, _ in key for e in shape):
+                raise
+            self._specs.discard(key)
+            self._failed.add(key)
+            self.static_reason = f"{type(e).__name__}: {e}"
+            self._seen.clear()
+            warnings.warn(f"{self.label}: cannot build on size variables ({self.static_reason}); building "
+                          "exact kernels per shape instead", RuntimeWarning, stacklevel=2)
+            return self.bind(*args)
+        return spec, sizes
 
     def _forget(self, spec: Spec):
         for k in [k for k, v in list(self._seen.items()) if v is spec]:

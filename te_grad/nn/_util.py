@@ -115,10 +115,12 @@ def normalize_axis(op: str, axis, ndim: int) -> int:
     return int(axis) % ndim
 
 
-def prod(values) -> int:
+def prod(values):
+    """The product of extents: an int, or a size expression where one is (``tg.var``)."""
+    from ..ir import Expr
     out = 1
     for v in values:
-        out *= int(v)
+        out = out * v if isinstance(v, Expr) else out * int(v)
     return out
 
 

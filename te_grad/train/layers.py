@@ -133,7 +133,10 @@ class BatchNorm2d(Module):
             rm, rv = self.running_mean.placeholder, self.running_var.placeholder
             ctx.updates[id(rm)] = dsl.compute(rm.shape, lambda c: (1.0 - m) * rm[c] + m * mean[c],
                                               name=f"{self.running_mean.name}_new")
-            unbias = n / max(n - 1, 1)
+            if isinstance(n, int):
+                unbias = n / max(n - 1, 1)
+            else:  # the batch is a size variable: the same factor, computed in the kernel
+                unbias = dsl.cast(x.dtype, n) / dsl.cast(x.dtype, dsl.maximum(n - 1, 1))
             ctx.updates[id(rv)] = dsl.compute(rv.shape, lambda c: (1.0 - m) * rv[c] + (m * unbias) * var[c],
                                               name=f"{self.running_var.name}_new")
         else:

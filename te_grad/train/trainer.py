@@ -12,8 +12,13 @@ count, dropout seed), the parameters and every state (optimizer moments, batch n
 running statistics); its outputs are the loss, the accuracy (for a classifier), the new
 parameters and the new states. The trainer owns two sets of buffers for parameters and
 states and the kernel reads one and writes the other, alternating: nothing is copied
-between steps and no buffer is read and written by one call. A batch of another size
-(the last one of an epoch) gets a kernel of its own, built on first use.
+between steps and no buffer is read and written by one call.
+
+The batch dimension is a size variable (``tg.var("batch", min=1)``): one step kernel serves
+every batch size, the ragged last batch of an epoch included, with the sizes bound at each
+call (``dynamic_batch=True``, the default). ``dynamic_batch=False`` builds an exact kernel
+per batch size instead (each built on first use), as does a model that cannot be built on
+a size variable (its step then falls back to exact kernels, and ``static_reason`` says why).
 
 Options: ``clip_norm`` scales the gradients when their global norm exceeds it
 (``torch.nn.utils.clip_grad_norm_``); ``accumulate=k`` sums the gradients of ``k``
@@ -24,12 +29,13 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import dsl, dtypes, nn
+from .. import dsl, dtypes, nn, sizes
 from ..errors import UserError
 from ..ir import Tensor
 from .init import Initializer, xavier_uniform
@@ -50,6 +56,7 @@ class _Step:
 
     def __init__(self, kernel, batch, n_out_extra, slot_inputs, slot_outputs, apply):
         self.kernel = kernel
+        self.symbolic = bool(getattr(kernel, "size_vars", ()))  # one kernel for every batch size
         self.batch = batch                  # the batch placeholders, in call order
         self.n_out_extra = n_out_extra      # loss (and accuracy) outputs before the slots
         self.slot_inputs = slot_inputs      # slot indices read
@@ -93,8 +100,15 @@ class Trainer:
     def __init__(self, model, inputs: Sequence[Tensor], targets: Sequence[Tensor], loss: Callable,
                  optimizer: Optimizer, init: Optional[Initializer] = None, params=None,
                  clip_norm: Optional[float] = None, accumulate: int = 1, threads: Optional[int] = None,
-                 progress: bool = True):
+                 progress: bool = True, dynamic_batch: bool = True):
         self.model = model
+        if not isinstance(dynamic_batch, bool):
+            raise UserError(f"Trainer: dynamic_batch must be True or False, got {dynamic_batch!r}")
+        #: whether the batch dimension is a size variable (one kernel for every batch size)
+        self.dynamic_batch = dynamic_batch
+        #: why the step kernels are built per batch size although dynamic_batch is set
+        self.static_reason: Optional[str] = None
+        self._batch_var = sizes.var("batch", min=1)
         self.inputs, self.targets = list(inputs), list(targets)
         self.loss_fn, self.optimizer = loss, optimizer
         self.clip_norm = None if clip_norm is None else check_hyper("Trainer", "clip_norm", clip_norm,
@@ -162,7 +176,8 @@ class Trainer:
 
     # -- graphs --------------------------------------------------------------------------------
     def _batch_placeholders(self, shapes):
-        if shapes == tuple(t.shape for t in self.inputs + self.targets):
+        given = tuple(t.shape for t in self.inputs + self.targets)
+        if len(shapes) == len(given) and all(sizes.same_shape(a, b) for a, b in zip(shapes, given)):
             return self.inputs, self.targets
         xs = [dsl.placeholder(s, dtype=t.dtype, name=t.name) for t, s in zip(self.inputs, shapes)]
         ys = [dsl.placeholder(s, dtype=t.dtype, name=t.name) for t, s in zip(self.targets, shapes[len(xs):])]
@@ -174,13 +189,14 @@ class Trainer:
         return self.model(*xs)
 
     def _accuracy(self, out, ys):
-        if len(ys) != 1 or out.ndim != 2 or not dtypes.is_int(ys[0].dtype) or ys[0].shape != out.shape[:1]:
+        if len(ys) != 1 or out.ndim != 2 or not dtypes.is_int(ys[0].dtype) or \
+                not sizes.same_shape(ys[0].shape, out.shape[:1]):
             return None
         y = ys[0]
         n, c = out.shape
-        k = dsl.reduce_axis(c, "k")
+        k = dsl.reduce_axis((0, c), "k")
         best = dsl.compute((n,), lambda i: dsl.max(out[i, k], axis=k), name="accuracy_max")
-        r = dsl.reduce_axis(n, "r")
+        r = dsl.reduce_axis((0, n), "r")  # n may be the batch size variable
         return dsl.compute((), lambda: dsl.sum(dsl.if_then_else(out[r, y[r]] >= best[r], 1.0, 0.0), axis=r)
                            * (1.0 / n), name="accuracy")
 
@@ -193,7 +209,7 @@ class Trainer:
         ctx = Context(training=True, seed=seed)
         out = self._forward(xs, ctx)
         loss = self.loss_fn(out, *ys)
-        if not isinstance(loss, Tensor) or loss.shape != ():
+        if not isinstance(loss, Tensor) or len(loss.shape) != 0:
             raise UserError(f"Trainer: the loss must be a 0-d tensor, got {loss!r}")
         accuracy = self._accuracy(out, ys)
         params = self._param_list
@@ -243,7 +259,28 @@ class Trainer:
     def _step_for(self, arrays, apply: bool) -> _Step:
         return self._step_for_shapes(tuple(a.shape for a in arrays), apply)
 
-    def _step_for_shapes(self, shapes, apply: bool, wait: bool = True) -> _Step:
+    def _symbolic_shapes(self):
+        """The batch's shapes with the batch dimension the size variable ``batch``."""
+        return tuple((self._batch_var,) + tuple(t.shape[1:]) for t in self.inputs + self.targets)
+
+    def _step_for_shapes(self, shapes, apply: bool, wait: bool = True, exact: bool = False) -> _Step:
+        if self.dynamic_batch and self.static_reason is None and not exact:
+            key = ("batch", apply)
+            step = self._steps.get(key)
+            if step is not None:
+                return step
+            try:
+                step = self._build_step(self._symbolic_shapes(), apply, wait)
+                if wait:
+                    step.kernel.wait()
+            except Exception as e:  # noqa: BLE001 - a model the size variable does not fit: exact kernels
+                self.static_reason = f"{type(e).__name__}: {e}"
+                warnings.warn(f"Trainer: cannot build the step on a batch size variable ({self.static_reason}); "
+                              "building a kernel per batch size instead", RuntimeWarning, stacklevel=3)
+                self._steps.clear()
+            else:
+                self._steps[key] = step
+                return step
         key = (shapes, apply)
         step = self._steps.get(key)
         if step is None:
@@ -254,7 +291,8 @@ class Trainer:
         """Build the step kernel(s) for batches of each of ``batch_sizes`` (default: the
         placeholders' batch) now rather than on the first :meth:`update`; returns the seconds
         it took, until every kernel is ready. LLVM compiles each kernel in the background
-        while the next one is prepared."""
+        while the next one is prepared. With ``dynamic_batch`` one kernel (per kind of step)
+        serves every batch size."""
         t0 = time.perf_counter()
         steps = []
         for batch_size in batch_sizes or (None,):
@@ -268,8 +306,9 @@ class Trainer:
 
     @property
     def kernels(self) -> list:
-        """The step kernels built so far, one per batch shape (and per kind of step with
-        gradient accumulation), for inspection: ``kern.loops``, ``kern.llvm_ir``."""
+        """The step kernels built so far: one (per kind of step with gradient accumulation)
+        for every batch size with ``dynamic_batch``, else one per batch shape; for
+        inspection: ``kern.loops``, ``kern.llvm_ir``."""
         return [step.kernel for step in self._steps.values()]
 
     # -- training --------------------------------------------------------------------------------
@@ -312,7 +351,10 @@ class Trainer:
         ins = [a.ctypes.data for a in arrays] + [self._scalars[k].ctypes.data for k in ("seed", "lr", "t")] + \
               [self._slots[k].arrays[cur].ctypes.data for k in step.slot_inputs]
         outs = [e.ctypes.data for e in extra] + [self._slots[k].arrays[nxt].ctypes.data for k in step.slot_outputs]
-        step.kernel.run_pointers(ins, outs)
+        if step.symbolic:
+            step.kernel.run_pointers(ins, outs, sizes={"batch": arrays[0].shape[0]})
+        else:
+            step.kernel.run_pointers(ins, outs)
         for k in step.carried:
             np.copyto(self._slots[k].arrays[nxt], self._slots[k].arrays[cur])
         self._current = nxt
@@ -434,7 +476,7 @@ class Trainer:
         from codegen.export import c_name
         name = c_name(os.path.basename(path))
         shapes = tuple(t.shape for t in self.inputs + self.targets)
-        step = self._step_for_shapes(shapes, True)
+        step = self._step_for_shapes(shapes, True, exact=True)  # the C entry point has the placeholders' batch
         if step.carried:
             raise UserError(f"Trainer.export: the step does not update "
                             f"{[self._slots[k].name for k in step.carried]}")

@@ -131,7 +131,7 @@ def test_gradient_accumulation_and_clipping():
 
 
 def test_ragged_last_batch_save_load_and_profile(tmp_path):
-    _, trainer = _regression()
+    _, trainer = _regression(dynamic_batch=False)  # a kernel per batch size (tests/train/test_dynamic_batch.py: one)
     x = RNG.standard_normal((21, 5)).astype(np.float32)
     y = RNG.standard_normal((21, 3)).astype(np.float32)
     losses = trainer.fit(x, y, epochs=3, batch_size=8)  # batches of 8, 8 and 5
@@ -218,7 +218,7 @@ def test_digits_match_pytorch_over_the_first_epoch():
 
 
 def test_compile_builds_every_batch_size_asked_and_waits_for_all():
-    model, trainer = _regression(batch=8)
+    model, trainer = _regression(batch=8, dynamic_batch=False)
     seconds = trainer.compile(8, 3)
     assert seconds > 0
     kernels = [step.kernel for step in trainer._steps.values()]
