@@ -20,3 +20,112 @@ def test_segment_softmax_is_one_pass_over_the_edges():
     sv = rng.standard_normal(E)
     got = tg.build([alpha], inputs=[rowptr, scores], threads=2)(rp, sv)
     np.testing.assert_allclose(got, tg.evaluate([alpha], {rowptr: rp, scores: sv})[0], rtol=1e-12, atol=1e-15)
+
+
+def gat_graph(V=7, F=4, E=19):
+    """A small GAT layer's loss and gradients (benchmarks/gat.py): segment softmax, CSR
+    aggregation; the gradients scatter over the ragged loops."""
+    rowptr = tg.placeholder((V + 1,), dtype="int64", name="rowptr")
+    src = tg.placeholder((E,), dtype="int64", name="src")
+    dst = tg.placeholder((E,), dtype="int64", name="dst")
+    x = tg.placeholder((V, F), dtype="float64", name="x")
+    w = tg.placeholder((F, F), dtype="float64", name="W")
+    a = tg.placeholder((F,), dtype="float64", name="a")
+    h = tg.nn.matmul(x, w)
+    k = tg.reduce_axis(F, "k")
+    s = tg.compute((V,), lambda v: tg.sum(h[v, k] * a[k], axis=k), name="s")
+    score = tg.nn.leaky_relu(tg.compute((E,), lambda e: s[src[e]] + s[dst[e]], name="pre"), 0.2)
+    alpha = tg.nn.segment_softmax(score, rowptr)
+
+    def aggregate(v, f):
+        e = tg.reduce_axis((rowptr[v], rowptr[v + 1]), name="e")
+        return tg.sum(alpha[e] * h[src[e], f], axis=e)
+
+    out = tg.compute((V, F), aggregate, name="out")
+    head = tg.placeholder((V, F), dtype="float64", name="head")
+    grads = tg.gradient(out, [x, w, a], head=head)
+    return [out] + grads, [rowptr, src, dst, x, w, a, head]
+
+
+def gat_feed(inputs, seed, V=7, F=4, E=19):
+    rng = np.random.default_rng(seed)
+    rp, sr = random_csr(rng, V, E)
+    ds = np.repeat(np.arange(V), np.diff(rp))
+    floats = [rng.standard_normal(t.shape) for t in inputs[3:]]
+    return [rp, sr, ds] + floats
+
+
+OFF = frozenset({"order_ragged_scatter"})
+
+
+def _scatter_stages(stages):
+    return [s for s in stages if any(getattr(st, "checked", False) for st in _stores(s))]
+
+
+def _stores(stage):
+    from codegen.loopir import stmt_stores
+    return stmt_stores(stage.body)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ragged_scatters_interpret_to_the_serial_values_bit_for_bit(seed):
+    """The loop interpreter runs each scatter before and after the pass: the same bits (each
+    location's contributions in the same order), and the oracle's values."""
+    from codegen.interpret import run
+    from codegen.options import CompileOptions
+    from codegen.schedule import stages_for
+    outs, inputs = gat_graph()
+    arrays = gat_feed(inputs, seed)
+    feed = dict(zip(inputs, arrays))
+    on = stages_for(outs, options=CompileOptions(disk_cache=False))
+    off = stages_for(outs, options=CompileOptions(disk_cache=False, disabled_passes=OFF))
+    split = [s for s in _scatter_stages(on) if s.parallel_extent]
+    assert len(split) >= 4 and not any(s.parallel_extent for s in _scatter_stages(off))
+    got, base = run(on, feed), run(off, feed)
+    want = tg.evaluate(outs, feed)
+    for t, w in zip(outs, want):
+        np.testing.assert_array_equal(got[id(t)], base[id(t)], err_msg=t.name)
+        np.testing.assert_allclose(got[id(t)], w, rtol=1e-12, atol=1e-12, err_msg=t.name)
+
+
+def test_what_the_pass_splits_and_what_stays_serial():
+    outs, inputs = gat_graph()
+    loops = tg.build(outs, inputs, threads=2).loops
+    # dalpha[e] += ...: the segment v of the stored edge e decides the location; f innermost
+    assert ("parallel for (v = 0; v < 7; ++v) {\n  for (e = rowptr[v]; e < rowptr[v + 1]; ++e) {\n"
+            "    for (f = 0; f < 4; ++f) {\n      dsegment_softmax[e] +=") in loops
+    # the softmax written per segment: one thread per segment range
+    assert "parallel for (s = 0; s < 7; ++s) {\n  for (k = rowptr[s]; k < rowptr[s + 1]; ++k) {\n    segment_softmax[k]" \
+        in loops
+    # dh[src[e], f] += ...: two segments may write one row; f innermost, serial
+    assert ("for (v = 0; v < 7; ++v) {\n  for (e = rowptr[v]; e < rowptr[v + 1]; ++e) {\n    for (f = 0; f < 4; ++f) {\n"
+            "      dmatmul_via_out[src[e]][f] +=") in loops
+    assert "parallel for (v = 0; v < 7; ++v) {\n  for (e = rowptr[v]; e < rowptr[v + 1]; ++e) {\n    for (f = 0; f < 4; ++f) {\n      dmatmul_via_out" not in loops
+    # a scatter over a plain edge loop (no ragged loop) is left alone
+    assert "\nfor (e = 0; e < 19; ++e) {\n  ds_via_pre[src[e]] +=" in loops
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_compiled_split_scatters_match_the_serial_kernel_bit_for_bit(seed):
+    outs, inputs = gat_graph()
+    arrays = gat_feed(inputs, seed)
+    want = tg.evaluate(outs, dict(zip(inputs, arrays)))
+    # without fast_math (no contraction into fused multiply-adds, which a vector loop may
+    # do differently) the split scatters give the serial kernel's bits
+    serial = tg.build(outs, inputs, threads=2, disabled_passes=OFF, fast_math=False)(*arrays)
+    for threads in (1, 2):
+        exact = tg.build(outs, inputs, threads=threads, fast_math=False)(*arrays)
+        fast = tg.build(outs, inputs, threads=threads)(*arrays)
+        for g, f, s, w, t in zip(exact, fast, serial, want, outs):
+            np.testing.assert_array_equal(g, s, err_msg=t.name)
+            np.testing.assert_allclose(f, w, rtol=1e-12, atol=1e-12, err_msg=t.name)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_decreasing_row_pointer_is_still_refused_by_the_split_scatters(threads):
+    outs, inputs = gat_graph()
+    arrays = gat_feed(inputs, 0)
+    arrays[0] = np.array([0, 2, 9, 4, 9, 11, 13, 19])
+    kernel = tg.build(outs, inputs, threads=threads)
+    with pytest.raises(tg.UserError, match="runs backwards from 9 to 4"):
+        kernel(*arrays)
