@@ -129,3 +129,83 @@ def test_a_decreasing_row_pointer_is_still_refused_by_the_split_scatters(threads
     kernel = tg.build(outs, inputs, threads=threads)
     with pytest.raises(tg.UserError, match="runs backwards from 9 to 4"):
         kernel(*arrays)
+
+
+def _balanced_rows_fn(extent, dtype="int64"):
+    """The emitted mapping ``(P, lo, hi) -> (r(lo), r(hi))`` of :func:`codegen.ragged_split.balanced_range`."""
+    import ctypes
+    from codegen.jit import compile_module
+    from codegen.llvm import ir
+    from codegen.llvm_types import I64, MEMORY
+    from codegen.ragged_split import balanced_range
+    module = ir.Module(name="balance")
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType(MEMORY[dtype]), I64, I64,
+                                                             ir.PointerType(I64)]), "rows")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    p, lo, hi, out = fn.args
+    r_lo, r_hi = balanced_range(b, fn, p, dtype, extent, lo, hi)
+    b.store(r_lo, b.gep(out, [ir.Constant(I64, 0)]))
+    b.store(r_hi, b.gep(out, [ir.Constant(I64, 1)]))
+    b.ret_void()
+    address = compile_module(str(module), ["rows"]).addresses["rows"]
+    call = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)(address)
+
+    def rows(rp, lo, hi):
+        rp = np.ascontiguousarray(rp, dtype=dtype)
+        got = np.zeros(2, np.int64)
+        call(rp.ctypes.data, lo, hi, got.ctypes.data)
+        return tuple(int(g) for g in got)
+    return rows
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+def test_balanced_rows_tile_the_rows_for_any_data(dtype):
+    """r(0) = 0, r(V) = V, r non-decreasing: consecutive chunks' rows tile [0, V) whatever the
+    row pointer holds (sorted, skewed, unsorted, decreasing, negative), so no row is skipped
+    or done twice."""
+    V = 40
+    rows = _balanced_rows_fn(V, dtype)
+    rng = np.random.default_rng(3)
+    skewed = np.concatenate([[0], np.cumsum(np.where(np.arange(V) == 7, 1000, 1))])
+    cases = [skewed, np.sort(rng.integers(0, 500, V + 1)), rng.integers(-50, 500, V + 1),
+             np.arange(V + 1)[::-1] * 3, np.zeros(V + 1, int), np.full(V + 1, -4)]
+    for rp in cases:
+        for chunks in (2, 3, 7, V):
+            cuts = [V * k // chunks for k in range(chunks + 1)]
+            mapped = [rows(rp, a, b) for a, b in zip(cuts, cuts[1:])]
+            assert mapped[0][0] == 0 and mapped[-1][1] == V
+            assert all(m[0] <= m[1] for m in mapped)
+            assert all(x[1] == y[0] for x, y in zip(mapped, mapped[1:]))
+
+
+def test_balanced_rows_share_the_edges():
+    """Sorted data: each of two threads gets rows holding about half the edges (equal rows
+    would give one thread 1010 of 1030)."""
+    V = 40
+    rows = _balanced_rows_fn(V)
+    rp = np.concatenate([[0], np.cumsum(np.where(np.arange(V) >= 30, 100, 1))])
+    (a, b), (c, d) = rows(rp, 0, V // 2), rows(rp, V // 2, V)
+    assert (a, b, c, d) == (0, 35, 35, V)  # the first row reaching half the edges (515)
+    assert (rp[b] - rp[a], rp[d] - rp[c]) == (530, 500)
+    rp = np.arange(V + 1) * 5  # uniform: the plain split
+    assert rows(rp, 0, V // 2) == (0, V // 2) and rows(rp, V // 2, V) == (V // 2, V)
+
+
+def test_ragged_stages_split_rows_by_edges_and_compute_the_same_bits():
+    outs, inputs = gat_graph(V=64, F=4, E=300)
+    loops = tg.build(outs, inputs, threads=2).loops
+    assert loops.count("// threads split the rows by the edges of rowptr") >= 6
+    assert "edges of" not in tg.build(outs, inputs, threads=2, disabled_passes={"balance_ragged_rows"}).loops
+    rng = np.random.default_rng(0)
+    deg = np.where(np.arange(64) == 50, 200, 1) + np.r_[np.zeros(63, int), 300 - 200 - 63]
+    rp = np.concatenate([[0], np.cumsum(deg)])
+    arrays = gat_feed(inputs, 1, V=64, F=4, E=300)
+    arrays[0], arrays[2] = rp, np.repeat(np.arange(64), deg)
+    want = tg.evaluate(outs, dict(zip(inputs, arrays)))
+    plain = tg.build(outs, inputs, threads=2, fast_math=False,
+                     disabled_passes={"balance_ragged_rows"})(*arrays)
+    for threads in (1, 2):
+        got = tg.build(outs, inputs, threads=threads, fast_math=False)(*arrays)
+        for g, p, w, t in zip(got, plain, want, outs):
+            np.testing.assert_array_equal(g, p, err_msg=t.name)
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12, err_msg=t.name)
