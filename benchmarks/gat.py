@@ -1,6 +1,6 @@
 """One GAT layer, forward and backward, on CSR ragged loops: te_grad next to PyTorch and JAX.
 
-    python benchmarks/gat.py [--threads 2] [--features 16] [--small]
+    python benchmarks/gat.py [--threads 2] [--features 16] [--small] [--one-thread]
 
 The layer as a user writes it in te_grad, with the edges sorted by destination and
 grouped by a row pointer (no padding)::
@@ -147,6 +147,9 @@ def run_graph(label, graph, args, timer, torch, jax):
 
     kernel, build_s = te_grad_gat(V, E, Fi, Fo, args.threads)
     fns = {"te_grad": lambda: kernel(rowptr, src, dst, x, W, a_src, a_dst, g)}
+    if args.threads > 1 and args.one_thread:
+        kernel1, _ = te_grad_gat(V, E, Fi, Fo, 1)
+        fns["te_grad 1 thread"] = lambda: kernel1(rowptr, src, dst, x, W, a_src, a_dst, g)
     results = {"te_grad": fns["te_grad"]()}
     print(f"te_grad build {build_s:.1f} s", flush=True)
     if torch is not None:
@@ -155,6 +158,16 @@ def run_graph(label, graph, args, timer, torch, jax):
                  [torch.from_numpy(a).requires_grad_() for a in (x, W, a_src, a_dst)] + [torch.from_numpy(g)]
         fns["torch"] = lambda: step(*t_args)
         results["torch"] = [r.detach().numpy() for r in fns["torch"]()]
+        if args.threads > 1 and args.one_thread:
+
+            def torch_one():
+                torch.set_num_threads(1)
+                try:
+                    return step(*t_args)
+                finally:
+                    torch.set_num_threads(args.threads)
+
+            fns["torch 1 thread"] = torch_one
     if jax is not None:
         fn = jax_gat(jax, V)
         j_args = [jax.numpy.asarray(a) for a in (x, W, a_src, a_dst, src, dst, g)]
@@ -183,8 +196,9 @@ def run_graph(label, graph, args, timer, torch, jax):
         return False
     print("values and gradients agree (" + ", ".join(results) + f"; rel tol {RTOL})", flush=True)
     times = {k: t["ms"] for k, t in timer(fns).items()}
-    row = "  ".join(f"{k} {v:8.2f} ms" for k, v in times.items())
-    ratios = "  ".join(f"te_grad/{k} {times['te_grad'] / times[k]:.2f}x" for k in times if k != "te_grad")
+    row = "  ".join(f"{k} {v:.2f} ms" for k, v in times.items())
+    ratios = "  ".join(f"te_grad/{k} {times['te_grad'] / times[k]:.2f}x" for k in times
+                       if not k.startswith("te_grad"))
     print(row, flush=True)
     print(ratios, flush=True)
     return True
@@ -196,6 +210,8 @@ def main():
     ap.add_argument("--features", type=int, default=16, help="F_in = F_out")
     ap.add_argument("--small", action="store_true", help="a small graph, short timing (a quick check)")
     ap.add_argument("--graphs", default="power,uniform", help="power, uniform or both")
+    ap.add_argument("--one-thread", action="store_true",
+                    help="also time te_grad and PyTorch on one thread (references)")
     args = ap.parse_args()
     pin_threads(args.threads)
     torch = jax = None
