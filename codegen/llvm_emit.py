@@ -46,6 +46,7 @@ from .llvm_kinds import LoopKindEmitter
 from .llvm_types import FCMP, I1, I8, I32, I64, MEMORY, SCALAR, lowering, strides
 from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, Stage, Store, TransposeBlock, Transposed,
                      ragged_loop_vars, stmt_exprs, stmt_stores, tensors_of)
+from .ragged_split import balanced_range
 from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
 _VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
@@ -225,6 +226,9 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         self.ptr = {id(t): self.fn.args[n] for n, t in enumerate(self.tensors)}
         self.lo, self.hi, self.err = self.fn.args[-3:]
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        if stage.balance is not None:  # this thread's rows hold about its share of the edges
+            self.lo, self.hi = balanced_range(self.b, self.fn, self.ptr[id(stage.balance)], stage.balance.dtype,
+                                              stage.parallel_extent, self.lo, self.hi)
         self.env: Dict[int, ir.Value] = {}
         if self.sizes:
             table = self.fn.args[len(self.tensors)]

@@ -179,6 +179,9 @@ class Stage:
     parallel_axis: Optional[Var] = None
     #: innermost iterations, when they differ from the tensor's own count (a scatter's zero-fill)
     work: Optional[int] = None
+    #: a row pointer whose rows the parallel loops run over: threads get ranges of rows
+    #: holding about equal numbers of its edges (:mod:`.ragged_split`), not equal rows
+    balance: Optional[Tensor] = None
 
     def __post_init__(self):
         object.__setattr__(self, "body", _tuple(self.body))
@@ -578,6 +581,8 @@ def stage_text(stage: Stage, tensor_names: Namer) -> str:
     p = ExprPrinter(Namer(), tensor_names)
     out: List[str] = [f"// {tensor_names.name(stage.tensor, stage.tensor.name)}: "
                       f"{stage.tensor.dtype}{list(stage.tensor.shape)}"]
+    if stage.balance is not None:
+        out.append(f"// threads split the rows by the edges of {tensor_names.name(stage.balance, stage.balance.name)}")
 
     def note(s: Loop) -> Optional[str]:
         k = s.kind

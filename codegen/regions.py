@@ -7,7 +7,8 @@ axis, exactly ``B``'s own split axis: the thread computing rows ``[lo, hi)``
 of ``B`` then reads only rows ``[lo, hi)`` of ``A``, which the same thread
 computed just before. A softmax (row max, exponentials, row sum, quotient)
 and its gradient are each one region: one hand-off to the thread team instead
-of one per stage.
+of one per stage. Stages whose threads split rows by the edges of a row pointer
+(:mod:`.ragged_split`) join only stages split by the same one.
 
 A region whose tensors do not fit in cache also runs in blocks of rows
 (:func:`row_blocks`): each thread computes every stage of the region for a few
@@ -70,6 +71,8 @@ def _joins(first: Stage, s: Stage, split_dim: Dict[int, int]) -> bool:
     if isinstance(a, Expr) or isinstance(b, Expr):  # extents known at run time: the same expression
         if not (isinstance(a, Expr) and isinstance(b, Expr) and a.same_as(b)):
             return False
+    if first.balance is not s.balance:  # rows split by edges: the same row pointer, the same rows
+        return False
     for r in stmt_reads(s.body):
         d = split_dim.get(id(r.tensor))
         if d is not None and r.indices[d] is not s.parallel_axis:

@@ -33,7 +33,11 @@ unchanged, so a wrong kernel can be bisected to the pass that made it
 (:func:`bisect`). The two loop-order passes cannot be switched off: they
 mark the loop each nest splits among threads, and a stage split among threads with an
 unmarked nest would run that nest whole on every thread (a race, wrong sums). A scatter becomes a zero-fill split among threads, then a serial
-stage that accumulates with run-time checked indices. Each pass's output computes
+stage that accumulates with run-time checked indices; over CSR segments (a ragged loop),
+:func:`.ragged_schedule.order_ragged_scatter` (the pass ``"order_ragged_scatter"``) puts its
+feature axis innermost and splits it among threads along an axis that decides the location
+written; threads then split the rows of a row pointer by their edges
+(:func:`.ragged_split.balance_ragged_rows`, the pass ``"balance_ragged_rows"``). Each pass's output computes
 exactly what its input did (:mod:`.interpret` runs both; the tests compare).
 """
 from __future__ import annotations
@@ -56,6 +60,8 @@ from te_grad.sizes import uses_sizes
 from .cache_tiling import tile_stage
 from .congruence import interleave_classes, split_classes
 from .guard_ranges import narrow_guarded_loops
+from .ragged_schedule import order_ragged_scatter
+from .ragged_split import balance_ragged_rows
 from .loop_order import lane_var, order_elementwise, order_reductions, parallel_axis, representative
 from .loopir import Stage, Store, guarded, nest, stmt_stores
 from .machine import PORTABLE, Machine
@@ -180,6 +186,12 @@ PASSES = (
     SchedulePass("block_registers", "register_blocking", block_registers,
                  "register blocks sized for the machine's vector registers"),
     SchedulePass("tile_stage", "cache_tiling", tile_stage, "cache tiles sized for the machine's L2"),
+    SchedulePass("order_ragged_scatter", "ragged_schedule", lambda stage, machine: order_ragged_scatter(stage),
+                 "a scatter over CSR segments: the feature axis innermost and an axis fixed by the location "
+                 "written split among threads, each location's contributions in the same order (scatters only)"),
+    SchedulePass("balance_ragged_rows", "ragged_split", lambda stage, machine: balance_ragged_rows(stage),
+                 "rows of a row pointer split among threads by their edges instead of their number (each row "
+                 "computed by one thread, the same code)"),
     # the lowering decision, last before emission: the loop program shows what is emitted
     SchedulePass("decide_blocks", "register_blocking",
                  lambda stage, machine: decide_blocks(stage, current_options().fast_math),
@@ -254,9 +266,11 @@ def compute_stage(t: Tensor, body: Expr, machine: Machine = PORTABLE, disabled: 
     return stage
 
 
-def scatter_stages(t: Tensor) -> List[Stage]:
+def scatter_stages(t: Tensor, off: FrozenSet[str] = frozenset()) -> List[Stage]:
     """A zero-fill (split among threads), then ``t[indices] += value`` over the domain on one
-    thread, indices checked at run time."""
+    thread, indices checked at run time (over CSR segments, split among threads where no two
+    threads write one location, :mod:`.ragged_schedule`, by edges, :mod:`.ragged_split`,
+    unless ``off`` names the passes)."""
     op: ScatterOp = t.op
     axes = [Var(f"i{d}") for d in range(t.ndim)]
     parallel = axes[0] if axes else None
@@ -270,7 +284,12 @@ def scatter_stages(t: Tensor) -> List[Stage]:
     if parallel is None and axes:
         return [Stage(t, zero, 0, work=SYMBOLIC_WORK), Stage(t, acc, 0, work=SYMBOLIC_WORK)]
     zero_fill = Stage(t, zero, t.shape[0] if axes else 0, parallel_axis=parallel, work=int(np.prod(t.shape)))
-    return [zero_fill, Stage(t, acc, 0)]
+    accumulate = Stage(t, acc, 0)
+    if "order_ragged_scatter" not in off:
+        accumulate = order_ragged_scatter(accumulate)
+    if "balance_ragged_rows" not in off:
+        accumulate = balance_ragged_rows(accumulate)
+    return [zero_fill, accumulate]
 
 
 def stages_for(outputs: Sequence[Tensor], machine: Optional[Machine] = None,
@@ -293,7 +312,7 @@ def _stages(outputs: Sequence[Tensor], machine: Machine, off: FrozenSet[str]) ->
         if isinstance(t.op, PlaceholderOp):
             continue
         if isinstance(t.op, ScatterOp):
-            stages.extend(scatter_stages(t))
+            stages.extend(scatter_stages(t, off))
             continue
         body = t.op.body
         if split_terms(body) is None:

@@ -134,8 +134,12 @@ def _scatter(name, shape, dtype, red: Reduce, out_axes, eqs, note) -> Optional[T
         conds = place_ranges(conds, k, pinned, ranges, eqs[d][0], used)
         if conds is None:
             return None
-    affine = [c for d in eqs if d not in data and _may_leave(indices[d], shape[d], axes, names)
-              for c in in_range(indices[d], 0, shape[d])]  # no reads: first
+    # a quasi-affine index that may leave the output is written only inside it (no reads:
+    # first); over a ragged loop (bounds read from data) no range is added: the scatter's
+    # store checks its indices at run time, so a row pointer leaving the edges is an error
+    ragged = any(isl_expr(b, names) is None for ax in axes for b in (ax.lo, ax.hi))
+    affine = [c for d in eqs if d not in data and not ragged and _may_leave(indices[d], shape[d], axes, names)
+              for c in in_range(indices[d], 0, shape[d])]
     conds = affine + [substitute(c, to_index) for c in conds if id(c) not in used]
     value = substitute(value, to_index)
     axes, indices, value, where = _tighten(axes, indices, value, conds, names)

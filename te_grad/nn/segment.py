@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .. import dsl
 from ..errors import UserError
-from ..ir import Tensor
+from ..ir import ScatterOp, Tensor
 from ._util import check_float, check_int_dtype, check_tensor, compute
 
 __all__ = ["segment_sum", "segment_max", "segment_softmax"]
@@ -88,9 +88,9 @@ def segment_softmax(scores: Tensor, rowptr: Tensor) -> Tensor:
     exp(scores[e', ...] - m[s, ...])``, with ``m`` the segment's maximum (``segment_softmax_max``,
     a stop-gradient shift that keeps the exponentials from overflowing; it does not change
     the value). Each segment's outputs sum to 1; a row in no segment is 0. Tensors:
-    ``segment_softmax_max`` (S, ...), ``segment_softmax_sum`` (S, ...), and the result,
-    written per segment and pinned to its edge (``e' == e``), which te_grad runs as a scatter
-    visiting each edge once."""
+    ``segment_softmax_max`` (S, ...), ``segment_softmax_sum`` (S, ...), and the result, a
+    scatter visiting each edge of each segment once (``out[e, ...] += ...`` for ``e`` in
+    segment ``s``), forward and backward one pass over the edges."""
     op = "segment_softmax"
     S = _check(op, scores, rowptr)
     E = scores.shape[0]
@@ -108,11 +108,10 @@ def segment_softmax(scores: Tensor, rowptr: Tensor) -> Tensor:
 
     z = compute((S,) + rest, seg_sum, name=op + "_sum")
 
-    def body(idx):
-        s = dsl.reduce_axis((0, S), name="s")
-        e = _segment(rowptr, s, "k")
-        tail = tuple(idx[1:])
-        value = dsl.exp(scores[(e,) + tail] - dsl.stop_gradient(m[(s,) + tail])) / z[(s,) + tail]
-        return dsl.sum(value, axis=[s, e], where=e == idx[0])
-
-    return compute((E,) + rest, body, name=op)
+    # written as a scatter over the edges of each segment (each edge once): as a sum over
+    # every segment pinned to its edge (``where=k == e``), it would visit S x E points
+    s = dsl.reduce_axis((0, S), name="s")
+    k = _segment(rowptr, s, "k")
+    tail = tuple(dsl.reduce_axis(n, name=f"j{d}") for d, n in enumerate(rest))
+    value = dsl.exp(scores[(k,) + tail] - dsl.stop_gradient(m[(s,) + tail])) / z[(s,) + tail]
+    return Tensor(op, (E,) + rest, scores.dtype, ScatterOp((s, k) + tail, (k,) + tail, value))

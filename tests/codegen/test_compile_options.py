@@ -140,6 +140,17 @@ def _graphs():
     yield "resize", with_gradient(resize_exact(x, 11, 11), [x])
     strided = conv_pad_stage_s2("float64", small=True)  # a stride-2 convolution over a padding stage
     yield "conv_pad_stage_s2", with_gradient(strided.output, list(strided.inputs))
+    # a CSR aggregation: its gradients are scatters over ragged loops (order_ragged_scatter)
+    rowptr, src, x, a = ph((7,), "rowptr", "int64"), ph((13,), "src", "int64"), ph((6, 4), "X"), ph((13,), "A")
+
+    def agg(v, f):
+        e = tg.reduce_axis((rowptr[v], rowptr[v + 1]), "e")
+        return tg.sum(a[e] * x[src[e], f], axis=e)
+
+    y = tg.compute((6, 4), agg, name="agg")
+    outs, inputs, feed = with_gradient(y, [x, a])
+    feed.update({rowptr: np.array([0, 2, 2, 7, 9, 12, 13]), src: rng.integers(0, 6, 13)})
+    yield "csr", (outs, [rowptr, src] + inputs, feed)
 
 
 GRAPHS = dict(_graphs())
