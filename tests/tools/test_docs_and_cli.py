@@ -106,3 +106,14 @@ def test_no_document_points_to_a_markdown_file_the_project_does_not_have():
             if not any(base.joinpath(name).exists() for base in (ROOT, path.parent, ROOT / "docs")):
                 dangling.append(f"{path.relative_to(ROOT)}: {name}")
     assert dangling == []
+
+
+def test_readme_sizes_example_runs(capsys):
+    """The example of "Sizes known at run time": one kernel for three sizes, checked against
+    the oracle inside the example, and the count as a function of n."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Sizes known at run time"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "(n,)" in out and "208 * n | 7696" in out
