@@ -258,7 +258,7 @@ class Kernel:
         and of the ``out=`` arrays when given (:func:`te_grad.sizes.bind_sizes`): a
         ``UserError`` names the variable and the two arguments that disagree, or the one that
         states no size."""
-        from te_grad.sizes import bind_sizes
+        from te_grad.sizes import bind_sizes, check_extents
         declared = [(t.name, t.shape, np.shape(a)) for t, a in zip(self.inputs, arrays)]
         if outs is not None:
             outs = [outs] if isinstance(outs, np.ndarray) else list(outs)
@@ -269,6 +269,8 @@ class Kernel:
         if unbound:
             raise UserError(f"no argument's shape states the size(s) {', '.join(unbound)} of this kernel: "
                             "give the outputs with out=")
+        for t in self.buffers:  # an extent that comes out negative: named, never a numpy error
+            check_extents(t, sizes)
         return sizes
 
     def _aliased(self, sizes) -> Dict:

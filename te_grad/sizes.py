@@ -292,6 +292,18 @@ def concrete_shape(shape, sizes: Mapping[SizeVar, int]) -> Tuple[int, ...]:
     return tuple(value(s, sizes) for s in shape)
 
 
+def check_extents(t: Tensor, sizes: Mapping[SizeVar, int]) -> Tuple[int, ...]:
+    """``t``'s shape at ``sizes``; an extent that comes out negative is a UserError naming
+    the sizes, the tensor and the dimension."""
+    shape = tuple(value(s, sizes) if isinstance(s, Expr) else s for s in t.shape)
+    for d, (e, got) in enumerate(zip(t.shape, shape)):
+        if got < 0:
+            at = ", ".join(f"{v.name} = {sizes[v]}" for v in size_vars_in(e) if v in sizes)
+            raise UserError(f"at {at} the extent {_show(e)} of {t.name} (dimension {d}) is {got}: "
+                            f"constrain the size with tg.var(..., min=...)")
+    return shape
+
+
 def same_shape(a, b) -> bool:
     """Whether two shapes are the same: equal ints, structurally equal size expressions."""
     if len(a) != len(b):
@@ -343,7 +355,7 @@ def specialize(outputs: Sequence[Tensor], sizes: Mapping[SizeVar, int]) -> Tuple
     new: Dict[int, Tensor] = {}
     for t in topo_order(list(outputs)):
         sub = _Substitute(sizes, new)
-        shape = tuple(value(s, sizes) if isinstance(s, Expr) else s for s in t.shape)
+        shape = check_extents(t, sizes)
         op = t.op
         if isinstance(op, PlaceholderOp):
             nt = t if same_shape(shape, t.shape) else Tensor(t.name, shape, t.dtype, op)
@@ -393,4 +405,4 @@ def uses_sizes(t: Tensor) -> bool:
 
 
 __all__ = ["var", "uses_sizes", "is_size_expr", "size_vars_in", "graph_size_vars", "is_symbolic", "value",
-           "bind_sizes", "named_sizes", "concrete_shape", "same_shape", "shape_is_concrete", "specialize", "Binding", "SIZE_OPS"]
+           "bind_sizes", "named_sizes", "check_extents", "concrete_shape", "same_shape", "shape_is_concrete", "specialize", "Binding", "SIZE_OPS"]

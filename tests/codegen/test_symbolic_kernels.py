@@ -345,3 +345,13 @@ def test_the_fuzzer_checks_one_symbolic_kernel_at_every_size_of_its_sized_progra
     for src in sized:
         outcome = check(Program(src), seed=0)
         assert outcome.kind in ("ok", "fd-unstable"), (outcome, src)
+
+
+def test_a_size_that_makes_an_extent_negative_is_named_by_the_kernel():
+    n = tg.var("n")
+    X = tg.placeholder((n,), name="X")
+    Z = tg.compute((n - 1,), lambda i: X[i] + X[i + 1], name="Z")
+    kern = tg.build([Z], [X])
+    with pytest.raises(UserError, match=r"at n = 0 the extent n - 1 of Z \(dimension 0\) is -1"):
+        kern(np.zeros(0, np.float32))
+    np.testing.assert_allclose(kern(np.arange(3, dtype=np.float32)), [1, 3])

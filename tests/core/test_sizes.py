@@ -132,3 +132,13 @@ def test_raw_vjp_on_symbolic_shapes_matches_finite_differences(rows):
             args_lo = (lo, w) if arr is x else (x, lo)
             num[idx] = (_loss(*args_hi) - _loss(*args_lo)) / (2 * eps)
         np.testing.assert_allclose(got, num, rtol=2e-3, atol=2e-4)
+
+
+def test_a_size_that_makes_an_extent_negative_is_named():
+    n = tg.var("n")
+    X = tg.placeholder((n,), name="X")
+    Z = tg.compute((n - 1,), lambda i: X[i] + X[i + 1], name="Z")
+    with pytest.raises(UserError, match=r"at n = 0 the extent n - 1 of Z \(dimension 0\) is -1"):
+        tg.evaluate([Z], {X: np.zeros(0, np.float32)})
+    (z,) = tg.evaluate([Z], {X: np.arange(3, dtype=np.float32)})
+    np.testing.assert_allclose(z, [1, 3])
