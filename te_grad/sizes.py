@@ -4,7 +4,9 @@ A *size variable* (:class:`te_grad.ir.SizeVar`, made by ``tg.var("n")``) is an i
 unknown when the graph is written. A *size expression* is built from size variables and
 integer constants with ``+``, ``-``, multiplication by a constant, and ``//`` / ``%`` by a
 positive constant: ``n``, ``n - 2``, ``2 * n``, ``n // 2``, ``n * 64``. (A product of two
-size variables, ``m * n``, is a size expression too; isl then sees it as one parameter.)
+size variables, ``m * n``, is a size expression too, but not a quasi-affine one: isl cannot
+reason about it, so reads it bounds are checked at run time and reductions it bounds stay
+unsimplified.)
 Shapes are tuples whose entries are ints or size expressions; reduce-axis bounds and
 index expressions may use size variables.
 
