@@ -149,7 +149,8 @@ def cumsum(x: Tensor, axis: int = 0) -> Tensor:
 
 
 def arange(n: int, dtype: str = "int64") -> Tensor:
-    """``[0, 1, ..., n - 1]`` (``numpy.arange``)."""
-    if not is_int(n) or n < 0:
-        raise UserError(f"arange: n must be a non-negative int, got {n!r}")
+    """``[0, 1, ..., n - 1]`` (``numpy.arange``); ``n`` may be a size expression (``tg.var``)."""
+    from ._util import is_size
+    if not is_size(n) or (is_int(n) and n < 0):
+        raise UserError(f"arange: n must be a non-negative int or a size expression (tg.var), got {n!r}")
     return compute((n,), lambda idx: dsl.cast(dtype, idx[0]), name="arange")
