@@ -134,6 +134,18 @@ def affine(var, scale: int = 1, offset: int = 0):
     return e + offset if offset > 0 else e - (-offset)
 
 
+def smallest(e) -> int:
+    """The value of an extent at the smallest sizes its variables allow (their ``min``): the
+    least value of an output extent that grows with its input's (windows, convolutions)."""
+    from ..sizes import size_vars_in, value
+    return value(e, {v: v.lo for v in size_vars_in(e)}) if not is_int(e) else int(e)
+
+
+def may_reach(a, b) -> bool:
+    """Whether ``a >= b`` may hold: decided on ints, assumed (a guard kept) with size expressions."""
+    return a >= b if is_int(a) and is_int(b) else True
+
+
 def reduce_axes(extents, names):
     """One reduce axis per extent; an extent of 1 gives the constant 0 instead of an axis.
 

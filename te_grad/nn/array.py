@@ -6,6 +6,7 @@ from typing import Sequence
 from .. import dsl, dtypes
 from ..errors import UserError
 from ..ir import Tensor
+from ..sizes import same_shape
 from ._util import check_float, check_int_dtype, check_tensor, compute, is_int, normalize_axis
 from .elementwise import broadcast_read, broadcast_shape
 
@@ -40,7 +41,7 @@ def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
         raise UserError(f"{op}: no tensors to stack")
     for t in tensors:
         check_tensor(op, t, "input")
-        if t.shape != tensors[0].shape or t.dtype != tensors[0].dtype:
+        if not same_shape(t.shape, tensors[0].shape) or t.dtype != tensors[0].dtype:
             raise UserError(f"{op}: {t.name} {t.dtype}{list(t.shape)} differs from {tensors[0].name} "
                             f"{tensors[0].dtype}{list(tensors[0].shape)}")
     axis = normalize_axis(op, axis, tensors[0].ndim + 1)

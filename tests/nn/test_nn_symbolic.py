@@ -12,6 +12,7 @@ from te_grad import nn
 
 N = "N"  # stands for the batch in the shapes below
 N1 = "N+1"  # the batch plus one
+H = "H"  # a spatial size known at run time (tg.var("h", min=4)), in SPATIAL
 _BATCH = contextvars.ContextVar("batch")
 
 
@@ -36,7 +37,7 @@ def P(length, rows):
 
 
 def _shape(shape, n):
-    return tuple(n if s == N else n + 1 if s == N1 else s for s in shape)
+    return tuple(n if s in (N, H) else n + 1 if s == N1 else s for s in shape)
 
 
 def _arrays(specs, b, seed):
@@ -132,15 +133,39 @@ def _graphs(fn, specs, n):
     return ins, _with_batch(fn, n)(*ins)
 
 
+SPATIAL = [
+    ("conv2d_hw", lambda x, w: nn.conv2d(x, w, padding=1), [F(2, 2, H, H), F(3, 2, 3, 3)]),
+    ("conv2d_hw_stride", lambda x, w: nn.conv2d(x, w, stride=2), [F(1, 2, H, 5), F(3, 2, 3, 3)]),
+    ("conv2d_transpose_hw", lambda x, w: nn.conv2d_transpose(x, w, stride=2, padding=1),
+     [F(1, 2, H, H), F(2, 3, 3, 3)]),
+    ("max_pool2d_hw", lambda x: nn.max_pool2d(x, 2), [F(1, 2, H, H)]),
+    ("avg_pool2d_hw", lambda x: nn.avg_pool2d(x, 3, stride=1, padding=1), [F(1, 2, H, H)]),
+    ("global_avg_pool2d_hw", nn.global_avg_pool2d, [F(2, 2, H, H)]),
+    ("batch_norm_hw", lambda x: nn.batch_norm(x), [F(2, 2, H, 3)]),
+    ("softmax_hw", lambda x: nn.softmax(x, axis=2), [F(2, H, 3)]),
+    ("layer_norm_hw", lambda x: nn.layer_norm(x, axis=-1), [F(2, H)]),
+    ("pad_hw", lambda x: nn.pad(x, 1), [F(2, H)]),
+    ("sum_hw", lambda x: nn.sum(x, axis=1), [F(2, H)]),
+    ("reshape_hw", lambda x: nn.reshape(x, (2, 3, B())), [F(6, H)]),
+]
+
+
+@pytest.mark.parametrize("name,fn,specs", SPATIAL, ids=[c[0] for c in SPATIAL])
+def test_symbolic_spatial_sizes_match_fixed_shapes(name, fn, specs):
+    test_symbolic_batch_matches_fixed_shapes_values_gradients_and_one_kernel(name, fn, specs, tg.var("h", min=4),
+                                                                            sizes=(4, 5, 7))
+
+
 @pytest.mark.parametrize("name,fn,specs", CASES, ids=[c[0] for c in CASES])
-def test_symbolic_batch_matches_fixed_shapes_values_gradients_and_one_kernel(name, fn, specs):
-    n = tg.var("n", min=1)
+def test_symbolic_batch_matches_fixed_shapes_values_gradients_and_one_kernel(name, fn, specs, n=None,
+                                                                            sizes=BATCHES):
+    n = n if n is not None else tg.var("n", min=1)
     ins, out = _graphs(fn, specs, n)
     assert tg.sizes.graph_size_vars([out]) == (n,)
     floats = [t for t in ins if t.dtype == "float32"] if out.dtype == "float32" else []
     grads = tg.differentiate(out, floats) if floats else []
     kernel = tg.build([out] + list(grads), ins)
-    for b in BATCHES:
+    for b in sizes:
         arrays = _arrays(specs, b, seed=b)
         fins, fout = _graphs(fn, specs, b)
         want = tg.evaluate([fout], dict(zip(fins, arrays)))[0]
@@ -193,6 +218,18 @@ def test_reshape_infers_minus_one_as_a_size_expression_and_refuses_what_is_not_s
         nn.reshape(x, (m, 64))  # m is another size: not the same count for every value
     with pytest.raises(tg.errors.UserError, match="at most one -1"):
         nn.reshape(x, (-1, -1))
+
+
+def test_windows_are_checked_at_the_smallest_sizes():
+    h = tg.var("h", min=2)
+    x = tg.placeholder((1, 1, h, h), name="x")
+    with pytest.raises(tg.errors.UserError, match="at the smallest sizes .* declare a larger min"):
+        nn.conv2d(x, tg.placeholder((1, 1, 3, 3), name="w"))
+    with pytest.raises(tg.errors.UserError, match="at the smallest sizes"):
+        nn.max_pool2d(x, 3, stride=1)
+    assert nn.conv2d(x, tg.placeholder((1, 1, 3, 3), name="w"), padding=1).shape[2] is h
+    with pytest.raises(tg.errors.UserError, match="do not broadcast .* for every value of the sizes"):
+        nn.add(x, tg.placeholder((1, 1, 3, 3), name="y"))
 
 
 def test_ops_that_need_an_int_say_so_on_a_symbolic_dimension():
