@@ -176,10 +176,15 @@ def _reshape_index(in_shape, out_shape, idx):
 def reshape(x: Tensor, newshape, name: str = "reshape") -> Tensor:
     """``x`` with its elements, in row-major order, laid out in ``newshape``.
 
-    ``newshape`` is a tuple of ints of the same total size; one entry may be -1
-    (inferred). Output element ``idx`` reads the input element with the same
-    row-major flat position; runs of dimensions whose products agree are mapped
-    separately, so merging or splitting axes gives short index formulas.
+    ``newshape`` is a tuple of ints (or size expressions, ``tg.var``) of the same total
+    size; one entry may be -1 (inferred). Output element ``idx`` reads the input element
+    with the same row-major flat position; runs of dimensions whose products agree are
+    mapped separately, so merging or splitting axes gives short index formulas.
+
+    With size expressions the products are compared structurally: ``(n, 8, 8)`` reshapes to
+    ``(n, 64)``, ``(-1, 64)`` (the -1 is ``n``) or ``(n * 64,)``; a -1 that does not divide
+    the element count for every size, a different count, or a layout whose index would need
+    a run-time stride or modulus (``(n, 4)`` to ``(4, n)``) is a :class:`UserError`.
     """
     check_tensor("reshape", x, "input")
     shape = _newshape(x, newshape)
