@@ -23,11 +23,13 @@ it, as a filter: ``Y[j] = if_then_else(j <= 2, exp(sum(X[2 - j, k] ...)), 0)``
 lifts to ``Y_sum[j] = sum(X[2 - j, k] ... if j <= 2)``, never reading
 ``X[-1, k]``; such a piece of a deep body is not lifted.
 """
+import numbers
 from typing import Dict, List, Tuple
 
 from . import dsl, dtypes
 from .errors import UserError
 from .graph import free_vars, reductions_in
+from .sizes import is_size_expr
 from .intervals import interval, speculatable
 from .ir import Binary, ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Select, Tensor, Var
 from .transform import substitute
@@ -149,14 +151,14 @@ class _Lifter(Mutator):
             if isinstance(v, ReduceAxis):
                 lo, hi = self._span(v, red)
                 dims.append(v)
-                shape.append(hi - lo)
-                index.append(v - lo if lo else v)
+                shape.append(hi if _is_zero(lo) else hi - lo)
+                index.append(v if _is_zero(lo) else v - lo)
                 starts[id(v)] = lo
         name = f"{self.tensor.name}_{suffix}"
         new_axes = [Var(v.name) for v in dims]
         mapping = {}
         for v, nv in zip(dims, new_axes):
-            mapping[v] = nv + starts[id(v)] if starts.get(id(v)) else nv
+            mapping[v] = nv if _is_zero(starts.get(id(v), 0)) else nv + starts[id(v)]
         body = substitute(red, mapping)
         lifted = Tensor(name, tuple(shape), body.dtype, ComputeOp(tuple(new_axes), body))
         self.lifted.append(lifted)
@@ -187,6 +189,8 @@ class _Lifter(Mutator):
         of it, :meth:`_bounds_to_keep` has filtered it to ``v``'s own bounds)."""
         if isinstance(v.lo, Const) and isinstance(v.hi, Const):
             return v.lo.value, v.hi.value
+        if is_size_expr(v.lo) and is_size_expr(v.hi):  # sizes known at run time (tg.var): the span is symbolic
+            return tuple(b.value if isinstance(b, Const) else b for b in (v.lo, v.hi))
         span = self._hulls([v] + list(free_vars(red))).get(id(v))
         if span is None:
             raise UserError(f"cannot differentiate {self.tensor.name}: the reduction {red} is nested "
@@ -210,6 +214,11 @@ class _Lifter(Mutator):
                     ranges[id(v)] = (lo[0], hi[1] - 1)
             pending = rest
         return ranges
+
+
+def _is_zero(b) -> bool:
+    """Whether a bound (an int or a size expression) is the int 0."""
+    return isinstance(b, numbers.Integral) and b == 0
 
 
 #: bodies deeper than this are cut into pieces when a piece depth is asked for

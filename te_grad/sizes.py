@@ -368,15 +368,16 @@ def specialize(outputs: Sequence[Tensor], sizes: Mapping[SizeVar, int]) -> Tuple
         elif isinstance(op, ScatterOp):
             axes = []
             amap = {}
-            for ax in op.axes:
+            for ax in op.axes:  # a later axis's bounds may use an earlier one (rowptr[i]): renamed as it goes
                 lo, hi = (sub.visit(ax.lo)), (sub.visit(ax.hi))
                 if lo is ax.lo and hi is ax.hi:
                     axes.append(ax)
                 else:
                     fresh = ReduceAxis(ax.name, ax.dtype, lo, hi)
                     amap[ax] = fresh
+                    sub._axis_map[ax] = fresh
+                    sub._memo.clear()
                     axes.append(fresh)
-            sub._axis_map.update(amap)
             idx = tuple((sub.visit(i)) for i in op.indices)
             val = (sub.visit(op.value))
             where = None if op.where is None else (sub.visit(op.where))

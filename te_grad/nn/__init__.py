@@ -4,6 +4,15 @@ Every operator here is a handful of ``tg.compute`` tensors; none has a
 hand-written gradient. Layouts follow PyTorch and TVM: activations NCHW,
 convolution weights OIHW. Invalid shapes or parameters raise
 :class:`te_grad.UserError` naming the operator and the bad value.
+
+Shapes may hold size expressions (``tg.var``): every operator takes a symbolic batch, and
+shapes are compared and multiplied structurally (``te_grad.sizes.same_shape``). Other
+symbolic dimensions work where the index formulas stay affine in the sizes: reductions,
+normalizations, softmax, pad and concat along them; convolutions and pools on symbolic
+spatial sizes (output extents checked at the variables' ``min``); ``reshape`` when every
+run-time extent maps one to one or is outermost in its group. Operators that need an int
+there say so: ``strided_slice`` (other than the whole axis), ``split`` at positions beyond
+the variable's ``min``, ``one_hot``'s depth.
 """
 from .activation import gelu, leaky_relu, log_softmax, relu, sigmoid, softmax, tanh
 from .conv import conv2d, conv2d_output_shape, conv2d_transpose

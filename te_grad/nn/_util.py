@@ -127,9 +127,23 @@ def prod(values):
 def affine(var, scale: int = 1, offset: int = 0):
     """``var * scale + offset`` without building multiplications by 1 or additions of 0."""
     e = var if scale == 1 else var * scale
+    if not is_int(offset):  # a size expression (tg.var)
+        return e + offset
     if offset == 0:
         return e
     return e + offset if offset > 0 else e - (-offset)
+
+
+def smallest(e) -> int:
+    """The value of an extent at the smallest sizes its variables allow (their ``min``): the
+    least value of an output extent that grows with its input's (windows, convolutions)."""
+    from ..sizes import size_vars_in, value
+    return value(e, {v: v.lo for v in size_vars_in(e)}) if not is_int(e) else int(e)
+
+
+def may_reach(a, b) -> bool:
+    """Whether ``a >= b`` may hold: decided on ints, assumed (a guard kept) with size expressions."""
+    return a >= b if is_int(a) and is_int(b) else True
 
 
 def reduce_axes(extents, names):
@@ -173,3 +187,77 @@ def guard(conds):
     """The conjunction of the conditions that are not None, or None if there are none."""
     conds = [c for c in conds if c is not None]
     return dsl.all(*conds) if conds else None
+
+
+# -- extents that may be size expressions (tg.var) ------------------------------------------------
+def is_size(v) -> bool:
+    """An int or a size expression (``n``, ``n - 1``, ``64 * n``: :func:`te_grad.sizes.is_size_expr`)."""
+    from ..sizes import is_size_expr
+    return not isinstance(v, bool) and is_size_expr(v)
+
+
+def monomial(e):
+    """A size as ``(coefficient, factors)``: an int times a product of size expressions that are
+    not products (``n * 16 * 4`` is ``(64, (n,))``), so products compare and divide structurally."""
+    from ..ir import Binary, Const, Expr
+    if is_int(e):
+        return (int(e), ())
+    if isinstance(e, Const):
+        return (int(e.value), ())
+    if isinstance(e, Binary) and e.op == "mul":
+        return monomial_mul(monomial(e.a), monomial(e.b))
+    if isinstance(e, Expr):
+        return (1, (e,))
+    raise UserError(f"{e!r} is not a size (an int or a size expression of tg.var)")
+
+
+def monomial_mul(a, b):
+    return (a[0] * b[0], a[1] + b[1])
+
+
+def monomial_prod(values):
+    out = (1, ())
+    for v in values:
+        out = monomial_mul(out, monomial(v))
+    return out
+
+
+def _remove_factors(have, take):
+    rest = list(have)
+    for f in take:
+        k = next((k for k, g in enumerate(rest) if g.same_as(f)), None)
+        if k is None:
+            return None
+        del rest[k]
+    return tuple(rest)
+
+
+def monomial_div(a, b):
+    """``a / b`` when ``b`` divides ``a`` structurally (its factors among ``a``'s, its coefficient
+    dividing ``a``'s), else None."""
+    if b[0] == 0 or a[0] % b[0]:
+        return None
+    rest = _remove_factors(a[1], b[1])
+    return None if rest is None else (a[0] // b[0], rest)
+
+
+def monomial_equal(a, b) -> bool:
+    if a[0] == 0 and b[0] == 0:
+        return True
+    return a[0] == b[0] and len(a[1]) == len(b[1]) and _remove_factors(a[1], b[1]) == ()
+
+
+def monomial_expr(m):
+    """The size a monomial stands for: an int, or ``factors * coefficient`` as a size expression."""
+    coef, factors = m
+    if coef == 0 or not factors:
+        return coef
+    out = factors[0]
+    for f in factors[1:]:
+        out = out * f
+    return out if coef == 1 else out * coef
+
+
+def size_text(shape) -> str:
+    """A shape as text (size expressions printed by name)."""
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"

@@ -6,6 +6,7 @@ from typing import Sequence
 from .. import dsl, dtypes
 from ..errors import UserError
 from ..ir import Tensor
+from ..sizes import same_shape
 from ._util import check_float, check_int_dtype, check_tensor, compute, is_int, normalize_axis
 from .elementwise import broadcast_read, broadcast_shape
 
@@ -40,7 +41,7 @@ def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
         raise UserError(f"{op}: no tensors to stack")
     for t in tensors:
         check_tensor(op, t, "input")
-        if t.shape != tensors[0].shape or t.dtype != tensors[0].dtype:
+        if not same_shape(t.shape, tensors[0].shape) or t.dtype != tensors[0].dtype:
             raise UserError(f"{op}: {t.name} {t.dtype}{list(t.shape)} differs from {tensors[0].name} "
                             f"{tensors[0].dtype}{list(tensors[0].shape)}")
     axis = normalize_axis(op, axis, tensors[0].ndim + 1)
@@ -149,7 +150,8 @@ def cumsum(x: Tensor, axis: int = 0) -> Tensor:
 
 
 def arange(n: int, dtype: str = "int64") -> Tensor:
-    """``[0, 1, ..., n - 1]`` (``numpy.arange``)."""
-    if not is_int(n) or n < 0:
-        raise UserError(f"arange: n must be a non-negative int, got {n!r}")
+    """``[0, 1, ..., n - 1]`` (``numpy.arange``); ``n`` may be a size expression (``tg.var``)."""
+    from ._util import is_size
+    if not is_size(n) or (is_int(n) and n < 0):
+        raise UserError(f"arange: n must be a non-negative int or a size expression (tg.var), got {n!r}")
     return compute((n,), lambda idx: dsl.cast(dtype, idx[0]), name="arange")

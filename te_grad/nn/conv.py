@@ -9,11 +9,18 @@ from __future__ import annotations
 from .. import dsl
 from ..errors import UserError
 from ..ir import Tensor
-from ._util import (affine, check_tensor, compute, floordiv, guard, int_tuple, is_int, padding4,
+from ._util import (affine, may_reach, smallest, check_tensor, compute, floordiv, guard, int_tuple, is_int, padding4,
                     reduce, reduce_axes, tap)
 from .elementwise import bias_add
 
 __all__ = ["conv2d", "conv2d_transpose", "conv2d_output_shape"]
+
+
+def _at_min(h, w) -> str:
+    """Where a spatial size is a size expression, the note that it was checked at its min."""
+    if is_int(h) and is_int(w):
+        return ""
+    return f" at the smallest sizes (each tg.var at its min: input {smallest(h)} x {smallest(w)}); declare a larger min"
 
 
 def _groups(op: str, groups) -> int:
@@ -26,9 +33,19 @@ def conv2d_output_shape(in_hw, kernel_hw, stride, padding, dilation):
     """Output (H, W) of a convolution or pooling window; padding is (top, left, bottom, right)."""
     (h, w), (kh, kw), (sh, sw), (dh, dw) = in_hw, kernel_hw, stride, dilation
     pt, pl, pb, pr = padding
+    if not (is_int(h) and is_int(w)):  # size expressions: one constant offset each (h + 2 - 3 + 1 is h)
+        return tuple(_window_extent(x, p0 + p1 - d * (k - 1) - 1, s)
+                     for x, p0, p1, d, k, s in ((h, pt, pb, dh, kh, sh), (w, pl, pr, dw, kw, sw)))
     oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
     return oh, ow
+
+
+def _window_extent(x, offset: int, stride: int):
+    """``(x + offset) // stride + 1`` with as few nodes as the ints allow."""
+    if stride == 1:
+        return affine(x, 1, offset + 1) if not is_int(x) else x + offset + 1
+    return affine(x, 1, offset) // stride + 1
 
 
 def conv2d(x: Tensor, w: Tensor, stride=1, padding=0, dilation=1, groups: int = 1,
@@ -63,9 +80,9 @@ def conv2d(x: Tensor, w: Tensor, stride=1, padding=0, dilation=1, groups: int = 
                         f"groups={groups} weight {w.name} needs {c // groups} input channels per "
                         f"group, but its shape is {list(w.shape)}")
     oh, ow = conv2d_output_shape((h, wd), (kh, kw), (sh, sw), pad, (dh, dw))
-    if oh < 1 or ow < 1:
+    if smallest(oh) < 1 or smallest(ow) < 1:  # a size expression: at its variables' min
         raise UserError(f"{op}: the dilated kernel {[dh * (kh - 1) + 1, dw * (kw - 1) + 1]} is "
-                        f"larger than the padded input {[h + pt + pb, wd + pl + pr]}")
+                        f"larger than the padded input {[h + pt + pb, wd + pl + pr]}{_at_min(h, wd)}")
     og = o // groups
     (rc, ry, rx), axes = reduce_axes((cg, kh, kw), ("rc", "ry", "rx"))
     # the largest row / column read, to know which guards can fail
@@ -77,8 +94,8 @@ def conv2d(x: Tensor, w: Tensor, stride=1, padding=0, dilation=1, groups: int = 
         ih = tap(affine(hh, sh, -pt), ry, dh)
         iw = tap(affine(ww, sw, -pl), rx, dw)
         ic = rc if groups == 1 else tap(affine(floordiv(oc, og), cg), rc, 1)
-        cond = guard([ih >= 0 if pt > 0 else None, ih < h if max_h >= h else None,
-                       iw >= 0 if pl > 0 else None, iw < wd if max_w >= wd else None])
+        cond = guard([ih >= 0 if pt > 0 else None, ih < h if may_reach(max_h, h) else None,
+                       iw >= 0 if pl > 0 else None, iw < wd if may_reach(max_w, wd) else None])
         val = x[nn, ic, ih, iw]
         if cond is not None:
             val = dsl.if_then_else(cond, val, 0.0)
@@ -131,8 +148,8 @@ def conv2d_transpose(x: Tensor, w: Tensor, stride=1, padding=0, output_padding=0
                         f"the stride {(sh, sw)} or the dilation {(dh, dw)}")
     oh = (h - 1) * sh - pt - pb + dh * (kh - 1) + oph + 1
     ow = (wd - 1) * sw - pl - pr + dw * (kw - 1) + opw + 1
-    if oh < 1 or ow < 1:
-        raise UserError(f"{op}: padding {padding!r} leaves an empty output ({oh}, {ow})")
+    if smallest(oh) < 1 or smallest(ow) < 1:  # a size expression: at its variables' min
+        raise UserError(f"{op}: padding {padding!r} leaves an empty output ({oh}, {ow}){_at_min(h, wd)}")
     cig = c // groups
     co = cog * groups
     (rc, ry, rx), axes = reduce_axes((cig, kh, kw), ("rc", "ry", "rx"))
@@ -145,7 +162,7 @@ def conv2d_transpose(x: Tensor, w: Tensor, stride=1, padding=0, output_padding=0
             conds.append(num % stride_ == 0)
         if pad_before - (k - 1) * dil < 0:  # smallest numerator
             conds.append(num >= 0)
-        if out_size - 1 + pad_before >= size * stride_:  # largest numerator
+        if may_reach(out_size - 1 + pad_before, size * stride_):  # largest numerator
             conds.append(num < size * stride_)
         return floordiv(num, stride_), conds
 

@@ -15,28 +15,37 @@ from typing import Tuple
 from .. import dsl
 from ..errors import UserError
 from ..ir import Tensor
-from ._util import check_tensor, compute, normalize_axis
+from ..sizes import same_shape
+from ._util import check_tensor, compute, is_int, normalize_axis
 
 __all__ = ["broadcast_shape", "add", "subtract", "multiply", "divide", "maximum", "minimum",
            "power", "bias_add"]
 
 
 def broadcast_shape(op: str, *shapes) -> Tuple[int, ...]:
-    """The numpy broadcast of ``shapes``; a UserError naming ``op`` if they do not broadcast."""
+    """The numpy broadcast of ``shapes``; a UserError naming ``op`` if they do not broadcast.
+
+    A size expression (``tg.var``) is never taken for 1: it broadcasts against 1 and must
+    otherwise be the same expression (``n`` with ``n``, not ``n`` with ``m`` or ``3``)."""
     ndim = max((len(s) for s in shapes), default=0)
     out = []
     for d in range(ndim):
         size = 1
         for s in shapes:
             k = d - (ndim - len(s))
-            if k < 0 or s[k] == 1:
+            if k < 0 or _is_one(s[k]):
                 continue
-            if size != 1 and s[k] != size:
+            if not _is_one(size) and not same_shape((s[k],), (size,)):
+                why = "" if is_int(s[k]) and is_int(size) else " for every value of the sizes"
                 raise UserError(f"{op}: shapes {' and '.join(str(list(x)) for x in shapes)} "
-                                f"do not broadcast (dimension {d}: {size} vs {s[k]})")
+                                f"do not broadcast (dimension {d}: {size} vs {s[k]}){why}")
             size = s[k]
         out.append(size)
     return tuple(out)
+
+
+def _is_one(s) -> bool:
+    return is_int(s) and s == 1
 
 
 def broadcast_read(x, idx):
@@ -44,7 +53,7 @@ def broadcast_read(x, idx):
     if not isinstance(x, Tensor):
         return x
     offset = len(idx) - x.ndim
-    return x[tuple(0 if x.shape[d] == 1 else idx[offset + d] for d in range(x.ndim))]
+    return x[tuple(0 if _is_one(x.shape[d]) else idx[offset + d] for d in range(x.ndim))]
 
 
 def _operand(op: str, x, what: str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 from .. import dsl
 from ..errors import UserError
 from ..ir import Tensor
+from ..sizes import same_shape
 from ._util import check_float, check_int_dtype, check_tensor, compute, prod, reduce, reduce_axes
 
 __all__ = ["mse_loss", "binary_cross_entropy", "softmax_cross_entropy", "cross_entropy"]
@@ -17,7 +18,7 @@ def _same_shape(op: str, a: Tensor, b: Tensor, what_a: str, what_b: str):
     check_tensor(op, b, what_b)
     check_float(op, a, what_a)
     check_float(op, b, what_b)
-    if a.shape != b.shape:
+    if not same_shape(a.shape, b.shape):  # size expressions (tg.var) compare structurally
         raise UserError(f"{op}: {what_a} {a.name} has shape {list(a.shape)} but {what_b} "
                         f"{b.name} has shape {list(b.shape)}")
     if a.size == 0:

@@ -4,9 +4,9 @@ from __future__ import annotations
 from .. import dsl
 from ..errors import UserError
 from ..ir import Tensor
-from ._util import (affine, check_tensor, compute, guard, int_tuple, padding4, reduce, reduce_axes,
+from ._util import (affine, may_reach, smallest, check_tensor, compute, guard, int_tuple, padding4, reduce, reduce_axes,
                     tap)
-from .conv import conv2d_output_shape
+from .conv import _at_min, conv2d_output_shape
 
 __all__ = ["max_pool2d", "avg_pool2d", "global_avg_pool2d", "global_max_pool2d"]
 
@@ -23,9 +23,9 @@ def _window(op: str, x: Tensor, kernel, stride, padding, dilation):
         raise UserError(f"{op}: padding {padding!r} must be at most half the kernel {[kh, kw]}")
     n, c, h, w = x.shape
     oh, ow = conv2d_output_shape((h, w), (kh, kw), (sh, sw), pad, (dh, dw))
-    if oh < 1 or ow < 1:
+    if smallest(oh) < 1 or smallest(ow) < 1:  # a size expression: at its variables' min
         raise UserError(f"{op}: the window {[dh * (kh - 1) + 1, dw * (kw - 1) + 1]} is larger "
-                        f"than the padded input {[h + pt + pb, w + pl + pr]}")
+                        f"than the padded input {[h + pt + pb, w + pl + pr]}{_at_min(h, w)}")
     return (kh, kw), (sh, sw), pad, (dh, dw), (n, c, oh, ow)
 
 
@@ -39,8 +39,8 @@ def _window_read(x: Tensor, idx, taps, stride, pad, dilation, out_hw, fill):
     iw = tap(affine(ww, sw, -pl), rx, dw)
     max_h = (out_hw[0] - 1) * sh + (0 if isinstance(ry, int) else ry.extent - 1) * dh - pt
     max_w = (out_hw[1] - 1) * sw + (0 if isinstance(rx, int) else rx.extent - 1) * dw - pl
-    cond = guard([ih >= 0 if pt > 0 else None, ih < h if max_h >= h else None,
-                   iw >= 0 if pl > 0 else None, iw < w if max_w >= w else None])
+    cond = guard([ih >= 0 if pt > 0 else None, ih < h if may_reach(max_h, h) else None,
+                   iw >= 0 if pl > 0 else None, iw < w if may_reach(max_w, w) else None])
     val = x[nn, cc, ih, iw]
     return val if cond is None else dsl.if_then_else(cond, val, fill)
 

@@ -26,7 +26,7 @@ def _check(op: str, x: Tensor, rowptr: Tensor):
         raise UserError(f"{op}: input {x.name} must have at least one axis (its rows are grouped), got a scalar")
     check_tensor(op, rowptr, "rowptr", ndim=1)
     check_int_dtype(op, rowptr, "rowptr")
-    if rowptr.shape[0] < 1:
+    if isinstance(rowptr.shape[0], int) and rowptr.shape[0] < 1:  # S + 1 with tg.var: bound at run time
         raise UserError(f"{op}: rowptr {rowptr.name} must hold at least one entry (S + 1 for S segments), "
                         "got shape [0]")
     return rowptr.shape[0] - 1

@@ -12,20 +12,27 @@ from typing import List, Sequence
 
 from .. import dsl, dtypes
 from ..errors import UserError
-from ..ir import Tensor
-from ._util import affine, check_tensor, compute, is_int, normalize_axis, prod
+from ..ir import Expr, SizeVar, Tensor
+from ..sizes import same_shape
+from ._util import (affine, check_tensor, compute, is_int, is_size, monomial, monomial_div, monomial_equal,
+                    monomial_expr, monomial_mul, monomial_prod, normalize_axis, prod)
 
 __all__ = ["reshape", "flatten", "transpose", "concat", "split", "pad", "strided_slice"]
 
 
 def _newshape(x: Tensor, newshape) -> tuple:
-    if is_int(newshape):
+    if is_int(newshape) or isinstance(newshape, Expr):
         newshape = (newshape,)
     try:
         shape = tuple(newshape)
     except TypeError:
         raise UserError(f"reshape: newshape must be a tuple of ints, got {newshape!r}") from None
-    if not all(is_int(s) and s >= -1 for s in shape) or sum(s == -1 for s in shape) > 1:
+    if not all(is_size(s) for s in shape):
+        raise UserError(f"reshape: newshape must hold non-negative ints, size expressions (tg.var) and at "
+                        f"most one -1, got {_show(newshape)}")
+    if not all(is_int(s) for s in shape + tuple(x.shape)):
+        return _symbolic_newshape(x, shape, newshape)
+    if not all(s >= -1 for s in shape) or sum(s == -1 for s in shape) > 1:
         raise UserError(f"reshape: newshape must hold non-negative ints and at most one -1, "
                         f"got {newshape!r}")
     if -1 in shape:
@@ -40,8 +47,41 @@ def _newshape(x: Tensor, newshape) -> tuple:
     return tuple(int(s) for s in shape)
 
 
+def _show(shape) -> str:
+    try:
+        return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+    except TypeError:
+        return repr(shape)
+
+
+def _symbolic_newshape(x: Tensor, shape, given) -> tuple:
+    """``newshape`` for a shape with size expressions: the -1 and the element count are found by
+    structural arithmetic on products (``n * 64 == 64 * n``, ``(n * 64) / 64 == n``), so a reshape
+    is accepted exactly when it is one for every value of the size variables."""
+    ints = [s for s in shape if is_int(s)]
+    if any(s < -1 for s in ints) or sum(s == -1 for s in ints) > 1:
+        raise UserError(f"reshape: newshape must hold non-negative ints, size expressions (tg.var) and at "
+                        f"most one -1, got {_show(given)}")
+    total = monomial_prod(x.shape)
+    if any(is_int(s) and s == -1 for s in shape):
+        known = monomial_prod(s for s in shape if not (is_int(s) and s == -1))
+        rest = monomial_div(total, known)
+        if rest is None:
+            raise UserError(f"reshape: cannot infer the -1 of {_show(given)} for {x.name} of shape "
+                            f"{_show(x.shape)}: its {monomial_expr(total)} elements are not a multiple of "
+                            f"{monomial_expr(known)} for every value of the sizes; give that extent explicitly")
+        shape = tuple(monomial_expr(rest) if is_int(s) and s == -1 else s for s in shape)
+    if not monomial_equal(monomial_prod(shape), total):
+        raise UserError(f"reshape: cannot reshape {x.name} of shape {_show(x.shape)} ({monomial_expr(total)} "
+                        f"elements) into {_show(shape)} ({monomial_expr(monomial_prod(shape))} elements) for "
+                        f"every value of the sizes")
+    return tuple(int(s) if is_int(s) else s for s in shape)
+
+
 def _blocks(a: Sequence[int], b: Sequence[int]):
     """Split two shapes of equal size into runs of dimensions with equal products."""
+    if not all(is_int(s) for s in tuple(a) + tuple(b)):
+        return _symbolic_blocks(a, b)
     if 0 in a or 0 in b:
         return [(list(range(len(a))), list(range(len(b))))]
     blocks, i, j = [], 0, 0
@@ -64,34 +104,87 @@ def _blocks(a: Sequence[int], b: Sequence[int]):
     return blocks
 
 
+def _symbolic_blocks(a, b):
+    """:func:`_blocks` for shapes with size expressions: products compared structurally; a run
+    grows on the side whose product divides the other's (or, when neither does, on ``a``)."""
+    ma, mb = [monomial(s) for s in a], [monomial(s) for s in b]
+    if any(m[0] == 0 and not m[1] for m in ma + mb):
+        return [(list(range(len(a))), list(range(len(b))))]
+    one = (1, ())
+    blocks, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        si, sj = i, j
+        pa, pb = ma[i], mb[j]
+        i, j = i + 1, j + 1
+        while not monomial_equal(pa, pb):
+            grow_b = monomial_div(pa, pb) is not None and \
+                (monomial_div(pb, pa) is None or pb[0] < pa[0])
+            if grow_b and j < len(b):
+                pb, j = monomial_mul(pb, mb[j]), j + 1
+            elif i < len(a):
+                pa, i = monomial_mul(pa, ma[i]), i + 1
+            elif j < len(b):
+                pb, j = monomial_mul(pb, mb[j]), j + 1
+            else:  # pragma: no cover - the element counts were checked equal
+                raise UserError(f"reshape: cannot match the dimensions of {_show(a)} and {_show(b)}")
+        blocks.append((list(range(si, i)), list(range(sj, j))))
+    if i < len(a) or j < len(b):  # the remaining dimensions all have size 1
+        if not all(monomial_equal(m, one) for m in ma[i:] + mb[j:]):  # pragma: no cover - counts are equal
+            raise UserError(f"reshape: cannot match the dimensions of {_show(a)} and {_show(b)}")
+        rest = (list(range(i, len(a))), list(range(j, len(b))))
+        if blocks:
+            blocks[-1] = (blocks[-1][0] + rest[0], blocks[-1][1] + rest[1])
+        else:
+            blocks.append(rest)
+    return blocks
+
+
+def _is_one(s) -> bool:
+    return is_int(s) and s == 1
+
+
+def _need_int(what, s, in_shape, out_shape):
+    if not is_int(s):
+        raise UserError(f"reshape: {_show(in_shape)} to {_show(out_shape)} would index by {what} {s}, a size "
+                        f"known only at run time (indices must stay affine in the sizes); keep size "
+                        f"variables in dimensions that map one to one (e.g. the batch first) or after "
+                        f"every other extent of their group")
+    return s
+
+
 def _reshape_index(in_shape, out_shape, idx):
     """The input index read by output ``idx`` of a row-major reshape."""
     out = [0] * len(in_shape)
     for ins, outs in _blocks(in_shape, out_shape):
         flat, stride = 0, 1
         for d in reversed(outs):
-            if out_shape[d] != 1:
-                term = affine(idx[d], stride)
+            if not _is_one(out_shape[d]):
+                term = affine(idx[d], _need_int("a stride", stride, in_shape, out_shape))
                 flat = term if isinstance(flat, int) else term + flat
-            stride *= out_shape[d]
-        stride, first = 1, next((d for d in ins if in_shape[d] != 1), None)
+            stride = stride * out_shape[d]
+        stride, first = 1, next((d for d in ins if not _is_one(in_shape[d])), None)
         for d in reversed(ins):
-            if in_shape[d] == 1 or isinstance(flat, int):
+            if _is_one(in_shape[d]) or isinstance(flat, int):
                 out[d] = 0
                 continue
-            e = flat if stride == 1 else flat // stride
-            out[d] = e if d == first else e % in_shape[d]
-            stride *= in_shape[d]
+            e = flat if _is_one(stride) else flat // _need_int("a stride", stride, in_shape, out_shape)
+            out[d] = e if d == first else e % _need_int("an extent", in_shape[d], in_shape, out_shape)
+            stride = stride * in_shape[d]
     return tuple(out)
 
 
 def reshape(x: Tensor, newshape, name: str = "reshape") -> Tensor:
     """``x`` with its elements, in row-major order, laid out in ``newshape``.
 
-    ``newshape`` is a tuple of ints of the same total size; one entry may be -1
-    (inferred). Output element ``idx`` reads the input element with the same
-    row-major flat position; runs of dimensions whose products agree are mapped
-    separately, so merging or splitting axes gives short index formulas.
+    ``newshape`` is a tuple of ints (or size expressions, ``tg.var``) of the same total
+    size; one entry may be -1 (inferred). Output element ``idx`` reads the input element
+    with the same row-major flat position; runs of dimensions whose products agree are
+    mapped separately, so merging or splitting axes gives short index formulas.
+
+    With size expressions the products are compared structurally: ``(n, 8, 8)`` reshapes to
+    ``(n, 64)``, ``(-1, 64)`` (the -1 is ``n``) or ``(n * 64,)``; a -1 that does not divide
+    the element count for every size, a different count, or a layout whose index would need
+    a run-time stride or modulus (``(n, 4)`` to ``(4, n)``) is a :class:`UserError`.
     """
     check_tensor("reshape", x, "input")
     shape = _newshape(x, newshape)
@@ -154,21 +247,23 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     first = tensors[0]
     axis = normalize_axis(op, axis, first.ndim)
     for t in tensors[1:]:
-        if t.ndim != first.ndim or any(t.shape[d] != first.shape[d]
+        if t.ndim != first.ndim or any(not same_shape(t.shape[d:d + 1], first.shape[d:d + 1])
                                        for d in range(t.ndim) if d != axis):
             raise UserError(f"{op}: {t.name} of shape {list(t.shape)} does not match "
                             f"{first.name} of shape {list(first.shape)} outside axis {axis}")
     parts, offset = [], 0
     for t in tensors:
-        if t.shape[axis]:
+        ext = t.shape[axis]
+        if not (is_int(ext) and ext == 0):
             parts.append((offset, t))
-        offset += t.shape[axis]
+        offset = ext if is_int(offset) and offset == 0 else offset + ext  # a size expression with tg.var
     shape = first.shape[:axis] + (offset,) + first.shape[axis + 1:]
     dtype = functools.reduce(dtypes.promote, [t.dtype for t in tensors])
 
     def body(idx):
         def at(t, off):
-            return dsl.cast(dtype, t[idx[:axis] + (affine(idx[axis], 1, -off),) + idx[axis + 1:]])
+            at_axis = affine(idx[axis], 1, -off) if is_int(off) else idx[axis] - off
+            return dsl.cast(dtype, t[idx[:axis] + (at_axis,) + idx[axis + 1:]])
 
         if not parts:
             return dsl.cast(dtype, 0)
@@ -181,11 +276,13 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     return compute(shape, body, name=op)
 
 
-def _slice_axis(x: Tensor, axis: int, start: int, stop: int, name: str) -> Tensor:
-    shape = x.shape[:axis] + (stop - start,) + x.shape[axis + 1:]
+def _slice_axis(x: Tensor, axis: int, start: int, stop: int, name: str, extent=None) -> Tensor:
+    ext = extent if extent is not None else stop if is_int(start) and start == 0 else stop - start
+    shape = x.shape[:axis] + (ext,) + x.shape[axis + 1:]
 
     def body(idx):
-        return x[idx[:axis] + (affine(idx[axis], 1, start),) + idx[axis + 1:]]
+        at = affine(idx[axis], 1, start) if is_int(start) else idx[axis] + start
+        return x[idx[:axis] + (at,) + idx[axis + 1:]]
 
     return compute(shape, body, name=name)
 
@@ -202,6 +299,8 @@ def split(x: Tensor, indices_or_sections, axis: int = 0) -> List[Tensor]:
     check_tensor(op, x, "input")
     axis = normalize_axis(op, axis, x.ndim)
     n = x.shape[axis]
+    if not is_int(n):
+        return _split_symbolic(x, indices_or_sections, axis, n)
     if is_int(indices_or_sections):
         k = int(indices_or_sections)
         if k < 1 or n % k:
@@ -219,6 +318,39 @@ def split(x: Tensor, indices_or_sections, axis: int = 0) -> List[Tensor]:
                             f"{indices_or_sections!r}")
         cuts = [min(int(c), n) for c in cuts]
     bounds = [0] + cuts + [n]
+    return [_slice_axis(x, axis, a, b, op) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _split_symbolic(x: Tensor, indices_or_sections, axis: int, n) -> List[Tensor]:
+    """:func:`split` along an axis whose size ``n`` is a size expression: ``k`` sections need ``n``
+    to be a multiple of ``k`` structurally (``4 * n`` in 2); cut positions need a size variable
+    whose ``min`` reaches the last cut, so that no part is ever negative."""
+    op = "split"
+    if is_int(indices_or_sections):
+        k = int(indices_or_sections)
+        part = monomial_div(monomial(n), (k, ())) if k >= 1 else None
+        if part is None:
+            raise UserError(f"{op}: {k} sections do not divide axis {axis} of {x.name} (size {n}) for every "
+                            f"value of the sizes")
+        step = monomial_expr(part)
+        return [_slice_axis(x, axis, step * t if t > 1 else (step if t else 0), None, op, extent=step)
+                for t in range(k)]
+    else:
+        try:
+            cuts = list(indices_or_sections)
+        except TypeError:
+            raise UserError(f"{op}: indices_or_sections must be an int or a list of ints, got "
+                            f"{indices_or_sections!r}") from None
+        if not all(is_int(c) and c >= 0 for c in cuts) or cuts != sorted(cuts):
+            raise UserError(f"{op}: split indices must be sorted non-negative ints, got "
+                            f"{indices_or_sections!r}")
+        last = max(cuts, default=0)
+        lo = getattr(n, "lo", None)
+        if last and not (isinstance(n, SizeVar) and lo >= last):
+            raise UserError(f"{op}: axis {axis} of {x.name} has the size {n}, known only at run time; cutting "
+                            f"it at {cuts} needs a size variable declared with min >= {last} "
+                            f"(tg.var(..., min={last}))")
+        bounds = [0] + [int(c) for c in cuts] + [n]
     return [_slice_axis(x, axis, a, b, op) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
@@ -303,6 +435,15 @@ def strided_slice(x: Tensor, begin, end, strides=None) -> Tensor:
             sl = slice(begin[d], end[d], strides[d])
         else:
             sl = slice(None)
+        if not is_int(n):  # a size known at run time: only kept whole
+            if sl.start not in (None, 0) or sl.stop is not None or sl.step not in (None, 1):
+                raise UserError(f"{op}: axis {d} of {x.name} has the size {n}, known only at run time; "
+                                f"strided_slice keeps such an axis whole (begin 0 or None, end None, stride "
+                                f"1), got {begin[d]}:{end[d]}:{strides[d]}")
+            starts.append(0)
+            steps.append(1)
+            shape.append(n)
+            continue
         start, stop, step = sl.indices(n)
         starts.append(start)
         steps.append(step)

@@ -19,6 +19,9 @@ every batch size, the ragged last batch of an epoch included, with the sizes bou
 call (``dynamic_batch=True``, the default). ``dynamic_batch=False`` builds an exact kernel
 per batch size instead (each built on first use), as does a model that cannot be built on
 a size variable (its step then falls back to exact kernels, and ``static_reason`` says why).
+Every :mod:`te_grad.nn` op and layer takes a symbolic batch (``Flatten`` and ``reshape``
+included), so the example models (the digits CNN, MLPs) train with one kernel;
+:meth:`Trainer.predict` likewise runs one forward kernel for every batch size.
 
 Options: ``clip_norm`` scales the gradients when their global norm exceeds it
 (``torch.nn.utils.clip_grad_norm_``); ``accumulate=k`` sums the gradients of ``k``
@@ -162,6 +165,8 @@ class Trainer:
         self._seed = 0
         self._steps: Dict[tuple, _Step] = {}
         self._predict: Dict[tuple, object] = {}
+        #: why :meth:`predict` builds a kernel per batch shape although dynamic_batch is set
+        self._predict_static_reason: Optional[str] = None
         self.last = {}                      # the last step's loss (and accuracy)
         self._scalars = {"lr": np.zeros((), np.float32), "t": np.zeros((), np.float32),
                          "seed": np.zeros((), np.int64)}
@@ -402,7 +407,9 @@ class Trainer:
     # -- prediction -----------------------------------------------------------------------------
     def predict(self, *inputs: np.ndarray) -> np.ndarray:
         """The model's output on ``inputs`` (numpy arrays): the forward kernel alone, batch norm
-        with its running statistics, dropout off."""
+        with its running statistics, dropout off. With ``dynamic_batch`` one forward kernel, built
+        on the batch size variable, serves every batch size (inputs whose other dimensions are
+        the placeholders'); otherwise, or where the model needs an int batch, one per shape."""
         arrays = [np.ascontiguousarray(a) for a in inputs]
         kernel, slots = self._predict_kernel(tuple(a.shape for a in arrays))
         for t, a in zip(self.inputs, arrays):
@@ -502,7 +509,7 @@ class Trainer:
                                    ("group", "state_out", state_out, True, total,
                                     "receives them after the step; must not overlap state_in: keep two "
                                     "blobs and swap them after each step")] + extra
-        predict_kern, slots = self._predict_kernel(tuple(a.shape for a in self.inputs))
+        predict_kern, slots = self._predict_kernel(tuple(a.shape for a in self.inputs), exact=True)
         pin = predict_kern.inputs
         predict_args = list(pin[:len(self.inputs)]) + [
             ("group", "state", [(pin[len(self.inputs) + j], offsets[k]) for j, k in enumerate(slots)], False, total),
@@ -516,17 +523,33 @@ class Trainer:
         layout = {s.name: (offsets[k], s.placeholder.shape) for k, s in enumerate(self._slots)}
         return {**files, "state_bytes": total, "layout": layout, "has_accuracy": step.n_out_extra > 1}
 
-    def _predict_kernel(self, shapes):
+    def _predict_kernel(self, shapes, exact: bool = False):
         from .. import build
+        given = [tuple(t.shape[1:]) for t in self.inputs]
+        if self.dynamic_batch and not exact and self._predict_static_reason is None and len(shapes) == len(given) and \
+                all(len(s) >= 1 and tuple(s[1:]) == g for s, g in zip(shapes, given)):
+            entry = self._predict.get("batch")
+            if entry is not None:
+                return entry
+            try:  # one kernel for every batch size, as the step
+                entry = self._predict_kernel_for(self._symbolic_shapes()[:len(self.inputs)], build)
+                entry[0].wait()
+            except Exception as e:  # noqa: BLE001 - a model the size variable does not fit: a kernel per shape
+                self._predict_static_reason = f"{type(e).__name__}: {e}"
+            else:
+                self._predict["batch"] = entry
+                return entry
         entry = self._predict.get(shapes)
         if entry is None:
-            xs = [dsl.placeholder(s, dtype=t.dtype, name=t.name) for s, t in zip(shapes, self.inputs)]
-            out = self._forward(xs, Context(training=False))
-            reads = {id(x) for x in _placeholders([out])}
-            slots = [k for k, s in enumerate(self._slots) if id(s.placeholder) in reads]
-            entry = self._predict[shapes] = (build([out], xs + [self._slots[k].placeholder for k in slots],
-                                                   threads=self.threads), slots)
+            entry = self._predict[shapes] = self._predict_kernel_for(shapes, build)
         return entry
+
+    def _predict_kernel_for(self, shapes, build):
+        xs = [dsl.placeholder(s, dtype=t.dtype, name=t.name) for s, t in zip(shapes, self.inputs)]
+        out = self._forward(xs, Context(training=False))
+        reads = {id(x) for x in _placeholders([out])}
+        slots = [k for k, s in enumerate(self._slots) if id(s.placeholder) in reads]
+        return build([out], xs + [self._slots[k].placeholder for k in slots], threads=self.threads), slots
 
     # -- profiling ------------------------------------------------------------------------------
     def profile(self, *batch, repeat: int = 5, show: bool = True) -> List[dict]:

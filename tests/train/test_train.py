@@ -144,7 +144,8 @@ def test_ragged_last_batch_save_load_and_profile(tmp_path):
     assert other.t == trainer.t
     for k, v in trainer.params.items():
         np.testing.assert_array_equal(other.params[k], v)
-    np.testing.assert_array_equal(other.predict(x[:8]), trainer.predict(x[:8]))
+    # other predicts with its one kernel for every batch size, trainer with an exact one: the same up to rounding
+    np.testing.assert_allclose(other.predict(x[:8]), trainer.predict(x[:8]), rtol=1e-6, atol=1e-7)
     assert other.update(x[:8], y[:8]) == trainer.update(x[:8], y[:8])
     rows = trainer.profile(x[:8], y[:8], repeat=2, show=False)
     assert rows and all(r["ms"] >= 0 for r in rows) and any("weight_new" in r["stage"] for r in rows)
