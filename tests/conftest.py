@@ -12,6 +12,8 @@
   ``tests/`` on ``sys.path`` (for this file and the shared helpers), where those folders
   would read as namespace packages named ``simplify`` and ``codegen``; the repository root
   goes first, so ``import simplify`` is the package, however te_grad was installed.
+  ``tests/codegen/`` goes last, so the kernel checks of ``test_codegen`` are importable from
+  any folder, whichever files a run collects.
 """
 import os
 import re
@@ -24,6 +26,9 @@ import pytest
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if sys.path[:1] != [_ROOT]:
     sys.path.insert(0, _ROOT)
+_CODEGEN_TESTS = os.path.join(_ROOT, "tests", "codegen")
+if _CODEGEN_TESTS not in sys.path:
+    sys.path.append(_CODEGEN_TESTS)
 
 os.environ.setdefault("TE_GRAD_VERIFY", "1")
 # the persistent kernel cache of the tests lives in a directory of their own, new each run
