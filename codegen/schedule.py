@@ -201,11 +201,13 @@ PASSES = (
 )
 
 
-#: the passes run on a stage whose extents are known only at run time (size variables): the
-#: loop orders (chosen at a representative size, :func:`.loop_order.representative`; a
-#: permutation is right at every size) and the lowering decision; the others size loops by
-#: int extents and leave such stages as defined
-RUN_TIME_EXTENT_PASSES = frozenset({"order_elementwise", "order_reductions", "decide_blocks"})
+#: the passes run on a stage whose extents are known only at run time (size variables): every
+#: scheduling pass but the packing copies. Decisions over int extents are as at fixed sizes;
+#: those along an extent known at run time are taken at a representative size
+#: (:func:`.loop_order.representative`: loop orders, cache tiles, the unroll-and-jam factor of
+#: the split axis, whose values past the last whole block run in a remainder nest), and
+#: reads are proven in bounds for every size (:mod:`.symbolic_bounds`)
+RUN_TIME_EXTENT_PASSES = frozenset(p.name for p in PASSES if p.name != "packing")
 
 
 def optional_passes() -> List[str]:
@@ -250,7 +252,7 @@ def schedule_steps(t: Tensor, body: Expr, machine: Machine = PORTABLE,
         if p.run is None or (ended and not p.lowering):
             continue
         if symbolic and p.name not in RUN_TIME_EXTENT_PASSES:
-            continue  # extents known only at run time: this pass sizes loops by int extents
+            continue  # extents known only at run time: this pass needs int extents
         new = stage if p.name in off else p.run(stage, machine)
         yield p.name, new
         ended = ended or (p.final and new is not stage)
