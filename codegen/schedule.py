@@ -202,12 +202,12 @@ PASSES = (
 
 
 #: the passes run on a stage whose extents are known only at run time (size variables): every
-#: scheduling pass but the packing copies. Decisions over int extents are as at fixed sizes;
+#: scheduling pass (a copy of packing keeps a dimension of run-time extent whole). Decisions over int extents are as at fixed sizes;
 #: those along an extent known at run time are taken at a representative size
 #: (:func:`.loop_order.representative`: loop orders, cache tiles, the unroll-and-jam factor of
 #: the split axis, whose values past the last whole block run in a remainder nest), and
 #: reads are proven in bounds for every size (:mod:`.symbolic_bounds`)
-RUN_TIME_EXTENT_PASSES = frozenset(p.name for p in PASSES if p.name != "packing")
+RUN_TIME_EXTENT_PASSES = frozenset(p.name for p in PASSES)
 
 
 def optional_passes() -> List[str]:
@@ -324,7 +324,7 @@ def _stages(outputs: Sequence[Tensor], machine: Machine, off: FrozenSet[str]) ->
                     stages.append(compute_stage(lt, lt.op.body, machine, off))
                     done.add(id(lt))
         packed = []
-        if "packing" not in off and not uses_sizes(t):
+        if "packing" not in off:
             body, packed = pack_operands(t, body, split_terms(body)[1], lane_var, copies)
         stages.extend(compute_stage(p, p.op.body, machine, off) for p in packed)
         stages.append(compute_stage(t, body, machine, off))

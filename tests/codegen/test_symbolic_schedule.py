@@ -11,6 +11,7 @@ import te_grad as tg
 from codegen.interpret import run
 from codegen.loopir import RegisterBlocked, loops
 from codegen.options import CompileOptions
+from codegen.packing import EVERY_COPY
 from codegen.schedule import optional_passes, stages_for
 
 RNG = np.random.default_rng(11)
@@ -90,7 +91,8 @@ def test_each_pass_on_run_time_extents_keeps_the_values(name, backward):
     feeds = [_feed(inputs, size) for size in SIZES]
     wants = [tg.evaluate(outs, feed) for feed in feeds]
     for k in range(len(order) + 1):
-        stages = stages_for(outs, options=CompileOptions(disabled_passes=frozenset(order[k:])))
+        # every copy that packing may make, whatever its size
+        stages = stages_for(outs, options=CompileOptions(disabled_passes=frozenset(order[k:]), thresholds=EVERY_COPY))
         # every size with all the passes; the least and one leaving a remainder for the others
         for feed, want in zip(feeds, wants) if k == len(order) else zip(feeds[::2], wants[::2]):
             values = run(stages, feed)
@@ -123,3 +125,16 @@ def test_the_batch_axis_is_jammed_in_whole_blocks_with_a_remainder():
     with codegen.compile_options(disk_cache=False):
         kern = tg.build(outs, inputs)
     assert kern.loops.count("in vector registers") == 2
+
+
+def test_a_convolution_gradient_reads_a_padded_copy_whole_along_the_batch():
+    """The input gradient of a convolution reads the head from a zero-padded copy (padded in
+    its int dimensions, the batch of run-time extent kept whole), so that its sum runs over
+    constant bounds in register blocks, as at fixed sizes."""
+    outs, inputs = _graph("conv1d", True)
+    head = inputs[-1]
+    stages = stages_for(outs, options=CompileOptions(thresholds=EVERY_COPY))
+    (copy,) = [s.tensor for s in stages if s.tensor.name == "H_padded"]
+    assert copy.shape[0] is head.shape[0] and copy.shape[1:] == (3, 7 + 2 * 2)
+    (dx,) = [s for s in stages if s.tensor is outs[0]]
+    assert any(isinstance(lp.kind, RegisterBlocked) for lp in loops(dx.body))
