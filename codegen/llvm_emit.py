@@ -570,7 +570,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
 
     def logic(self, e: Binary):
         a = self.expr(e.a)
-        if speculatable(e.b, self.ranges) or self.vec is not None:
+        if self.speculatable(e.b) or self.vec is not None:
             a, b = self.match(a, self.expr(e.b))
             return self.b.and_(a, b) if e.op == "and" else self.b.or_(a, b)
         # short-circuit: the right operand may read memory only where the left allows
@@ -594,7 +594,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
 
     def e_Select(self, e: Select):
         cond = self.expr(e.cond)
-        if self.vec is not None or (speculatable(e.t, self.ranges) and speculatable(e.f, self.ranges)):
+        if self.vec is not None or (self.speculatable(e.t) and self.speculatable(e.f)):
             t, f = self.match(self.expr(e.t), self.expr(e.f))
             if isinstance(t.type, ir.VectorType):
                 cond = self.as_vector(cond) if isinstance(cond.type, ir.VectorType) else cond

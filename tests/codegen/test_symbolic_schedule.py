@@ -138,3 +138,28 @@ def test_a_convolution_gradient_reads_a_padded_copy_whole_along_the_batch():
     assert copy.shape[0] is head.shape[0] and copy.shape[1:] == (3, 7 + 2 * 2)
     (dx,) = [s for s in stages if s.tensor is outs[0]]
     assert any(isinstance(lp.kind, RegisterBlocked) for lp in loops(dx.body))
+
+
+def test_a_select_over_reads_proven_for_every_size_is_evaluated_branch_free():
+    """``if_then_else(X[i, j] == M[i], D[i] / M[i], 0)`` (a max's gradient): both sides are
+    read in bounds for every n, so the symbolic kernel selects in vectors as the fixed-shape
+    one does, instead of branching per element."""
+    import re
+
+    def build(n):
+        X, M, D = tg.placeholder((n, 64), name="X"), tg.placeholder((n,), name="M"), tg.placeholder((n,), name="D")
+        Y = tg.compute((n, 64), lambda i, j: X[i, j] * 2.0 + tg.if_then_else(X[i, j] == M[i], D[i] / M[i], 0.0),
+                       name="Y")
+        with codegen.compile_options(disk_cache=False):
+            return tg.build(Y, [X, M, D]), Y, [X, M, D]
+
+    def vector_selects(kern):
+        return len(re.findall(r"select (?:fast )?<\d+ x i1>", kern.llvm_ir))
+
+    kern, Y, inputs = build(tg.var("n", min=1))
+    assert vector_selects(kern) == vector_selects(build(64)[0]) > 0
+    for size in (1, 5):
+        feed = _feed(inputs, size)
+        x = feed[inputs[0]]
+        feed[inputs[1]] = x.max(axis=1)  # some elements equal their row's maximum
+        _check([kern(*feed.values())], tg.evaluate([Y], feed), f"n={size}")
