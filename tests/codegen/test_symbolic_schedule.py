@@ -163,3 +163,22 @@ def test_a_select_over_reads_proven_for_every_size_is_evaluated_branch_free():
         x = feed[inputs[0]]
         feed[inputs[1]] = x.max(axis=1)  # some elements equal their row's maximum
         _check([kern(*feed.values())], tg.evaluate([Y], feed), f"n={size}")
+
+
+def test_a_call_at_sizes_already_bound_makes_no_tensors_at_those_sizes(monkeypatch):
+    """The per-call cost of a symbolic kernel: the inputs and outputs at the bound sizes (and
+    the sizes' values) are made once per set of input shapes, not on every call."""
+    from codegen import kernel as kernel_module
+    outs, inputs = _graph("softmax", False)
+    with codegen.compile_options(disk_cache=False):
+        kern = tg.build(outs, inputs)
+    feed = _feed(inputs, 5)
+    first = kern(*feed.values())
+    made = []
+    at_sizes = kernel_module._at_sizes
+    monkeypatch.setattr(kernel_module, "_at_sizes", lambda t, sizes: made.append(t) or at_sizes(t, sizes))
+    np.testing.assert_array_equal(kern(*feed.values()), first)
+    assert made == []
+    other = _feed(inputs, 7)  # new shapes: bound once
+    _check([kern(*other.values())], tg.evaluate(outs, other), "n=7")
+    assert len(made) == len(inputs) + len(outs)
