@@ -2,11 +2,11 @@
 
     python benchmarks/symbolic_vs_fixed.py [--threads 2] [--time 0.3]
 
-For dense (matmul), conv1d, conv2d, softmax over rows and layer norm, forward and backward
-(the gradients of every float input for a random head), at 3 batch sizes each: the same
-graph built once with the batch a size variable (``n = tg.var("n", min=1)``) and once per
-size with the batch an int. Prints the median ms of each and the ratio symbolic / fixed,
-after checking that both kernels agree.
+For dense (matmul, and matmul + bias), conv1d, conv2d, softmax over rows and layer norm,
+forward and backward (the gradients of every float input for a random head), at 3 batch
+sizes each: the same graph built once with the batch a size variable
+(``n = tg.var("n", min=1)``) and once per size with the batch an int. Prints the median
+ms of each and the ratio symbolic / fixed, after checking that both kernels agree.
 """
 import argparse
 import os
@@ -24,6 +24,12 @@ def dense(n):
     X, W = tg.placeholder((n, 256), name="X"), tg.placeholder((256, 256), name="W")
     k = tg.reduce_axis(256, "k")
     return [tg.compute((n, 256), lambda i, j: tg.sum(X[i, k] * W[k, j], axis=k), name="Y")], [X, W]
+
+
+def dense_bias(n):
+    X, W, B = tg.placeholder((n, 256), name="X"), tg.placeholder((256, 256), name="W"), tg.placeholder((256,), name="B")
+    k = tg.reduce_axis(256, "k")
+    return [tg.compute((n, 256), lambda i, j: tg.sum(X[i, k] * W[k, j], axis=k) + B[j], name="Y")], [X, W, B]
 
 
 def conv1d(n):
@@ -61,7 +67,7 @@ def layer_norm(n):
     return [Y], [X, G, B]
 
 
-OPS = {"dense": (dense, (16, 64, 256)), "conv1d": (conv1d, (4, 16, 64)), "conv2d": (conv2d, (2, 8, 32)),
+OPS = {"dense": (dense, (16, 64, 256)), "dense_bias": (dense_bias, (16, 64, 256)), "conv1d": (conv1d, (4, 16, 64)), "conv2d": (conv2d, (2, 8, 32)),
        "softmax": (softmax, (16, 128, 1024)), "layer_norm": (layer_norm, (16, 128, 1024))}
 
 

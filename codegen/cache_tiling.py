@@ -36,6 +36,7 @@ from te_grad.graph import free_vars, reads_in
 from te_grad.intervals import interval
 from te_grad.ir import Const, Read, ReduceAxis, Var
 
+from .loop_order import representative
 from .loopir import Loop, RegisterBlock, RegisterBlocked, Stage, Stmt, loops
 from .machine import Machine
 
@@ -137,11 +138,13 @@ def _block_ranges(block: RegisterBlock, outer: Dict[int, Tuple[int, int]]) -> Di
 
 def _footprint(read: Read, ranges: Dict[int, Tuple[int, int]]) -> int:
     """Bytes of ``read``'s tensor touched over ``ranges`` (a box per dimension; a row
-    touched costs at least a cache line; an index that cannot be bounded spans its dimension)."""
+    touched costs at least a cache line; an index that cannot be bounded spans its dimension, an
+    extent known only at run time counted at :func:`.loop_order.representative`)."""
     size = np.dtype(read.tensor.dtype).itemsize
     elements = 1
     shape = read.tensor.shape
     for d, (ix, n) in enumerate(zip(read.indices, shape)):
+        n = representative(n)  # an extent known at run time: judged at a representative size
         span = interval(ix, ranges)
         extent = n if span is None else max(1, min(n, span[1] - span[0] + 1))
         if d == len(shape) - 1:

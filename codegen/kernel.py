@@ -215,32 +215,33 @@ class Kernel:
     # -- calling ----------------------------------------------------------------------------
     def __call__(self, *arrays, out=None, **named):
         arrays = self._bind(arrays, named)
-        sizes, checked = None, self.inputs
+        sizes, checked, outputs, values_key = None, self.inputs, None, None
         if self.size_vars:
             arrays = [a if isinstance(a, np.ndarray) else np.asarray(a) for a in arrays]
             key = tuple(a.shape for a in arrays) if out is None else None
             bound = self._bound.get(key) if key is not None else None
-            if bound is None:  # the sizes, and the inputs at those sizes, once per set of shapes
+            if bound is None:  # the sizes, the inputs and outputs at those sizes, once per set of shapes
                 got = self.bind_sizes(arrays, out)
-                bound = (got, [_at_sizes(t, got) for t in self.inputs])
+                bound = (got, [_at_sizes(t, got) for t in self.inputs], [_at_sizes(t, got) for t in self.outputs],
+                         self._size_values(got))
                 if key is not None:
                     if len(self._bound) > 64:
                         self._bound.clear()
                     self._bound[key] = bound
-            sizes, checked = bound
+            sizes, checked, outputs, values_key = bound
         values: List[Optional[np.ndarray]] = [None] * len(self.buffers)
         given = []
         for t, c, a in zip(self.inputs, checked, arrays):
             a = check_feed(c, a)
             given.append(a)
             values[self._index[id(t)]] = np.ascontiguousarray(a)
-        outs = self._out_arrays(out, sizes)
+        outs = self._out_arrays(out, sizes, outputs)
         if out is not None:
             refuse_overlaps(self.inputs, given, self.outputs, outs)
         for t, a in zip(self.outputs, outs):
             if values[self._index[id(t)]] is None:
                 values[self._index[id(t)]] = a
-        scratch = self._take_scratch(sizes)
+        scratch = self._take_scratch(sizes, values_key)
         try:
             self._run_all(values, scratch)
         finally:
@@ -402,14 +403,15 @@ class Kernel:
                      ms=statistics.median(v) * 1e3, work=cs.work)
                 for k, (cs, v) in enumerate(zip(self.stages, samples))]
 
-    def _take_scratch(self, sizes=None) -> Dict[int, np.ndarray]:
+    def _take_scratch(self, sizes=None, key=None) -> Dict[int, np.ndarray]:
         """Buffers for the intermediates of one call: allocated once, kept by the kernel and
         reused (a set per concurrent call), so that calls do not fault in fresh pages. The
         set also holds its table of buffer addresses (:data:`_TABLE`), intermediates filled in,
         followed by the values of the sizes (a symbolic kernel's intermediates are allocated
-        at the sizes of the call, :data:`_SIZES`)."""
+        at the sizes of the call, :data:`_SIZES`, whose values ``key`` may give)."""
         from te_grad.sizes import concrete_shape
-        key = self._size_values(sizes) if self.size_vars else ()
+        if key is None:
+            key = self._size_values(sizes) if self.size_vars else ()
         with self._lock:
             for k in range(len(self._scratch) - 1, -1, -1):
                 if self._scratch[k][_SIZES] == key:
@@ -453,8 +455,9 @@ class Kernel:
                            ctypes.addressof(table), ctypes.addressof(err))
         self._check((rc, list(err)), sizes)
 
-    def _out_arrays(self, out, sizes=None) -> List[np.ndarray]:
-        outputs = self.outputs if sizes is None else [_at_sizes(t, sizes) for t in self.outputs]
+    def _out_arrays(self, out, sizes=None, outputs=None) -> List[np.ndarray]:
+        if outputs is None:  # the outputs at ``sizes`` (given when already made for these sizes)
+            outputs = self.outputs if sizes is None else [_at_sizes(t, sizes) for t in self.outputs]
         if out is None:
             return [np.empty(t.shape, dtype=t.dtype) for t in outputs]
         out = [out] if isinstance(out, np.ndarray) else list(out)

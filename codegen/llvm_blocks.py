@@ -29,7 +29,7 @@ class RegisterBlockEmitter:
     """Mixin of :class:`~codegen.llvm_emit.StageEmitter` for register blocks."""
 
     def register_block(self, blk: RegisterBlock):
-        plan = block_plan(blk, self.ranges, self.fast)
+        plan = block_plan(blk, self.ranges, self.fast, self.bounds if self.sizes else None)
         if plan is None:  # register_blocking.decide_blocks leaves only blocks with a vector form
             raise InternalError(f"the register block along {blk.var.name} in {self.stage.tensor.name} has no "
                                 "vector form: its stage did not go through codegen.register_blocking.decide_blocks")

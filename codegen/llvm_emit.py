@@ -47,6 +47,7 @@ from .llvm_types import FCMP, I1, I8, I32, I64, MEMORY, SCALAR, lowering, stride
 from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, Stage, Store, TransposeBlock, Transposed,
                      ragged_loop_vars, stmt_exprs, stmt_stores, tensors_of)
 from .ragged_split import balanced_range
+from .symbolic_bounds import speculatable_within, stage_size_vars, symbolic_inside
 from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
 
 _VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
@@ -72,96 +73,6 @@ def _opaque(lo: Expr, hi: Expr) -> bool:
 
 def _inside(iv, n: int) -> bool:
     return iv is not None and not isinstance(n, Expr) and iv[0] >= 0 and iv[1] < n
-
-
-def _affine(e: Expr):
-    """``e`` as ``{key: coefficient}`` (keys: ``id`` of a variable, a size variable itself,
-    ``None`` for the constant) when it is affine in loop and size variables, else None."""
-    if isinstance(e, Const):
-        return {None: int(e.value)} if dtypes.is_int(e.dtype) else None
-    if isinstance(e, SizeVar):
-        return {e: 1}
-    if isinstance(e, Var):
-        return {id(e): 1}
-    if isinstance(e, Cast) and dtypes.is_int(e.dtype) and dtypes.is_int(e.a.dtype):
-        return _affine(e.a)
-    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
-        a, b = _affine(e.a), _affine(e.b)
-        if a is None or b is None:
-            return None
-        if e.op == "mul":
-            if set(a) <= {None}:
-                a, b = b, a
-            if not set(b) <= {None}:
-                return None
-            c = b.get(None, 0)
-            return {k: v * c for k, v in a.items()}
-        sign = 1 if e.op == "add" else -1
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = out.get(k, 0) + sign * v
-        return out
-    return None
-
-
-def _never_negative(form) -> bool:
-    """Whether an affine form in size variables only is >= 0 for every value of the sizes in
-    their ranges (a sufficient test: no negative coefficient, >= 0 at the least sizes)."""
-    total = form.get(None, 0)
-    for k, c in form.items():
-        if k is None or c == 0:
-            continue
-        if not isinstance(k, SizeVar) or c < 0:
-            return False
-        total += c * k.lo
-    return total >= 0
-
-
-def symbolic_inside(ix: Expr, n, bounds: Dict[int, tuple]) -> bool:
-    """Whether index ``ix`` stays in ``[0, n)`` wherever it is evaluated, ``n`` an extent (int or
-    size expression), each loop variable ``v`` of ``ix`` in ``[lo, hi)`` with ``bounds[id(v)] =
-    (lo, hi)`` affine in size variables: the proof of the reads of stages whose extents are known
-    only at run time (the static proof in :mod:`simplify.bounds` does not see sizes yet)."""
-    form = _affine(ix)
-    extent = _affine(n) if isinstance(n, Expr) else {None: int(n)}
-    if form is None or extent is None:
-        return False
-    least, most = {}, {}  # the least and largest values of ix, affine in the sizes
-
-    def add(into, f, c):
-        for k, v in f.items():
-            into[k] = into.get(k, 0) + c * v
-
-    for k, c in form.items():
-        if k is None or isinstance(k, SizeVar) or c == 0:
-            add(least, {k: c}, 1)
-            add(most, {k: c}, 1)
-            continue
-        got = bounds.get(k)
-        if got is None:
-            return False
-        lo, hi = _affine(got[0]), _affine(got[1])
-        if lo is None or hi is None or any(not (x is None or isinstance(x, SizeVar)) for x in list(lo) + list(hi)):
-            return False
-        top = dict(hi)
-        top[None] = top.get(None, 0) - 1
-        add(least, lo if c > 0 else top, c)
-        add(most, top if c > 0 else lo, c)
-    room = dict(extent)
-    room[None] = room.get(None, 0) - 1
-    add(room, most, -1)
-    return _never_negative(least) and _never_negative(room)
-
-
-def stage_size_vars(stage: Stage) -> Dict[int, SizeVar]:
-    """The size variables ``stage`` uses (in its loops and expressions, and in the shapes of
-    its buffers), by id."""
-    from te_grad.sizes import size_vars_in
-    found: Dict[int, SizeVar] = {}
-    for e in list(stmt_exprs(stage.body)) + [n for t in tensors_of(stage) for n in t.shape]:
-        for v in size_vars_in(e):
-            found.setdefault(id(v), v)
-    return found
 
 
 def _keeps_a_max(s: Store) -> bool:
@@ -364,14 +275,19 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
             return ir.Constant(like.type, [ir.Constant(like.type.element, value)] * like.type.count)
         return ir.Constant(like.type, value)
 
+    def speculatable(self, e: Expr) -> bool:
+        """Whether ``e`` may be evaluated at every point of the enclosing loops (for every value
+        of the sizes in a stage that uses them)."""
+        return speculatable_within(e, self.ranges, self.bounds) if self.sizes else speculatable(e, self.ranges)
+
     def filtered_accumulation(self, s: If) -> bool:
         """``if c: T[j] op= v`` as ``T[j] op= select(c, v, identity)`` when c and v are safe to
         evaluate everywhere (no branch in the loop, so it vectorizes). True if emitted."""
         if len(s.body) != 1 or not isinstance(s.body[0], Store):
             return False
         st = s.body[0]
-        if st.combine is None or st.checked or st.index is not None or not (speculatable(s.cond, self.ranges)
-                                                    and speculatable(st.value, self.ranges)):
+        if st.combine is None or st.checked or st.index is not None or not (self.speculatable(s.cond)
+                                                                                   and self.speculatable(st.value)):
             return False
         identity = Const(identity_of(st.combine, st.tensor.dtype), st.tensor.dtype)
         self.store(Store(st.tensor, st.indices, Select(s.cond, st.value, identity), st.combine))
@@ -654,7 +570,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
 
     def logic(self, e: Binary):
         a = self.expr(e.a)
-        if speculatable(e.b, self.ranges) or self.vec is not None:
+        if self.speculatable(e.b) or self.vec is not None:
             a, b = self.match(a, self.expr(e.b))
             return self.b.and_(a, b) if e.op == "and" else self.b.or_(a, b)
         # short-circuit: the right operand may read memory only where the left allows
@@ -678,7 +594,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
 
     def e_Select(self, e: Select):
         cond = self.expr(e.cond)
-        if self.vec is not None or (speculatable(e.t, self.ranges) and speculatable(e.f, self.ranges)):
+        if self.vec is not None or (self.speculatable(e.t) and self.speculatable(e.f)):
             t, f = self.match(self.expr(e.t), self.expr(e.f))
             if isinstance(t.type, ir.VectorType):
                 cond = self.as_vector(cond) if isinstance(cond.type, ir.VectorType) else cond

@@ -33,7 +33,7 @@ class LoopKindEmitter:
         """Eight vector loads of the crossing read, an 8 x 8 transpose in registers (three
         rounds of shuffles), then each of the eight store rows computed as one vector."""
         st, rd = blk.store, blk.read
-        if not transpose_fits(blk, self.stage, self.ranges):  # register_blocking.decide_blocks unmarks those
+        if not transpose_fits(blk, self.stage, self.ranges, self.bounds if self.sizes else None):  # register_blocking.decide_blocks unmarks those
             raise InternalError(f"the 8 x 8 transpose block in {self.stage.tensor.name} has no vector form: "
                                 "its stage did not go through codegen.register_blocking.decide_blocks")
         u0, v0 = self.expr(blk.u0), self.expr(blk.v0)

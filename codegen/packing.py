@@ -49,7 +49,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from simplify.affine import isl_expr
+from simplify.affine import IslNames, isl_expr
 from simplify.isl_bridge import IslError, parse_map
 from simplify.linear import coefficient, normalize
 from te_grad import dsl
@@ -59,7 +59,9 @@ from te_grad.ir import Binary, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Va
 from te_grad.transform import substitute
 from te_grad.visitor import Mutator
 
+from .loop_order import representative
 from .options import Thresholds, compile_options, current_options
+from .symbolic_bounds import speculatable_within, symbolic_inside
 
 #: the thresholds kernels are built with
 DEFAULT = Thresholds()
@@ -164,11 +166,25 @@ def _dot_product_operand(t: Tensor, red: Reduce, lane: Optional[Var]) -> Optiona
         if any(r is not b and any(j is x for i in r.indices for x in free_vars(i)) for r in reads):
             continue  # another operand is read along j as well: it would not be a broadcast
         used = {id(i) for i in b.indices}
-        reuse = int(np.prod([n for a, n in zip(t.op.axes, t.shape) if id(a) not in used] or [1]))
-        if reuse < thresholds().min_reuse or int(np.prod(t.shape)) * k.extent < thresholds().min_work:
+        reuse = _count([n for a, n in zip(t.op.axes, t.shape) if id(a) not in used])
+        if reuse < thresholds().min_reuse or _count(t.shape) * k.extent < thresholds().min_work:
             continue
         return b
     return None
+
+
+def _count(shape) -> int:
+    """The number of elements of ``shape``, an extent known only at run time counted at its
+    representative size (:func:`.loop_order.representative`): the copies are chosen there."""
+    return int(np.prod([representative(n) for n in shape] or [1]))
+
+
+def _out_bounds(t: Tensor) -> Tuple[Dict[int, tuple], Dict[int, tuple]]:
+    """The inclusive int ranges of ``t``'s axes whose extents are ints, and the ``(lo, hi)``
+    bounds of all of them (extents known at run time as size expressions)."""
+    ranges = {id(a): (0, n - 1) for a, n in zip(t.op.axes, t.shape) if not isinstance(n, Expr)}
+    bounds = {id(a): (dsl.const(0), n if isinstance(n, Expr) else dsl.const(n)) for a, n in zip(t.op.axes, t.shape)}
+    return ranges, bounds
 
 
 def _swap_to_last(b: Read, j: Var) -> List[int]:
@@ -202,7 +218,7 @@ def _padded_term(t: Tensor, red: Reduce):
     copy would not pay."""
     if red.combiner != "sum" or red.where is not None or all(r.extent is not None for r in red.axes):
         return None
-    out_ranges = {id(a): (0, n - 1) for a, n in zip(t.op.axes, t.shape)}
+    out_ranges, out_bounds = _out_bounds(t)  # an axis of run-time extent has no int range
     hull: List[Tuple[int, int]] = []
     for r in red.axes:
         if any(isinstance(x, ReduceAxis) for b in (r.lo, r.hi) for x in free_vars(b)):
@@ -225,24 +241,29 @@ def _padded_term(t: Tensor, red: Reduce):
                 continue
             for i, n in zip(other.indices, other.tensor.shape):
                 for k, r in enumerate(red.axes):
-                    if i is r:
+                    if i is r and not isinstance(n, Expr):
                         clipped[k] = (max(clipped[k][0], 0), min(clipped[k][1], n))
         if any(lo >= hi for lo, hi in clipped):
             continue
         ranges = dict(out_ranges)
         ranges.update({id(r): (lo, hi - 1) for r, (lo, hi) in zip(red.axes, clipped)})
-        if not all(speculatable(g, ranges) for g in factors if g is not f):
+        bounds = dict(out_bounds)
+        bounds.update({id(r): (dsl.const(lo), dsl.const(hi)) for r, (lo, hi) in zip(red.axes, clipped)})
+        if not all(speculatable(g, ranges) if len(ranges) == len(bounds) else speculatable_within(g, ranges, bounds)
+                   for g in factors if g is not f):
             continue  # another factor would be read out of its range somewhere in the hull
-        work = int(np.prod(t.shape)) * int(np.prod([hi - lo for lo, hi in clipped]))
+        work = _count(t.shape) * int(np.prod([hi - lo for lo, hi in clipped]))
         spans = [interval(i, ranges) for i in f.indices]
-        if any(s is None for s in spans):
+        # a dimension of run-time extent is never padded: its index stays inside for every size
+        if any(s is None and not (isinstance(n, Expr) and symbolic_inside(i, n, bounds))
+               or s is not None and isinstance(n, Expr) for s, i, n in zip(spans, f.indices, f.tensor.shape)):
             continue
-        before = [max(0, -s[0]) for s in spans]
-        after = [max(0, s[1] - (n - 1)) for s, n in zip(spans, f.tensor.shape)]
+        before = [max(0, -s[0]) if s is not None else 0 for s in spans]
+        after = [max(0, s[1] - (n - 1)) if s is not None else 0 for s, n in zip(spans, f.tensor.shape)]
         if not any(before) and not any(after):
             continue
-        shape = tuple(n + b + a for n, b, a in zip(f.tensor.shape, before, after))
-        size, original = int(np.prod(shape)), int(np.prod(f.tensor.shape))
+        shape = tuple(n + b + a if not isinstance(n, Expr) else n for n, b, a in zip(f.tensor.shape, before, after))
+        size, original = _count(shape), _count(f.tensor.shape)
         th = thresholds()
         if size > th.max_padded_growth * original or work < max(th.min_work, th.min_padded_reuse * size):
             continue
@@ -265,7 +286,7 @@ def _zero_padded(src: Tensor, before: Sequence[int], shape) -> Tensor:
     def body(*axes):
         at = [a - b for a, b in zip(axes, before)]
         inside = dsl.all(*[c for x, n, b, m in zip(at, src.shape, before, shape)
-                           for c in ((x >= 0, x < n) if (b or m - n - b) else ())])
+                           for c in ((x >= 0, x < n) if (b or m is not n and m - n - b) else ())])
         return dsl.if_then_else(inside, src[tuple(at)], dsl.const(0, src.dtype))
     return dsl.compute(shape, body, name=f"{src.name}_padded")
 
@@ -274,10 +295,15 @@ def _hull_adds_only_reads_out_of_range(t: Tensor, red: Reduce, hull, f: Read) ->
     """Whether the term's own domain lies in the hull, and every point of the hull where
     ``f`` reads inside its tensor is a point of the term's own domain (isl decides; False
     when a bound or index is not quasi-affine)."""
-    names = {id(a): f"o{n}" for n, a in enumerate(t.op.axes)}
+    names = IslNames({id(a): f"o{n}" for n, a in enumerate(t.op.axes)})
     names.update({id(r): f"r{n}" for n, r in enumerate(red.axes)})
     dims = ", ".join(list(names.values()))
-    box = [f"0 <= o{n} < {size}" for n, size in enumerate(t.shape)]
+
+    def extent(n):  # an int, or a size expression over isl parameters
+        return str(n) if not isinstance(n, Expr) else isl_expr(n, names)
+    if any(extent(n) is None for n in list(t.shape) + list(f.tensor.shape)):
+        return False
+    box = [f"0 <= o{n} < {extent(size)}" for n, size in enumerate(t.shape)]
     own, hulled = list(box), list(box)
     for n, (r, (lo, hi)) in enumerate(zip(red.axes, hull)):
         lo_text, hi_text = isl_expr(r.lo, names), isl_expr(r.hi, names)
@@ -289,11 +315,14 @@ def _hull_adds_only_reads_out_of_range(t: Tensor, red: Reduce, hull, f: Read) ->
         text = isl_expr(i, names)
         if text is None:
             return False
-        hulled.append(f"0 <= {text} < {size}")
+        hulled.append(f"0 <= {text} < {extent(size)}")
+    params = names.size_vars()  # the sizes, isl parameters in their ranges
+    head = f"[{', '.join(names.sizes)}] -> " if params else ""
+    ranges = [f"{v.lo} <= {p}" + (f" <= {v.hi}" if v.hi is not None else "") for p, v in names.sizes.items()]
     try:
-        inside = parse_map(f"{{ [{dims}] -> [] : {' and '.join(hulled)} }}")
-        domain = parse_map(f"{{ [{dims}] -> [] : {' and '.join(own)} }}")
-        box = parse_map(f"{{ [{dims}] -> [] : {' and '.join(hulled[:len(own)])} }}")
+        inside = parse_map(f"{head}{{ [{dims}] -> [] : {' and '.join(hulled + ranges)} }}")
+        domain = parse_map(f"{head}{{ [{dims}] -> [] : {' and '.join(own + ranges)} }}")
+        box = parse_map(f"{head}{{ [{dims}] -> [] : {' and '.join(hulled[:len(own)] + ranges)} }}")
         return bool(inside.is_subset(domain)) and bool(domain.is_subset(box))
     except IslError:
         return False
@@ -308,20 +337,20 @@ def _interleaved_read(t: Tensor, red: Reduce, v: Optional[Var]) -> Optional[Tupl
         return None
     reads = reads_in(red.body)
     extents = []
-    out_ranges = {id(a): (0, n - 1) for a, n in zip(t.op.axes, t.shape)}
+    out_ranges, _ = _out_bounds(t)
     for r in red.axes:
         lo, hi = interval(r.lo, out_ranges), interval(r.hi, out_ranges)
         if lo is None or hi is None:
             return None
         extents.append(max(0, hi[1] - lo[0]))
-    work = int(np.prod(t.shape)) * int(np.prod(extents or [1]))
+    work = _count(t.shape) * int(np.prod(extents or [1]))
     for f in reads:
-        if f.tensor is t or not f.indices:
+        if f.tensor is t or not f.indices or isinstance(f.tensor.shape[-1], Expr):
             continue
         step = coefficient(f.indices[-1], v)
         if step not in (2, 3, 4) or any(v is x for i in f.indices[:-1] for x in free_vars(i)):
             continue
-        size = int(np.prod(f.tensor.shape[:-1])) * step * -(-f.tensor.shape[-1] // step)
+        size = _count(f.tensor.shape[:-1]) * step * -(-f.tensor.shape[-1] // step)
         if work >= max(thresholds().min_work, thresholds().min_padded_reuse * size):
             return f, step
     return None

@@ -37,13 +37,15 @@ from simplify.linear import coefficient
 from te_grad import dsl
 from te_grad.graph import free_vars, reads_in
 from te_grad.intervals import interval, speculatable
-from te_grad.ir import Const, Var
+from te_grad.ir import Const, Expr, Var
 from te_grad.ops import reduction
 
 from .llvm_types import SIZE, strides, vectorizable
 from .loopir import (SERIAL, Carried, Jam, Loop, Nest, Parallel, RegisterBlock, RegisterBlocked, Stage, StmtMutator,
                      Store, TransposeBlock, Transposed, guarded, nest, register_block, rewrite_nests)
+from .loop_order import representative
 from .machine import Machine
+from .symbolic_bounds import speculatable_within, stage_size_vars
 
 
 def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_axes,
@@ -66,25 +68,44 @@ def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_
         bounds = dict(bounds)
         jams = []
         scaled = None
+        remainder = None  # the split axis's extent known at run time: its last values outside whole blocks
         for var, factor in _jam_choices(outer, bounds, store, parallel, out_axes, accumulators):
             jam_outer = Var(var.name + "o")
-            lo, hi = (int(b.value) for b in bounds[id(var)])
-            jams.append(Jam(var, jam_outer, factor, base=lo))
-            bounds[id(jam_outer)] = (dsl.const(0), dsl.const((hi - lo) // factor))
+            if not isinstance(bounds[id(var)][1], Const):  # the split loop, [0, n) with n a size expression
+                n = bounds[id(var)][1]
+                whole = n // factor
+                remainder = (bounds[id(var)], whole * factor)
+                jams.append(Jam(var, jam_outer, factor))
+                bounds[id(jam_outer)] = (dsl.const(0), whole)
+            else:
+                lo, hi = (int(b.value) for b in bounds[id(var)])
+                jams.append(Jam(var, jam_outer, factor, base=lo))
+                bounds[id(jam_outer)] = (dsl.const(0), dsl.const((hi - lo) // factor))
             outer = [jam_outer if v is var else v for v in outer]
             if var is parallel:
                 scaled = (jam_outer, factor)
-        block = register_block(inner_var, *bounds[id(inner_var)], loops, cond, store, jams,
-                               reduce_lanes=not inner_is_output,
-                               vector_bits=block_vector_bits(machine, reduce_lanes=not inner_is_output),
-                               accumulators=accumulators)
-        body: List = [block]
-        for v in reversed(outer):
-            lo, hi = bounds[id(v)]
-            if scaled is not None and v is scaled[0]:  # threads take whole blocks of the split axis
-                body = [Loop(v, lo, hi, body, Parallel(scale=scaled[1]))]
-            else:
-                body = [Loop(v, lo, hi, body, Parallel() if v is parallel else SERIAL)]
+
+        def blocked(jams, outer, bounds):
+            block = register_block(inner_var, *bounds[id(inner_var)], loops, cond, store, jams,
+                                   reduce_lanes=not inner_is_output,
+                                   vector_bits=block_vector_bits(machine, reduce_lanes=not inner_is_output),
+                                   accumulators=accumulators)
+            body: List = [block]
+            for v in reversed(outer):
+                lo, hi = bounds[id(v)]
+                if scaled is not None and v is scaled[0]:  # threads take whole blocks of the split axis
+                    body = [Loop(v, lo, hi, body, Parallel(scale=scaled[1]))]
+                else:
+                    body = [Loop(v, lo, hi, body, Parallel() if v is parallel else SERIAL)]
+            return body
+
+        body = blocked(jams, outer, bounds)
+        if remainder is not None:  # the same block, the split axis not jammed, over [whole blocks, n)
+            jam_outer = scaled[0]
+            rest = dict(bounds)
+            rest[id(parallel)] = (remainder[1], remainder[0][1])
+            body += blocked([j for j in jams if j.var is not parallel],
+                            [parallel if v is jam_outer else v for v in outer], rest)
         return body
     return nest(order, bounds, guarded(cond, store), parallel)
 
@@ -136,7 +157,10 @@ def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes,
         if not any(v is a for a in out_axes):
             return False
         lo, hi = bounds[id(v)]
-        if not (isinstance(lo, Const) and isinstance(hi, Const)) or (v is parallel and lo.value != 0):
+        if not isinstance(lo, Const) or (v is parallel and lo.value != 0):
+            return False
+        # an extent known at run time: only the split loop, over whole blocks and a remainder
+        if not isinstance(hi, Const) and not (v is parallel and representative(hi) is not None):
             return False
         # no loop (outer, or inside the block) may have bounds that use v: the jammed copies
         # run those loops once, for all values of v together
@@ -156,9 +180,14 @@ def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes,
                 if len(chosen) == 2:
                     break
     if parallel is not None and any(parallel is v for v in outer) and eligible(parallel):
-        n = bounds[id(parallel)][1].value
-        factor = next((f for f in (8, 6, 4, 3, 2) if n % f == 0 and n // f >= MIN_SPLIT_BLOCKS
-                       and copies * f <= max_copies), None)
+        hi = bounds[id(parallel)][1]
+        if isinstance(hi, Const):
+            n = hi.value
+            factor = next((f for f in (8, 6, 4, 3, 2) if n % f == 0 and n // f >= MIN_SPLIT_BLOCKS
+                           and copies * f <= max_copies), None)
+        else:  # chosen at a representative size; the values past the last whole block form a remainder
+            n = representative(hi)
+            factor = next((f for f in (8, 4, 2) if n // f >= MIN_SPLIT_BLOCKS and copies * f <= max_copies), None)
         if factor is not None:
             chosen.append((parallel, factor))
     return chosen
@@ -189,12 +218,15 @@ def memory_step(st: Store, var) -> int:
     return total
 
 
-def block_plan(blk: RegisterBlock, ranges: Dict[int, tuple], fast_math: bool) -> Optional[BlockPlan]:
+def block_plan(blk: RegisterBlock, ranges: Dict[int, tuple], fast_math: bool,
+               bounds: Optional[Dict[int, tuple]] = None) -> Optional[BlockPlan]:
     """``(width, full, tail)``, or None when the block has no vector form: ``full`` blocks of
     ``width`` lanes from the block's first element, then at most one overlapping block ``tail =
     (start, keep_from, block width)`` whose lanes before ``keep_from`` are already done (a
     closed form: its size never depends on the axis length). ``ranges`` are the inclusive
-    value ranges of the loop variables around the block."""
+    value ranges of the loop variables around the block; in a stage whose extents are known
+    only at run time, ``bounds`` are their ``(lo, hi)`` expressions, which prove reads in
+    bounds for every value of the sizes (:func:`.symbolic_bounds.speculatable_within`)."""
     st = blk.store
     dt = st.tensor.dtype
     if dt not in ("float32", "float64") or st.combine is None or st.checked:
@@ -211,19 +243,32 @@ def block_plan(blk: RegisterBlock, ranges: Dict[int, tuple], fast_math: bool) ->
     if any(not vectorizable(p, dt) for p in parts):
         return None
     ranges = dict(ranges)
+    bounds = dict(bounds) if bounds is not None else None
     for j in blk.jams:
         outer = ranges.get(id(j.outer))
-        if outer is None:
+        if outer is not None:
+            ranges[id(j.var)] = j.var_range(outer)
+        if bounds is not None and id(j.outer) in bounds:
+            olo, ohi = bounds[id(j.outer)]
+            bounds[id(j.var)] = (olo * j.factor + j.base, ohi * j.factor + j.base)
+        elif outer is None:
             return None
-        ranges[id(j.var)] = j.var_range(outer)
     for lp in blk.loops:
         lo_iv, hi_iv = interval(lp.lo, ranges), interval(lp.hi, ranges)
+        if bounds is not None:
+            bounds[id(lp.var)] = (lp.lo, lp.hi)
         if lo_iv is None or hi_iv is None:
-            return None
+            if bounds is None:
+                return None
+            continue
         ranges[id(lp.var)] = (lo_iv[0], hi_iv[1] - 1)
     lo, hi = int(blk.lo.value), int(blk.hi.value)
     ranges[id(blk.var)] = (lo, hi - 1)
-    if not all(speculatable(p, ranges) for p in parts):
+    if bounds is not None:
+        bounds[id(blk.var)] = (blk.lo, blk.hi)
+        if not all(speculatable_within(p, ranges, bounds) for p in parts):
+            return None
+    elif not all(speculatable(p, ranges) for p in parts):
         return None
     lanes = blk.vector_bits // (8 * SIZE[dt])  # one vector register
     n = hi - lo
@@ -254,12 +299,18 @@ def block_plan(blk: RegisterBlock, ranges: Dict[int, tuple], fast_math: bool) ->
     return width, n // width, tail
 
 
-def transpose_fits(blk: TransposeBlock, stage: Stage, ranges: Dict[int, tuple]) -> bool:
+def transpose_fits(blk: TransposeBlock, stage: Stage, ranges: Dict[int, tuple],
+                   bounds: Optional[Dict[int, tuple]] = None) -> bool:
     """True if the 8 x 8 block has a vector form: it loads whole rows and evaluates both sides
-    of every select, so every read must be in bounds at every point of the stage's domain."""
+    of every select, so every read must be in bounds at every point of the stage's domain
+    (for every value of the sizes when ``bounds`` are given, as for :func:`block_plan`)."""
     st = blk.store
     ranges = dict(ranges)
-    ranges.update({id(a): (0, n - 1) for a, n in zip(stage.tensor.op.axes, stage.tensor.shape)})
+    axes = list(zip(stage.tensor.op.axes, stage.tensor.shape))
+    ranges.update({id(a): (0, n - 1) for a, n in axes if not isinstance(n, Expr)})
+    if bounds is not None:
+        bounds = {**bounds, **{id(a): (dsl.const(0), n if isinstance(n, Expr) else dsl.const(n)) for a, n in axes}}
+        return vectorizable(st.value, st.tensor.dtype) and speculatable_within(st.value, ranges, bounds)
     return vectorizable(st.value, st.tensor.dtype) and speculatable(st.value, ranges)
 
 
@@ -270,21 +321,27 @@ class _Decide(StmtMutator):
     def __init__(self, stage: Stage, fast_math: bool):
         self.stage, self.fast = stage, fast_math
         self.ranges: Dict[int, tuple] = {}
+        # the loops' bounds as expressions, in a stage whose extents are known at run time
+        self.bounds: Optional[Dict[int, tuple]] = {} if stage_size_vars(stage) else None
 
     def visit_Loop(self, s: Loop):
         if isinstance(s.kind, RegisterBlocked):
             blk = RegisterBlock.of(s)
-            return s if block_plan(blk, self.ranges, self.fast) is not None else blk.plain()[0]
+            return s if block_plan(blk, self.ranges, self.fast, self.bounds) is not None else blk.plain()[0]
         if isinstance(s.kind, Transposed):
             blk = TransposeBlock.of(s)
-            return s if transpose_fits(blk, self.stage, self.ranges) else blk.plain()[0]
+            return s if transpose_fits(blk, self.stage, self.ranges, self.bounds) else blk.plain()[0]
         if isinstance(s.kind, Carried):
             return s
         lo_iv, hi_iv = interval(s.lo, self.ranges), interval(s.hi, self.ranges)
         if lo_iv is not None and hi_iv is not None:
             self.ranges[id(s.var)] = (lo_iv[0], hi_iv[1] - 1)
+        if self.bounds is not None:
+            self.bounds[id(s.var)] = (s.lo, s.hi)
         body = self.visit_body(s.body)
         self.ranges.pop(id(s.var), None)
+        if self.bounds is not None:
+            self.bounds.pop(id(s.var), None)
         return s if body is s.body else Loop(s.var, s.lo, s.hi, body, s.kind)
 
 

@@ -201,11 +201,13 @@ PASSES = (
 )
 
 
-#: the passes run on a stage whose extents are known only at run time (size variables): the
-#: loop orders (chosen at a representative size, :func:`.loop_order.representative`; a
-#: permutation is right at every size) and the lowering decision; the others size loops by
-#: int extents and leave such stages as defined
-RUN_TIME_EXTENT_PASSES = frozenset({"order_elementwise", "order_reductions", "decide_blocks"})
+#: the passes run on a stage whose extents are known only at run time (size variables): every
+#: scheduling pass (a copy of packing keeps a dimension of run-time extent whole). Decisions over int extents are as at fixed sizes;
+#: those along an extent known at run time are taken at a representative size
+#: (:func:`.loop_order.representative`: loop orders, cache tiles, the unroll-and-jam factor of
+#: the split axis, whose values past the last whole block run in a remainder nest), and
+#: reads are proven in bounds for every size (:mod:`.symbolic_bounds`)
+RUN_TIME_EXTENT_PASSES = frozenset(p.name for p in PASSES)
 
 
 def optional_passes() -> List[str]:
@@ -250,7 +252,7 @@ def schedule_steps(t: Tensor, body: Expr, machine: Machine = PORTABLE,
         if p.run is None or (ended and not p.lowering):
             continue
         if symbolic and p.name not in RUN_TIME_EXTENT_PASSES:
-            continue  # extents known only at run time: this pass sizes loops by int extents
+            continue  # extents known only at run time: this pass needs int extents
         new = stage if p.name in off else p.run(stage, machine)
         yield p.name, new
         ended = ended or (p.final and new is not stage)
@@ -322,7 +324,7 @@ def _stages(outputs: Sequence[Tensor], machine: Machine, off: FrozenSet[str]) ->
                     stages.append(compute_stage(lt, lt.op.body, machine, off))
                     done.add(id(lt))
         packed = []
-        if "packing" not in off and not uses_sizes(t):
+        if "packing" not in off:
             body, packed = pack_operands(t, body, split_terms(body)[1], lane_var, copies)
         stages.extend(compute_stage(p, p.op.body, machine, off) for p in packed)
         stages.append(compute_stage(t, body, machine, off))

@@ -73,9 +73,14 @@ def speculatable(e: Expr, ranges: Dict[int, Tuple[int, int]]) -> bool:
     for r in reads_in(e):
         for ix, n in zip(r.indices, r.tensor.shape):
             iv = interval(ix, ranges)
-            if iv is None or iv[0] < 0 or iv[1] >= n:
+            if iv is None or isinstance(n, Expr) or iv[0] < 0 or iv[1] >= n:  # an extent known at run time: unproven
                 return False
     return not _has_variable_int_division(e)
+
+
+def has_variable_int_division(e: Expr) -> bool:
+    """Whether ``e`` divides integers by a non-constant or by zero (which may trap)."""
+    return _has_variable_int_division(e)
 
 
 def _has_variable_int_division(e: Expr) -> bool:

@@ -1,0 +1,200 @@
+"""The schedule passes on stages whose extents are known only at run time (tg.var): each pass
+runs as at fixed sizes over the int extents, the split batch axis in whole register blocks
+plus a remainder nest; every schedule is checked by the loop interpreter against the oracle
+at several sizes (the smallest allowed, sizes that leave a remainder, a multiple of the
+blocks), and the native kernels too."""
+import numpy as np
+import pytest
+
+import codegen
+import te_grad as tg
+from codegen.interpret import run
+from codegen.loopir import RegisterBlocked, loops
+from codegen.options import CompileOptions
+from codegen.packing import EVERY_COPY
+from codegen.schedule import optional_passes, stages_for
+
+RNG = np.random.default_rng(11)
+SIZES = (1, 3, 9, 16)  # 1: the least n; 3, 9: not multiples of the jam factors; 16: whole blocks
+
+
+def dense(n):
+    X, W = tg.placeholder((n, 8), name="X"), tg.placeholder((8, 12), name="W")
+    B = tg.placeholder((12,), name="B")
+    k = tg.reduce_axis(8, "k")
+    return tg.compute((n, 12), lambda i, j: tg.sum(X[i, k] * W[k, j], axis=k) + B[j], name="Y"), [X, W, B]
+
+
+def conv1d(n):
+    X, W = tg.placeholder((n, 2, 9), name="X"), tg.placeholder((3, 2, 3), name="W")
+    c, r = tg.reduce_axis(2, "c"), tg.reduce_axis(3, "r")
+    return tg.compute((n, 3, 7), lambda b, o, t: tg.sum(X[b, c, t + r] * W[o, c, r], axis=[c, r]), name="Y"), [X, W]
+
+
+def conv2d(n):
+    X, W = tg.placeholder((n, 2, 5, 5), name="X"), tg.placeholder((3, 2, 3, 3), name="W")
+    c, p, q = tg.reduce_axis(2, "c"), tg.reduce_axis(3, "p"), tg.reduce_axis(3, "q")
+    return tg.compute((n, 3, 3, 3), lambda b, o, y, x: tg.sum(X[b, c, y + p, x + q] * W[o, c, p, q],
+                                                            axis=[c, p, q]), name="Y"), [X, W]
+
+
+def softmax(n):
+    X = tg.placeholder((n, 10), name="X")
+    r, s = tg.reduce_axis(10, "r"), tg.reduce_axis(10, "s")
+    M = tg.compute((n,), lambda i: tg.max(X[i, r], axis=r), name="M")
+    E = tg.compute((n, 10), lambda i, j: tg.exp(X[i, j] - M[i]), name="E")
+    S = tg.compute((n,), lambda i: tg.sum(E[i, s], axis=s), name="S")
+    return tg.compute((n, 10), lambda i, j: E[i, j] / S[i], name="Y"), [X]
+
+
+def layer_norm(n):
+    X = tg.placeholder((n, 12), name="X")
+    G, B = tg.placeholder((12,), name="G"), tg.placeholder((12,), name="B")
+    r, s = tg.reduce_axis(12, "r"), tg.reduce_axis(12, "s")
+    mean = tg.compute((n,), lambda i: tg.sum(X[i, r], axis=r) / 12.0, name="mean")
+    var = tg.compute((n,), lambda i: tg.sum((X[i, s] - mean[i]) * (X[i, s] - mean[i]), axis=s) / 12.0, name="var")
+    return tg.compute((n, 12), lambda i, j: (X[i, j] - mean[i]) / tg.sqrt(var[i] + 1e-5) * G[j] + B[j],
+                      name="Y"), [X, G, B]
+
+
+def inner_sizes(n):
+    """Sizes inside too: a contraction over a reduce axis of run-time extent, a convolution
+    along a length ``n + 2`` and a max over rows of run-time length (no int extent to block
+    on: the passes must leave those loops right, not fail)."""
+    X, W = tg.placeholder((4, n), name="X"), tg.placeholder((n, 5), name="W")
+    V, K = tg.placeholder((3, n + 2), name="V"), tg.placeholder((3,), name="K")
+    k, r, q = tg.reduce_axis((0, n), "k"), tg.reduce_axis(3, "r"), tg.reduce_axis((0, n), "q")
+    A = tg.compute((4, 5), lambda i, j: tg.sum(X[i, k] * W[k, j], axis=k), name="A")
+    C = tg.compute((3, n), lambda i, t: tg.sum(V[i, t + r] * K[r], axis=r), name="C")
+    M = tg.compute((3,), lambda i: tg.max(C[i, q], axis=q), name="M")
+    Y = tg.compute((4, 5), lambda i, j: A[i, j] + M[i % 3], name="Y")
+    return Y, [X, W, V, K]
+
+
+OPS = {"dense": dense, "conv1d": conv1d, "conv2d": conv2d, "softmax": softmax, "layer_norm": layer_norm,
+       "inner_sizes": inner_sizes}
+
+
+def _graph(name, backward):
+    n = tg.var("n", min=1)
+    y, inputs = OPS[name](n)
+    if not backward:
+        return [y], inputs
+    head = tg.placeholder(y.shape, name="H")
+    return list(tg.gradient(y, inputs, head=head)), inputs + [head]
+
+
+def _feed(inputs, size):
+    from te_grad.sizes import concrete_shape, size_vars_in
+    sizes = {v: size for t in inputs for d in t.shape if not isinstance(d, int) for v in size_vars_in(d)}
+    return {t: RNG.standard_normal(concrete_shape(t.shape, sizes)).astype("float32") for t in inputs}
+
+
+def _check(got, want, what):
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(w).max())), err_msg=what)
+
+
+CASES = [(name, bwd) for name in OPS for bwd in (False, True)]
+
+
+@pytest.mark.parametrize("name,backward", CASES, ids=[f"{n}-{'bwd' if b else 'fwd'}" for n, b in CASES])
+def test_each_pass_on_run_time_extents_keeps_the_values(name, backward):
+    """The optional passes switched on one after another, in order: every prefix of the
+    schedule, interpreted, computes the oracle's values at every size."""
+    outs, inputs = _graph(name, backward)
+    order = optional_passes()
+    feeds = [_feed(inputs, size) for size in SIZES]
+    wants = [tg.evaluate(outs, feed) for feed in feeds]
+    for k in range(len(order) + 1):
+        # every copy that packing may make, whatever its size
+        stages = stages_for(outs, options=CompileOptions(disabled_passes=frozenset(order[k:]), thresholds=EVERY_COPY))
+        # every size with all the passes; the least and one leaving a remainder for the others
+        for feed, want in zip(feeds, wants) if k == len(order) else zip(feeds[::2], wants[::2]):
+            values = run(stages, feed)
+            shapes = [a.shape for a in feed.values()]
+            _check([values[id(t)] for t in outs], want, f"{name} with the passes up to {order[:k][-1:]} at {shapes}")
+
+
+@pytest.mark.parametrize("name,backward", CASES, ids=[f"{n}-{'bwd' if b else 'fwd'}" for n, b in CASES])
+def test_native_symbolic_kernels_against_the_oracle(name, backward):
+    outs, inputs = _graph(name, backward)
+    with codegen.compile_options(disk_cache=False):
+        kern = tg.build(outs, inputs)
+    for size in SIZES + (17,):
+        feed = _feed(inputs, size)
+        got = kern(*feed.values())
+        _check(got if isinstance(got, tuple) else (got,), tg.evaluate(outs, feed), f"{name} at n={size}")
+
+
+def test_the_batch_axis_is_jammed_in_whole_blocks_with_a_remainder():
+    outs, inputs = _graph("dense", False)
+    (stage,) = [s for s in stages_for(outs) if s.tensor is outs[0] and any(
+        isinstance(lp.kind, RegisterBlocked) for lp in loops(s.body))]
+    blocks = [lp for lp in loops(stage.body) if isinstance(lp.kind, RegisterBlocked)]
+    # whole blocks of the split axis (jammed), then its last values one at a time
+    assert len(blocks) == 2
+    assert [j.var.name for j in blocks[0].kind.jams] == ["i"] and blocks[0].kind.jams[0].factor > 1
+    assert not blocks[1].kind.jams
+    split = [lp for lp in loops(stage.body) if lp.parallel]
+    assert [lp.scale for lp in split] == [1, blocks[0].kind.jams[0].factor, 1]
+    with codegen.compile_options(disk_cache=False):
+        kern = tg.build(outs, inputs)
+    assert kern.loops.count("in vector registers") == 2
+
+
+def test_a_convolution_gradient_reads_a_padded_copy_whole_along_the_batch():
+    """The input gradient of a convolution reads the head from a zero-padded copy (padded in
+    its int dimensions, the batch of run-time extent kept whole), so that its sum runs over
+    constant bounds in register blocks, as at fixed sizes."""
+    outs, inputs = _graph("conv1d", True)
+    head = inputs[-1]
+    stages = stages_for(outs, options=CompileOptions(thresholds=EVERY_COPY))
+    (copy,) = [s.tensor for s in stages if s.tensor.name == "H_padded"]
+    assert copy.shape[0] is head.shape[0] and copy.shape[1:] == (3, 7 + 2 * 2)
+    (dx,) = [s for s in stages if s.tensor is outs[0]]
+    assert any(isinstance(lp.kind, RegisterBlocked) for lp in loops(dx.body))
+
+
+def test_a_select_over_reads_proven_for_every_size_is_evaluated_branch_free():
+    """``if_then_else(X[i, j] == M[i], D[i] / M[i], 0)`` (a max's gradient): both sides are
+    read in bounds for every n, so the symbolic kernel selects in vectors as the fixed-shape
+    one does, instead of branching per element."""
+    import re
+
+    def build(n):
+        X, M, D = tg.placeholder((n, 64), name="X"), tg.placeholder((n,), name="M"), tg.placeholder((n,), name="D")
+        Y = tg.compute((n, 64), lambda i, j: X[i, j] * 2.0 + tg.if_then_else(X[i, j] == M[i], D[i] / M[i], 0.0),
+                       name="Y")
+        with codegen.compile_options(disk_cache=False):
+            return tg.build(Y, [X, M, D]), Y, [X, M, D]
+
+    def vector_selects(kern):
+        return len(re.findall(r"select (?:fast )?<\d+ x i1>", kern.llvm_ir))
+
+    kern, Y, inputs = build(tg.var("n", min=1))
+    assert vector_selects(kern) == vector_selects(build(64)[0]) > 0
+    for size in (1, 5):
+        feed = _feed(inputs, size)
+        x = feed[inputs[0]]
+        feed[inputs[1]] = x.max(axis=1)  # some elements equal their row's maximum
+        _check([kern(*feed.values())], tg.evaluate([Y], feed), f"n={size}")
+
+
+def test_a_call_at_sizes_already_bound_makes_no_tensors_at_those_sizes(monkeypatch):
+    """The per-call cost of a symbolic kernel: the inputs and outputs at the bound sizes (and
+    the sizes' values) are made once per set of input shapes, not on every call."""
+    from codegen import kernel as kernel_module
+    outs, inputs = _graph("softmax", False)
+    with codegen.compile_options(disk_cache=False):
+        kern = tg.build(outs, inputs)
+    feed = _feed(inputs, 5)
+    first = kern(*feed.values())
+    made = []
+    at_sizes = kernel_module._at_sizes
+    monkeypatch.setattr(kernel_module, "_at_sizes", lambda t, sizes: made.append(t) or at_sizes(t, sizes))
+    np.testing.assert_array_equal(kern(*feed.values()), first)
+    assert made == []
+    other = _feed(inputs, 7)  # new shapes: bound once
+    _check([kern(*other.values())], tg.evaluate(outs, other), "n=7")
+    assert len(made) == len(inputs) + len(outs)
