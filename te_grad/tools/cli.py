@@ -295,6 +295,12 @@ def _b_arange(a):
     return _nn().arange(**params)
 
 
+def _b_segment(name, shape):
+    def build(a):
+        return getattr(_nn(), name)(a.x("X", shape), a.x("rowptr", (4,), "int64"), **a.params)
+    return build
+
+
 #: every te_grad.nn op by name: (family, builder with small default shapes)
 SHOW_OPS = {
     "dense": ("linear algebra", _b_dense),
@@ -352,6 +358,9 @@ SHOW_OPS = {
     "gather_nd": ("array", _b_gather_nd),
     "cumsum": ("array", _b_unary("cumsum", (3, 4))),
     "arange": ("array", _b_arange),
+    "segment_sum": ("segments (CSR)", _b_segment("segment_sum", (6, 3))),
+    "segment_max": ("segments (CSR)", _b_segment("segment_max", (6, 3))),
+    "segment_softmax": ("segments (CSR)", _b_segment("segment_softmax", (6,))),
 }
 
 
@@ -436,14 +445,20 @@ def show_op(op: str, params: dict, compile_: bool = False, out=None) -> int:
     known = set(fwd_text.splitlines())
     say("\n".join(line for line in tg.show(list(res)).splitlines() if line not in known))
     say("\n## innermost iterations (exact)")
+    try:
+        tg.iterations(outputs)
+        ragged = None
+    except tg.UserError:  # a ragged loop: its trips are read from data
+        ragged = 4
+        say(f"(a ragged loop's trips depend on the data: each counts as {ragged} per point here)")
     say(f"{'':<12}{'raw VJP':>18}{'simplified':>14}{'raw / simplified':>19}")
     for x, g, raw in zip(res.inputs, res.gradients, res.raw):
-        n_raw, n_simp = tg.iterations(raw), tg.iterations(g)
+        n_raw, n_simp = tg.iterations(raw, ragged=ragged), tg.iterations(g, ragged=ragged)
         ratio = f"{n_raw / n_simp:,.1f}x" if n_simp else "-"
         say(f"{'d' + x.name:<12}{n_raw:>18,}{n_simp:>14,}{ratio:>19}")
-    n_raw, n_simp = tg.iterations(list(res.raw)), tg.iterations(list(res.gradients))
+    n_raw, n_simp = tg.iterations(list(res.raw), ragged=ragged), tg.iterations(list(res.gradients), ragged=ragged)
     say(f"{'all':<12}{n_raw:>18,}{n_simp:>14,}{(f'{n_raw / n_simp:,.1f}x' if n_simp else '-'):>19}")
-    say(f"{'forward':<12}{tg.iterations(outputs):>18,}")
+    say(f"{'forward':<12}{tg.iterations(outputs, ragged=ragged):>18,}")
     say(f"(differentiated and simplified in {t_diff:.2f} s)")
     if compile_:
         inputs = args.floats + args.data
