@@ -208,11 +208,12 @@ def row_step(st: Store, var) -> "int | None":
 
 
 def memory_step(st: Store, var) -> int:
-    """Elements between the store's addresses for consecutive lanes (0 when not a constant)."""
+    """Elements between the store's addresses for consecutive lanes (0 when not a constant,
+    as when a dimension the lanes move along has a stride known only at run time)."""
     total = 0
     for ix, stride in zip(st.indices, strides(st.tensor.shape)):
         c = coefficient(ix, var)
-        if c is None:
+        if c is None or (c and not isinstance(stride, int)):
             return 0
         total += c * stride
     return total

@@ -134,6 +134,8 @@ def _monotonic(t: Tensor, v: Var, moving: Expr, fixed: Expr) -> bool:
     used = [a for a in t.op.axes if any(a is x for b in (moving, fixed) for x in free_vars(b))]
     extent = dict(zip(map(id, t.op.axes), t.shape))
     dims = tuple(extent[id(a)] for a in used)
+    if not all(isinstance(d, int) for d in dims):  # the bounds move along a size known at run time
+        return False  # (not probed: the sum stays a reduction, exact at every size)
     if int(np.prod(dims)) > MAX_PROBE:
         return False
     values = []
