@@ -56,6 +56,7 @@ from te_grad import dsl
 from te_grad.graph import free_vars, reads_in
 from te_grad.intervals import interval, speculatable
 from te_grad.ir import Binary, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var
+from te_grad.sizes import is_size_expr, size_vars_in
 from te_grad.transform import substitute
 from te_grad.visitor import Mutator
 
@@ -223,6 +224,9 @@ def _padded_term(t: Tensor, red: Reduce):
     for r in red.axes:
         if any(isinstance(x, ReduceAxis) for b in (r.lo, r.hi) for x in free_vars(b)):
             return None  # bounds that depend on another reduce axis
+        if _whole(r):  # a range of run-time extent over sizes alone (a weight gradient's batch): kept whole
+            hull.append((r.lo, r.hi))
+            continue
         lo, hi = interval(r.lo, out_ranges), interval(r.hi, out_ranges)
         if lo is None or hi is None or lo[0] >= hi[1]:
             return None
@@ -241,18 +245,19 @@ def _padded_term(t: Tensor, red: Reduce):
                 continue
             for i, n in zip(other.indices, other.tensor.shape):
                 for k, r in enumerate(red.axes):
-                    if i is r and not isinstance(n, Expr):
+                    if i is r and not isinstance(n, Expr) and not _whole(r):
                         clipped[k] = (max(clipped[k][0], 0), min(clipped[k][1], n))
-        if any(lo >= hi for lo, hi in clipped):
+        if any(not isinstance(lo, Expr) and lo >= hi for lo, hi in clipped):
             continue
         ranges = dict(out_ranges)
-        ranges.update({id(r): (lo, hi - 1) for r, (lo, hi) in zip(red.axes, clipped)})
+        ranges.update({id(r): (lo, hi - 1) for r, (lo, hi) in zip(red.axes, clipped) if not isinstance(lo, Expr)})
         bounds = dict(out_bounds)
-        bounds.update({id(r): (dsl.const(lo), dsl.const(hi)) for r, (lo, hi) in zip(red.axes, clipped)})
+        bounds.update({id(r): (lo, hi) if isinstance(lo, Expr) else (dsl.const(lo), dsl.const(hi))
+                       for r, (lo, hi) in zip(red.axes, clipped)})
         if not all(speculatable(g, ranges) if len(ranges) == len(bounds) else speculatable_within(g, ranges, bounds)
                    for g in factors if g is not f):
             continue  # another factor would be read out of its range somewhere in the hull
-        work = _count(t.shape) * int(np.prod([hi - lo for lo, hi in clipped]))
+        work = _count(t.shape) * int(np.prod([representative(hi - lo) for lo, hi in clipped]))
         spans = [interval(i, ranges) for i in f.indices]
         # a dimension of run-time extent is never padded: its index stays inside for every size
         if any(s is None and not (isinstance(n, Expr) and symbolic_inside(i, n, bounds))
@@ -271,6 +276,12 @@ def _padded_term(t: Tensor, red: Reduce):
             continue
         return f, before, shape, clipped
     return None
+
+
+def _whole(r: ReduceAxis) -> bool:
+    """Whether reduce axis ``r`` runs over a range of sizes alone (``0 <= n < batch``): its
+    bounds are size expressions using a size variable, and no index variable."""
+    return (bool(size_vars_in(r.lo) or size_vars_in(r.hi)) and is_size_expr(r.lo) and is_size_expr(r.hi))
 
 
 def _hulled(red: Reduce, f: Read, copy: Tensor, before: Sequence[int], hull) -> Reduce:
@@ -310,6 +321,10 @@ def _hull_adds_only_reads_out_of_range(t: Tensor, red: Reduce, hull, f: Read) ->
         if lo_text is None or hi_text is None:
             return False
         own.append(f"{lo_text} <= r{n} < {hi_text}")
+        if isinstance(lo, Expr):  # a whole range of run-time extent: the sizes as isl parameters
+            lo, hi = isl_expr(lo, names), isl_expr(hi, names)
+            if lo is None or hi is None:
+                return False
         hulled.append(f"{lo} <= r{n} < {hi}")
     for i, size in zip(f.indices, f.tensor.shape):
         text = isl_expr(i, names)

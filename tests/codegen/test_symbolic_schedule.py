@@ -198,3 +198,29 @@ def test_a_call_at_sizes_already_bound_makes_no_tensors_at_those_sizes(monkeypat
     other = _feed(inputs, 7)  # new shapes: bound once
     _check([kern(*other.values())], tg.evaluate(outs, other), "n=7")
     assert len(made) == len(inputs) + len(outs)
+
+
+def test_a_weight_gradient_summed_over_the_batch_reads_a_padded_copy():
+    """A padded convolution's weight gradient sums over the batch, a reduce axis of run-time
+    extent: that axis is kept whole in the hull and the input is read from a zero-padded copy
+    (so the spatial sums run over constant bounds: the digits CNN's weight gradient then runs
+    in a vector accumulator, as at fixed sizes), and the values are the oracle's at every
+    batch size, the smallest included."""
+    n = tg.var("n", min=1)
+    X = tg.placeholder((n, 1, 6, 6), name="X")
+    W = tg.placeholder((4, 1, 3, 3), name="W")
+    Y = tg.nn.conv2d(X, W, padding=1)
+    H = tg.placeholder(Y.shape, name="H")
+    (dW,) = tg.differentiate(Y, [W], head=H)
+    stages = stages_for([dW])
+    (copy,) = [s.tensor for s in stages if s.tensor.name == "X_padded"]
+    assert copy.shape[0] is n and copy.shape[1:] == (1, 8, 8)
+    (dw,) = [s for s in stages if s.tensor is dW]
+    assert all(str(lp.lo) == "0" and str(lp.hi) in ("n", "6") for lp in loops(dw.body)[-3:])  # no padding guards
+    kern = tg.build([dW], [X, H])
+    rng = np.random.default_rng(0)
+    for rows in (1, 3, 8):
+        x = rng.standard_normal((rows, 1, 6, 6)).astype(np.float32)
+        h = rng.standard_normal((rows, 4, 6, 6)).astype(np.float32)
+        (want,) = tg.evaluate([dW], {X: x, H: h})
+        np.testing.assert_allclose(kern(x, h), want, rtol=1e-4, atol=1e-4)
