@@ -409,14 +409,14 @@ class Kernel:
         set also holds its table of buffer addresses (:data:`_TABLE`), intermediates filled in,
         followed by the values of the sizes (a symbolic kernel's intermediates are allocated
         at the sizes of the call, :data:`_SIZES`, whose values ``key`` may give)."""
-        from te_grad.sizes import concrete_shape
+        from te_grad.sizes import check_extents
         if key is None:
             key = self._size_values(sizes) if self.size_vars else ()
         with self._lock:
             for k in range(len(self._scratch) - 1, -1, -1):
                 if self._scratch[k][_SIZES] == key:
                     return self._scratch.pop(k)
-        scratch = {n: np.empty(concrete_shape(t.shape, sizes) if key else t.shape,
+        scratch = {n: np.empty(check_extents(t, sizes) if key else t.shape,  # new sizes: a negative extent named
                                dtype=np.bool_ if t.dtype == "bool" else t.dtype)
                    for n in self._intermediates for t in [self.buffers[n]]}
         table = (ctypes.c_void_p * (len(self.buffers) + len(key)))()

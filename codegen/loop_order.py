@@ -46,12 +46,10 @@ def representative(n) -> Optional[int]:
     loop variables."""
     if not isinstance(n, Expr):
         return int(n)
-    from te_grad.sizes import is_size_expr, size_vars_in, value
+    from te_grad.sizes import clamped, is_size_expr, size_vars_in, value
     if not is_size_expr(n):
         return None
-    sizes = {v: min(max(v.lo, REPRESENTATIVE_SIZE), v.hi if v.hi is not None else REPRESENTATIVE_SIZE)
-             for v in size_vars_in(n)}
-    return value(n, sizes)
+    return value(n, clamped(size_vars_in(n), REPRESENTATIVE_SIZE))
 
 
 def _size_bound(e: Expr) -> bool:

@@ -129,13 +129,11 @@ REPRESENTATIVE_SIZE = 64
 
 def _cost_is_high(t: Tensor) -> bool:
     from simplify.count import RAGGED_TRIPS, tensor_iterations
-    from .sizes import graph_size_vars, specialize
+    from .sizes import clamped, graph_size_vars, specialize
     judged = t
     variables = graph_size_vars([t])
     if variables:  # the cost per element at a representative size
-        at = {v: max(v.lo, REPRESENTATIVE_SIZE if v.hi is None else min(v.hi, REPRESENTATIVE_SIZE))
-              for v in variables}
-        judged = specialize([t], at)[0][0]
+        judged = specialize([t], clamped(variables, REPRESENTATIVE_SIZE))[0][0]
     if tensor_iterations(judged, RAGGED_TRIPS) > RECOMPUTE_PER_ELEMENT * max(1, judged.size):
         return True
     stack = [t.op.body] if isinstance(t.op, ComputeOp) else []

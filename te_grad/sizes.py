@@ -306,6 +306,12 @@ def check_extents(t: Tensor, sizes: Mapping[SizeVar, int]) -> Tuple[int, ...]:
     return shape
 
 
+def clamped(variables: Sequence[SizeVar], at: int) -> Binding:
+    """Each variable at ``at`` clamped to its range: the sizes a choice that needs ints (a
+    loop order, a cost per element) is made at, for every value the sizes may take."""
+    return {v: max(v.lo, at if v.hi is None else min(v.hi, at)) for v in variables}
+
+
 def same_shape(a, b) -> bool:
     """Whether two shapes are the same: equal ints, structurally equal size expressions."""
     if len(a) != len(b):
@@ -408,4 +414,4 @@ def uses_sizes(t: Tensor) -> bool:
 
 
 __all__ = ["var", "uses_sizes", "is_size_expr", "size_vars_in", "graph_size_vars", "is_symbolic", "value",
-           "bind_sizes", "named_sizes", "check_extents", "concrete_shape", "same_shape", "shape_is_concrete", "specialize", "Binding", "SIZE_OPS"]
+           "bind_sizes", "named_sizes", "check_extents", "clamped", "concrete_shape", "same_shape", "shape_is_concrete", "specialize", "Binding", "SIZE_OPS"]

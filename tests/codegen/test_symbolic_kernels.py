@@ -356,3 +356,17 @@ def test_a_size_that_makes_an_extent_negative_is_named_by_the_kernel():
     with pytest.raises(UserError, match=r"at n = 0 the extent n - 1 of Z \(dimension 0\) is -1"):
         kern(np.zeros(0, np.float32))
     np.testing.assert_allclose(kern(np.arange(3, dtype=np.float32)), [1, 3])
+
+
+def test_run_pointers_names_a_size_that_makes_an_intermediate_negative():
+    """run_pointers takes its sizes by name (a framework's tensors): intermediates allocated at
+    new sizes are checked there too, never numpy's negative-dimensions error."""
+    n = tg.var("n")
+    X = tg.placeholder((n, 4), name="X")
+    k = tg.reduce_axis(4, "k")
+    T = tg.compute((n - 1,), lambda i: tg.sum(tg.exp(X[i, k] + X[i + 1, k]), axis=k), name="T")
+    Z = tg.compute((n - 1,), lambda i: T[i] * T[i] + T[i], name="Z")
+    kern = tg.build([Z], [X])
+    assert any(t.name == "T" for t in kern.buffers)  # an intermediate, allocated per sizes
+    with pytest.raises(UserError, match=r"at n = 0 the extent n - 1 of T \(dimension 0\) is -1"):
+        kern.run_pointers([0], [0], sizes={"n": 0})
