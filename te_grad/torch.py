@@ -263,3 +263,6 @@ def custom_op(name: str, fn: Callable, *, save=None, threads: Optional[int] = No
     attributes of ``fn`` (its parameters with a default value)."""
     return TorchOp(name, fn, save=save, threads=threads, max_shapes=max_shapes, dynamic_dims=dynamic_dims,
                    **attrs)
+
+
+from .frontends.torch_import import ImportedModel, coverage, import_model  # noqa: E402 - needs the names above

@@ -20,7 +20,9 @@ from ..ir import Tensor
 @dataclass
 class Param:
     """A trainable tensor: its placeholder, and how to initialize it (``kind``: ``"weight"``
-    with ``fan_in``/``fan_out``, ``"bias"``, ``"ones"``, ``"zeros"``, ``"embedding"``)."""
+    with ``fan_in``/``fan_out``, ``"bias"``, ``"ones"``, ``"zeros"``, ``"embedding"``).
+    ``value`` (an array of ``shape``), when set, is the initial value and the Trainer's
+    initializer leaves the parameter alone (an imported model's weights)."""
     name: str
     shape: Tuple[int, ...]
     kind: str
@@ -28,6 +30,7 @@ class Param:
     fan_out: int = 1
     dtype: str = "float32"
     placeholder: Tensor = None
+    value: object = None
 
     def __post_init__(self):
         self.placeholder = dsl.placeholder(self.shape, dtype=self.dtype, name=self.name)
@@ -35,10 +38,11 @@ class Param:
 
 @dataclass
 class State:
-    """A non-trainable tensor the training step updates (batch norm's running statistics)."""
+    """A non-trainable tensor the training step may update (batch norm's running statistics).
+    ``initial`` is a number, or an array of ``shape`` (an imported model's buffer)."""
     name: str
     shape: Tuple[int, ...]
-    initial: float
+    initial: object
     dtype: str = "float32"
     placeholder: Tensor = None
 

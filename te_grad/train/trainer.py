@@ -122,8 +122,10 @@ class Trainer:
         self.threads = threads
         self.progress = progress
         if isinstance(model, Module):
-            if len(self.inputs) != 1:
-                raise UserError("Trainer: a Module takes one input; pass a function for several")
+            n_inputs = getattr(model, "num_inputs", 1)
+            if len(self.inputs) != n_inputs:
+                raise UserError(f"Trainer: the model takes {n_inputs} input(s), got {len(self.inputs)} "
+                                "(pass a function of the inputs for several)")
             self._param_list = model.parameters()
             model_states = model.states()
         else:
@@ -137,14 +139,15 @@ class Trainer:
         if len(set(names)) != len(names):
             raise UserError(f"Trainer: parameter names repeat: {names}")
         init = init if init is not None else xavier_uniform(seed=0)
-        values = init(self._param_list)
+        values = init([p for p in self._param_list if getattr(p, "value", None) is None])
+        values.update({p.name: p.value for p in self._param_list if getattr(p, "value", None) is not None})
         self._slots: List[_Slot] = []
         self._index: Dict[str, int] = {}
         for p in self._param_list:
             self._add(p.name, p.placeholder, values[p.name])
         self._model_states = list(model_states)
         for s in model_states:
-            self._add(s.name, s.placeholder, np.full(s.shape, s.initial, dtype=s.dtype))
+            self._add(s.name, s.placeholder, np.broadcast_to(np.asarray(s.initial, dtype=s.dtype), s.shape).copy())
         self._opt_states: Dict[str, List[int]] = {}
         for p in self._param_list:
             ids = []
@@ -172,7 +175,7 @@ class Trainer:
                          "seed": np.zeros((), np.int64)}
 
     def _add(self, name, placeholder, value) -> int:
-        value = np.ascontiguousarray(value, dtype=placeholder.dtype)
+        value = np.array(value, dtype=placeholder.dtype, order="C")  # (ascontiguousarray makes a 0-d array 1-d)
         if value.shape != placeholder.shape:
             raise UserError(f"Trainer: initial value of {name} has shape {value.shape}, expected {placeholder.shape}")
         self._index[name] = len(self._slots)
@@ -190,7 +193,7 @@ class Trainer:
 
     def _forward(self, xs, ctx):
         if isinstance(self.model, Module):
-            return self.model(xs[0], ctx)
+            return self.model(*xs, ctx)
         return self.model(*xs)
 
     def _accuracy(self, out, ys):

@@ -1,0 +1,536 @@
+"""The ATen operator table: one rule per operator, mapping it onto te_grad tensors.
+
+``RULES["aten.relu.default"]`` is a function ``rule(t, *args, **kwargs)`` of the
+:class:`~te_grad.frontends.translate.Translator` ``t`` and the node's arguments with te_grad
+values substituted (tensors, numbers, size expressions, lists of them); it returns the node's
+value. Rules use ``te_grad.nn`` where an operator exists there and the DSL otherwise, and
+follow PyTorch's semantics (the translator checks every result's rank, extents and dtype
+against the captured program's). The operators are those of PyTorch's core ATen opset after
+``torch.export``'s decompositions, plus the few composite ones kept whole
+(:data:`KEEP`), because te_grad has a better form of them than their decomposition.
+
+Math of the less obvious rules:
+
+- ``_native_batch_norm_legit_functional(x, w, b, rm, rv, training, momentum, eps)``: with the
+  batch mean ``m`` and biased variance ``v`` over every axis but 1, ``out = (x - m) /
+  sqrt(v + eps) * w + b``; the running statistics become ``(1 - momentum) * rm + momentum *
+  m`` and ``(1 - momentum) * rv + momentum * v * n / (n - 1)`` (``n`` the count per channel,
+  a size expression under a symbolic batch), as PyTorch updates them.
+- ``native_dropout(x, p, train)``: ``x / (1 - p)`` where a hash of the element's position
+  and the step's seed (``Context.seed``, an input of the training step) falls below ``1 -
+  p``, else 0; the identity when not training. The mask is te_grad's, not PyTorch's
+  generator's (the same law, other draws).
+- ``addmm(c, a, b, beta, alpha) = beta * c + alpha * (a @ b)``.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Callable, Dict
+
+from .. import dsl, dtypes, nn
+from ..errors import UserError
+from ..ir import Tensor
+
+#: operator name -> rule
+RULES: Dict[str, Callable] = {}
+
+#: composite operators ``torch.export`` keeps whole (not decomposed) because a rule here covers them
+KEEP = ("aten.scaled_dot_product_attention.default",)
+
+#: PyTorch's "index to the end" (``x[2:]`` slices to ``sys.maxsize``)
+_END = 2 ** 62
+
+
+def rule(*names: str):
+    """Register the decorated function as the rule of each operator in ``names``."""
+    def deco(fn):
+        for n in names:
+            if n in RULES:
+                raise RuntimeError(f"two rules for {n}")
+            RULES[n] = fn
+        return fn
+    return deco
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _axis(d, ndim: int) -> int:
+    if not is_int(d):
+        raise UserError(f"dimension {d!r} is not an int")
+    d = int(d)
+    if not -max(ndim, 1) <= d < max(ndim, 1):
+        raise UserError(f"dimension {d} is out of range for a tensor of rank {ndim}")
+    return d % max(ndim, 1)
+
+
+def _axes(dims, ndim: int):
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return tuple(range(ndim))
+    if is_int(dims):
+        dims = [dims]
+    return tuple(sorted({_axis(d, ndim) for d in dims}))
+
+
+def _float(x: Tensor) -> str:
+    return x.dtype if dtypes.is_float(x.dtype) else dtypes.FLOAT32
+
+
+def unary(fn: Callable, name: str, floating: bool = True):
+    """A rule applying ``fn`` elementwise (integers converted to float32 first when ``floating``)."""
+    def apply(t, x):
+        if not isinstance(x, Tensor):
+            raise UserError(f"{name}: expected a tensor, got {x!r}")
+        if floating and not dtypes.is_float(x.dtype):
+            return dsl.compute(x.shape, lambda *i: fn(dsl.cast(dtypes.FLOAT32, x[i])), name=name)
+        return dsl.compute(x.shape, lambda *i: fn(x[i]), name=name)
+    return apply
+
+
+def binary(fn: Callable, name: str):
+    """A rule applying ``fn`` to two operands (tensors or numbers) under numpy broadcasting."""
+    def apply(t, a, b, **kw):
+        return nn.elementwise._binary(name, fn, a, b)
+    return apply
+
+
+# -- elementwise -------------------------------------------------------------------------------
+for _n, _f in {"relu": nn.relu, "sigmoid": nn.sigmoid, "tanh": nn.tanh}.items():
+    RULES[f"aten.{_n}.default"] = (lambda f: lambda t, x: f(x))(_f)
+
+for _n, _f in {"exp": dsl.exp, "log": dsl.log, "sqrt": dsl.sqrt, "erf": dsl.erf, "sin": dsl.sin, "cos": dsl.cos,
+               "log1p": dsl.log1p, "expm1": dsl.expm1, "rsqrt": lambda v: 1.0 / dsl.sqrt(v),
+               "reciprocal": lambda v: 1.0 / v, "atan": dsl.atan, "asin": dsl.asin, "acos": dsl.acos}.items():
+    RULES[f"aten.{_n}.default"] = unary(_f, _n)
+
+RULES["aten.neg.default"] = unary(lambda v: -v, "neg", floating=False)
+RULES["aten.abs.default"] = unary(dsl.abs, "abs", floating=False)
+
+
+@rule("aten.add.Tensor", "aten.add.Scalar")
+def _add(t, a, b, alpha=1):
+    if alpha != 1:
+        b = nn.multiply(b, alpha) if isinstance(b, Tensor) else b * alpha
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        return a + b
+    return nn.add(a, b)
+
+
+@rule("aten.sub.Tensor", "aten.sub.Scalar")
+def _sub(t, a, b, alpha=1):
+    if alpha != 1:
+        b = nn.multiply(b, alpha) if isinstance(b, Tensor) else b * alpha
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        return a - b
+    return nn.subtract(a, b)
+
+
+@rule("aten.rsub.Scalar", "aten.rsub.Tensor")
+def _rsub(t, a, b, alpha=1):
+    return _sub(t, b, a, alpha)
+
+
+@rule("aten.mul.Tensor", "aten.mul.Scalar")
+def _mul(t, a, b):
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        return a * b
+    return nn.multiply(a, b)
+
+
+@rule("aten.div.Tensor", "aten.div.Scalar")
+def _div(t, a, b):
+    for v in (a, b):
+        if isinstance(v, Tensor) and not dtypes.is_float(v.dtype):
+            raise UserError("integer true division is not translated")
+    return nn.divide(a, b)
+
+
+RULES["aten.maximum.default"] = binary(dsl.maximum, "maximum")
+RULES["aten.minimum.default"] = binary(dsl.minimum, "minimum")
+RULES["aten.pow.Tensor_Scalar"] = binary(lambda a, b: a * a if b == 2 else dsl.pow(a, b), "pow")
+RULES["aten.pow.Tensor_Tensor"] = binary(dsl.pow, "pow")
+
+
+@rule("aten.clamp.default")
+def _clamp(t, x, min=None, max=None):  # noqa: A002 - ATen's names
+    return nn.clip(x, min, max)
+
+
+@rule("aten.where.self")
+def _where(t, cond, a, b):
+    return nn.where(cond, a, b)
+
+
+for _n, _f in {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b,
+               "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b}.items():
+    for _kind in ("Scalar", "Tensor"):
+        RULES[f"aten.{_n}.{_kind}"] = (lambda f, n: lambda t, a, b: nn.elementwise._binary(
+            n, f, a, b))(_f, _n)
+
+
+@rule("aten.logical_not.default")
+def _logical_not(t, x):
+    return dsl.compute(x.shape, lambda *i: dsl.logical_not(x[i] != 0) if x.dtype != dtypes.BOOL
+                       else dsl.logical_not(x[i]), name="logical_not")
+
+
+@rule("aten.logical_and.default")
+def _logical_and(t, a, b):
+    return nn.elementwise._binary("logical_and", lambda x, y: dsl.all(x, y), a, b)
+
+
+@rule("aten.logical_or.default")
+def _logical_or(t, a, b):
+    return nn.elementwise._binary("logical_or", lambda x, y: dsl.any(x, y), a, b)
+
+
+@rule("aten.sym_size.int")
+def _sym_size(t, x, dim):
+    return x.shape[_axis(dim, x.ndim)]
+
+
+@rule("aten.sym_numel.default")
+def _sym_numel(t, x):
+    n = 1
+    for s in x.shape:
+        n = n * s
+    return n
+
+
+# -- constants ---------------------------------------------------------------------------------
+def _dtype(dtype, default=dtypes.FLOAT32) -> str:
+    from .translate import dtype_of
+    got = dtype_of(dtype)
+    return got if got is not None else default
+
+
+@rule("aten.full.default")
+def _full(t, size, value, dtype=None, layout=None, device=None, pin_memory=None):
+    dt = _dtype(dtype, dtypes.FLOAT32 if isinstance(value, float) else dtypes.INT64)
+    return dsl.compute(tuple(size), lambda *i: dsl.const(value, dt), name="full")
+
+
+@rule("aten.scalar_tensor.default")
+def _scalar_tensor(t, value, dtype=None, layout=None, device=None, pin_memory=None):
+    return _full(t, (), value, dtype)
+
+
+@rule("aten.full_like.default")
+def _full_like(t, x, value, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _full(t, x.shape, value, dtype if dtype is not None else x.dtype)
+
+
+# -- layout ------------------------------------------------------------------------------------
+@rule("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+def _view(t, x, shape):
+    return nn.reshape(x, tuple(shape))
+
+
+@rule("aten.permute.default")
+def _permute(t, x, dims):
+    return nn.transpose(x, tuple(_axis(d, x.ndim) for d in dims))
+
+
+@rule("aten.t.default")
+def _t(t, x):
+    return nn.transpose(x, (1, 0)) if x.ndim == 2 else x
+
+
+@rule("aten.transpose.int")
+def _transpose(t, x, a, b):
+    perm = list(range(x.ndim))
+    a, b = _axis(a, x.ndim), _axis(b, x.ndim)
+    perm[a], perm[b] = perm[b], perm[a]
+    return nn.transpose(x, tuple(perm))
+
+
+@rule("aten.clone.default", "aten.alias.default", "aten.contiguous.default", "aten.lift_fresh_copy.default")
+def _identity(t, x, memory_format=None):
+    return x
+
+
+@rule("aten.detach.default")
+def _detach(t, x):
+    return dsl.compute(x.shape, lambda *i: dsl.stop_gradient(x[i]), name="detach")
+
+
+@rule("aten.unsqueeze.default")
+def _unsqueeze(t, x, dim):
+    return nn.expand_dims(x, _axis(dim, x.ndim + 1))
+
+
+@rule("aten.squeeze.dims", "aten.squeeze.dim", "aten.squeeze.default")
+def _squeeze(t, x, dims=None):
+    axes = _axes(dims, x.ndim) if dims is not None else tuple(range(x.ndim))
+    axes = tuple(d for d in axes if is_int(x.shape[d]) and x.shape[d] == 1)
+    if not axes:
+        return x
+    return nn.squeeze(x, axes)
+
+
+@rule("aten.expand.default")
+def _expand(t, x, size, implicit=False):
+    size = tuple(size)
+    lead = len(size) - x.ndim
+    if lead < 0:
+        raise UserError(f"expand: {len(size)} sizes for a tensor of rank {x.ndim}")
+    shape = tuple(x.shape[d - lead] if (is_int(s) and s == -1) else s for d, s in enumerate(size))
+
+    def body(*i):
+        return x[tuple(0 if is_int(x.shape[d]) and x.shape[d] == 1 and not (is_int(shape[d + lead]) and
+                                                                            shape[d + lead] == 1)
+                       else i[d + lead] for d in range(x.ndim))]
+    return dsl.compute(shape, body, name="expand")
+
+
+def _clamp_index(v, n):
+    if v is None:
+        return None
+    if is_int(v) and v >= _END:
+        return n
+    if is_int(v) and v < 0:
+        if is_int(n):
+            return max(n + v, 0)
+        return n + v
+    if is_int(v) and is_int(n):
+        return min(v, n)
+    return v
+
+
+@rule("aten.slice.Tensor")
+def _slice(t, x, dim=0, start=None, end=None, step=1):
+    d = _axis(dim, x.ndim)
+    n = x.shape[d]
+    start = _clamp_index(start, n) if start is not None else 0
+    end = _clamp_index(end, n) if end is not None else n
+    if is_int(start) and start == 0 and end is n and step == 1:
+        return x
+    if not is_int(step) or step < 1:
+        raise UserError(f"slice: step must be a positive int, got {step!r}")
+    length = end - start if step == 1 else (end - start + step - 1) // step
+    if is_int(length):
+        length = max(length, 0)
+    shape = x.shape[:d] + (length,) + x.shape[d + 1:]
+    return dsl.compute(shape, lambda *i: x[i[:d] + (i[d] * step + start,) + i[d + 1:]], name="slice")
+
+
+@rule("aten.select.int")
+def _select(t, x, dim, index):
+    d = _axis(dim, x.ndim)
+    if is_int(index) and index < 0:
+        index = x.shape[d] + index
+    shape = x.shape[:d] + x.shape[d + 1:]
+    return dsl.compute(shape, lambda *i: x[i[:d] + (index,) + i[d:]], name="select")
+
+
+@rule("aten.cat.default")
+def _cat(t, tensors, dim=0):
+    tensors = [x for x in tensors if not (x.ndim == 1 and is_int(x.shape[0]) and x.shape[0] == 0)]
+    return nn.concat(tensors, _axis(dim, tensors[0].ndim))
+
+
+@rule("aten.split_with_sizes.default")
+def _split_with_sizes(t, x, sizes, dim=0):
+    d = _axis(dim, x.ndim)
+    out, start = [], 0
+    for s in sizes:
+        out.append(_slice(t, x, d, start, start + s, 1))
+        start = start + s
+    return tuple(out)
+
+
+@rule("aten.split.Tensor")
+def _split(t, x, size, dim=0):
+    d = _axis(dim, x.ndim)
+    n = x.shape[d]
+    if not is_int(n):
+        raise UserError("split along a run-time dimension is not translated")
+    return _split_with_sizes(t, x, [min(size, n - s) for s in range(0, n, size)], d)
+
+
+# -- linear algebra ----------------------------------------------------------------------------
+@rule("aten.mm.default")
+def _mm(t, a, b):
+    return nn.matmul(a, b)
+
+
+@rule("aten.addmm.default")
+def _addmm(t, c, a, b, beta=1, alpha=1):
+    ab = nn.matmul(a, b)
+    if alpha != 1:
+        ab = nn.multiply(ab, alpha)
+    if beta == 0:
+        return ab
+    return nn.add(ab, c if beta == 1 else nn.multiply(c, beta))
+
+
+@rule("aten.bmm.default")
+def _bmm(t, a, b):
+    return nn.batch_matmul(a, b)
+
+
+# -- reductions --------------------------------------------------------------------------------
+@rule("aten.sum.dim_IntList", "aten.sum.default")
+def _sum(t, x, dims=None, keepdim=False, dtype=None):
+    return nn.sum(x, _axes(dims, x.ndim), keepdims=keepdim)
+
+
+@rule("aten.mean.dim", "aten.mean.default")
+def _mean(t, x, dims=None, keepdim=False, dtype=None):
+    return nn.mean(x, _axes(dims, x.ndim), keepdims=keepdim)
+
+
+@rule("aten.amax.default")
+def _amax(t, x, dims=(), keepdim=False):
+    return nn.max(x, _axes(dims, x.ndim), keepdims=keepdim)
+
+
+@rule("aten.amin.default")
+def _amin(t, x, dims=(), keepdim=False):
+    return nn.min(x, _axes(dims, x.ndim), keepdims=keepdim)
+
+
+@rule("aten.var.correction")
+def _var(t, x, dims=None, correction=None, keepdim=False):
+    corr = 1 if correction is None else correction
+    return nn.variance(x, _axes(dims, x.ndim), keepdims=keepdim, correction=corr)
+
+
+@rule("aten._softmax.default")
+def _softmax(t, x, dim, half_to_float=False):
+    return nn.softmax(x, _axis(dim, x.ndim))
+
+
+@rule("aten._log_softmax.default")
+def _log_softmax(t, x, dim, half_to_float=False):
+    return nn.log_softmax(x, _axis(dim, x.ndim))
+
+
+# -- convolution, pooling, normalization -------------------------------------------------------
+@rule("aten.convolution.default")
+def _convolution(t, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    if x.ndim != 4:
+        raise UserError(f"only 2-D convolutions are translated here (input rank {x.ndim})")
+    if transposed:
+        return nn.conv2d_transpose(x, w, stride=tuple(stride), padding=tuple(padding),
+                                   output_padding=tuple(output_padding), dilation=tuple(dilation),
+                                   groups=groups, bias=b)
+    return nn.conv2d(x, w, stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation),
+                     groups=groups, bias=b)
+
+
+@rule("aten.max_pool2d_with_indices.default")
+def _max_pool2d(t, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    if ceil_mode:
+        raise UserError("max_pool2d with ceil_mode=True is not translated")
+    out = nn.max_pool2d(x, tuple(kernel), tuple(stride) if stride else None,
+                        tuple(padding) if isinstance(padding, (list, tuple)) else padding,
+                        tuple(dilation) if isinstance(dilation, (list, tuple)) else dilation)
+    return (out, None)
+
+
+@rule("aten.avg_pool2d.default")
+def _avg_pool2d(t, x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    if ceil_mode or divisor_override is not None:
+        raise UserError("avg_pool2d with ceil_mode or divisor_override is not translated")
+    return nn.avg_pool2d(x, tuple(kernel), tuple(stride) if stride else None,
+                         tuple(padding) if isinstance(padding, (list, tuple)) else padding,
+                         count_include_pad=count_include_pad)
+
+
+@rule("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
+def _adaptive_avg_pool2d(t, x, output_size):
+    oh, ow = tuple(output_size)
+    h, w = x.shape[-2:]
+    if (oh, ow) == (1, 1):
+        return nn.mean(x, (x.ndim - 2, x.ndim - 1), keepdims=True)
+    if not (is_int(h) and is_int(w)) or h % oh or w % ow:
+        raise UserError(f"adaptive_avg_pool2d to {oh}x{ow} of a {h}x{w} input is translated only when "
+                        "the output divides the input")
+    return nn.avg_pool2d(x, (h // oh, w // ow))
+
+
+def _batch_stats(x):
+    axes = tuple(d for d in range(x.ndim) if d != 1)
+    return nn.mean(x, axes), nn.variance(x, axes)
+
+
+def _normalized(x, mean, var, w, b, eps):
+    def body(*i):
+        c = i[1]
+        v = (x[i] - mean[c]) / dsl.sqrt(var[c] + eps)
+        if w is not None:
+            v = v * w[c]
+        if b is not None:
+            v = v + b[c]
+        return v
+    return dsl.compute(x.shape, body, name="batch_norm")
+
+
+@rule("aten._native_batch_norm_legit_functional.default")
+def _bn_functional(t, x, w, b, rm, rv, training, momentum, eps):
+    if not training:
+        out = _normalized(x, rm, rv, w, b, eps)
+        return (out, None, None, rm, rv)
+    mean, var = _batch_stats(x)
+    out = _normalized(x, mean, var, w, b, eps)
+    n = 1
+    for d in range(x.ndim):
+        if d != 1:
+            n = n * x.shape[d]
+    if is_int(n):
+        unbias = n / max(n - 1, 1)
+    else:
+        unbias = dsl.cast(x.dtype, n) / dsl.cast(x.dtype, dsl.maximum(n - 1, 1))
+    m = momentum
+    new_rm = dsl.compute(rm.shape, lambda c: (1.0 - m) * rm[c] + m * mean[c], name="running_mean_new")
+    new_rv = dsl.compute(rv.shape, lambda c: (1.0 - m) * rv[c] + (m * unbias) * var[c], name="running_var_new")
+    rstd = dsl.compute(var.shape, lambda c: 1.0 / dsl.sqrt(var[c] + eps), name="batch_norm_rstd")
+    return (out, mean, rstd, new_rm, new_rv)
+
+
+@rule("aten._native_batch_norm_legit_no_training.default")
+def _bn_eval(t, x, w, b, rm, rv, momentum, eps):
+    return (_normalized(x, rm, rv, w, b, eps), None, None)
+
+
+@rule("aten._native_batch_norm_legit.no_stats")
+def _bn_no_stats(t, x, w, b, training, momentum, eps):
+    mean, var = _batch_stats(x)
+    return (_normalized(x, mean, var, w, b, eps), mean, None)
+
+
+@rule("aten.native_layer_norm.default")
+def _layer_norm(t, x, normalized_shape, w, b, eps):
+    k = len(normalized_shape)
+    out = nn.layer_norm(x, w, b, axis=tuple(range(x.ndim - k, x.ndim)), eps=eps)
+    return (out, None, None)
+
+
+# -- dropout -----------------------------------------------------------------------------------
+@rule("aten.native_dropout.default")
+def _native_dropout(t, x, p, train=True):
+    ctx = t.context
+    if not train or p == 0.0 or ctx is None or not getattr(ctx, "training", False):
+        return (x, None)
+    if not 0.0 <= p < 1.0:
+        raise UserError(f"dropout probability {p} is not in [0, 1)")
+    if ctx.seed is None:
+        raise UserError("dropout in training needs the step's seed (Context.seed)")
+    salt = 7919 * (ctx.dropout_count + 1)
+    ctx.dropout_count += 1
+    keep, scale, seed = 1.0 - p, 1.0 / (1.0 - p), ctx.seed
+
+    def body(*idx):
+        flat = dsl.const(0)
+        for i, n in zip(idx, x.shape):
+            flat = flat * n + i
+        h = (flat * 1103515245 + seed[()] * 12345 + salt) % 2147483648
+        h = (h * 1103515245 + 12345) % 2147483648
+        h = (h * 69069 + 1) % 2147483648
+        u = dsl.cast(x.dtype, h) * (1.0 / 2147483648.0)
+        return dsl.if_then_else(u < keep, x[idx] * scale, dsl.const(0.0, x.dtype))
+    return (dsl.compute(x.shape, body, name="dropout"), None)

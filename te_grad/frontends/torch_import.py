@@ -1,0 +1,267 @@
+"""Importing a ``torch.nn.Module``: ``torch.export``, then the ATen graph as te_grad tensors.
+
+::
+
+    import te_grad.torch as tgt
+    from te_grad import train
+
+    model = tgt.import_model(net, (x_example,))          # net: any torch.nn.Module
+    x, y = model.input_placeholders()[0], tg.placeholder((32,), "int64", name="y")
+    trainer = train.Trainer(model, inputs=[x], targets=[y], loss=tg.nn.softmax_cross_entropy,
+                            optimizer=train.SGD(lr=0.1))
+    trainer.update(xb, yb)                              # one native call: forward, backward, update
+    model.copy_to(net, trainer)                         # the trained weights back into PyTorch
+
+:func:`import_model` exports the module twice with ``torch.export`` (once in training mode,
+once in evaluation mode, restoring the module's mode after), decomposes both programs to
+PyTorch's core ATen opset (keeping :data:`te_grad.frontends.aten.KEEP` whole), and checks
+that te_grad translates every operator: an unsupported one is a :class:`UserError` listing
+each with its model source line, before anything is built.
+
+The result is an :class:`ImportedModel`, a :class:`te_grad.train.Module`:
+
+- its parameters (:class:`~te_grad.train.Param`) are the module's parameters that require a
+  gradient, named as in ``state_dict`` and starting from the module's current values (the
+  Trainer's initializer does not touch them);
+- its states (:class:`~te_grad.train.State`) are the module's buffers (batch norm's running
+  statistics and ``num_batches_tracked``), parameters that do not require a gradient (frozen:
+  read, never updated) and tensor constants. A buffer the training program mutates is updated
+  by the training step exactly as PyTorch updates it (the program's own
+  ``BUFFER_MUTATION`` outputs);
+- calling it with a :class:`~te_grad.train.Context` translates the training program when
+  ``ctx.training`` and the evaluation program otherwise (batch norm on running statistics,
+  dropout the identity). Dropout in training draws its mask from the step's seed.
+
+With ``dynamic_batch`` (the default) dimension 0 of every input is a ``torch.export.Dim``;
+translated on the Trainer's ``batch`` size variable, one step kernel serves every batch size.
+A model whose export specializes the batch (its code depends on the value) is exported with
+the example's shape instead, and :attr:`ImportedModel.static_reason` says why.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .. import dsl
+from ..errors import UserError
+from ..ir import Tensor
+from ..train.layers import Context, Module, Param, State
+from .aten import KEEP, RULES
+from .translate import check_supported, dtype_of, translate, unsupported
+
+__all__ = ["import_model", "ImportedModel", "export_program", "coverage"]
+
+
+def _decompositions():
+    table = torch.export.default_decompositions()
+    for name in KEEP:
+        ns, op, overload = name.split(".")
+        table.pop(getattr(getattr(getattr(torch.ops, ns), op), overload), None)
+    return table
+
+
+def _dynamic_shapes(example_inputs, dynamic_batch: bool):
+    if not dynamic_batch:
+        return None
+    batch = torch.export.Dim("batch")
+    return tuple({0: batch} if isinstance(x, torch.Tensor) and x.ndim > 0 else None for x in example_inputs)
+
+
+def export_program(module: torch.nn.Module, example_inputs: Sequence, training: bool, dynamic_batch: bool = True):
+    """``module`` exported in training or evaluation mode, decomposed to core ATen; the module's
+    mode is restored. Returns ``(program, reason)``: ``reason`` says why the batch is not
+    dynamic when ``dynamic_batch`` was asked for and the export had to specialize it."""
+    was = module.training
+    module.train(training)
+    reason = None
+    try:
+        args = tuple(example_inputs)
+        try:
+            ep = torch.export.export(module, args, dynamic_shapes=_dynamic_shapes(args, dynamic_batch),
+                                     strict=False)
+        except Exception as e:  # noqa: BLE001 - a batch the program specializes: exact shapes
+            if not dynamic_batch:
+                raise UserError(f"import_model: torch.export failed: {type(e).__name__}: {e}") from e
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            try:
+                ep = torch.export.export(module, args, strict=False)
+            except Exception as e2:  # noqa: BLE001
+                raise UserError(f"import_model: torch.export failed: {type(e2).__name__}: {e2}") from e2
+        ep = ep.run_decompositions(_decompositions())
+    finally:
+        module.train(was)
+    return ep, reason
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().contiguous().numpy().copy()
+
+
+class ImportedModel(Module):
+    """A ``torch.nn.Module`` as a :class:`te_grad.train.Module` (see the module docstring)."""
+
+    def __init__(self, module: torch.nn.Module, example_inputs: Sequence, dynamic_batch: bool = True):
+        if not isinstance(module, torch.nn.Module):
+            raise UserError(f"import_model: expected a torch.nn.Module, got {type(module).__name__}")
+        example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+        for k, x in enumerate(example_inputs):
+            if not isinstance(x, torch.Tensor):
+                raise UserError(f"import_model: example input {k} is a {type(x).__name__}, not a torch.Tensor")
+            if dtype_of(x.dtype) is None:
+                raise UserError(f"import_model: example input {k} has dtype {x.dtype}, which te_grad does not take")
+            if dynamic_batch and x.ndim > 0 and x.shape[0] < 2:
+                raise UserError(f"import_model: example input {k} has batch {x.shape[0]}; torch.export "
+                                "specializes a batch of 0 or 1, give an example batch of at least 2 "
+                                "(or dynamic_batch=False)")
+        self.module_name = type(module).__name__
+        self.example_shapes = [tuple(x.shape) for x in example_inputs]
+        self.example_dtypes = [dtype_of(x.dtype) for x in example_inputs]
+        self.num_inputs = len(example_inputs)
+        self.programs = {}
+        reasons = []
+        for training in (True, False):
+            ep, reason = export_program(module, example_inputs, training, dynamic_batch)
+            self.programs[training] = ep
+            if reason:
+                reasons.append(reason)
+        #: why the batch is not a size variable although ``dynamic_batch`` was asked for
+        self.static_reason: Optional[str] = reasons[0] if reasons else None
+        self.dynamic_batch = dynamic_batch and self.static_reason is None
+        if self.static_reason:
+            warnings.warn(f"import_model: the batch of {self.module_name} is exact ({self.static_reason})",
+                          RuntimeWarning, stacklevel=3)
+        missing = []
+        for training, ep in self.programs.items():
+            missing += [m for m in unsupported(ep.graph.nodes, RULES) if m not in missing]
+        if missing:
+            check_supported([n for ep in self.programs.values() for n in ep.graph.nodes], RULES,
+                            f"import_model({self.module_name})")
+        named = dict(module.named_parameters())
+        buffers = dict(module.named_buffers())
+        self._params: Dict[str, Param] = {}
+        self._states: Dict[str, State] = {}
+        for ep in self.programs.values():
+            sig = ep.graph_signature
+            for spec in sig.input_specs:
+                kind = spec.kind.name
+                target = spec.target
+                if kind == "PARAMETER":
+                    p = named[target]
+                    if p.requires_grad:
+                        self._param(target, p)
+                    else:
+                        self._state(target, p)
+                elif kind == "BUFFER":
+                    self._state(target, buffers[target])
+                elif kind == "CONSTANT_TENSOR":
+                    self._state(target, ep.constants[target])
+                elif kind not in ("USER_INPUT",):
+                    raise UserError(f"import_model: program input {spec.arg.name} of kind {kind} is not supported")
+
+    def _param(self, name, value: torch.Tensor):
+        if name in self._params:
+            return
+        dtype = dtype_of(value.dtype)
+        if dtype is None or not dtype.startswith("float"):
+            raise UserError(f"import_model: parameter {name} has dtype {value.dtype}; trainable parameters "
+                            "must be float32 or float64")
+        shape = tuple(value.shape)
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        p = Param(name, shape, "weight" if len(shape) > 1 else "bias", fan_in, shape[0] if shape else 1, dtype)
+        p.value = _numpy(value)
+        self._params[name] = p
+
+    def _state(self, name, value: torch.Tensor):
+        if name in self._states:
+            return
+        dtype = dtype_of(value.dtype)
+        if dtype is None:
+            raise UserError(f"import_model: buffer {name} has dtype {value.dtype}, which te_grad does not take")
+        self._states[name] = State(name, tuple(value.shape), _numpy(value), dtype)
+
+    # -- the te_grad Module interface --------------------------------------------------------
+    def parameters(self) -> List[Param]:
+        return list(self._params.values())
+
+    def states(self) -> List[State]:
+        return list(self._states.values())
+
+    def rename(self, prefix: str):
+        raise UserError("an imported model keeps its PyTorch names; it cannot be put inside a Sequential")
+
+    def __call__(self, *args):
+        return self.forward(*args)
+
+    def forward(self, *args):
+        """``forward(x0, ..., ctx)``: the program of ``ctx``'s mode on te_grad tensors ``x0, ...``."""
+        if not args or not isinstance(args[-1], Context):
+            raise UserError("an imported model is called as model(*inputs, ctx) with a train.Context")
+        *xs, ctx = args
+        if len(xs) != self.num_inputs:
+            raise UserError(f"{self.module_name} takes {self.num_inputs} input(s), got {len(xs)}")
+        ep = self.programs[bool(ctx.training)]
+        sig = ep.graph_signature
+        inputs = {}
+        user = iter(xs)
+        for spec in sig.input_specs:
+            kind, name = spec.kind.name, spec.arg.name
+            if kind == "PARAMETER":
+                holder = self._params.get(spec.target) or self._states[spec.target]
+                inputs[name] = holder.placeholder
+            elif kind in ("BUFFER", "CONSTANT_TENSOR"):
+                inputs[name] = self._states[spec.target].placeholder
+            else:
+                x = next(user)
+                if not isinstance(x, Tensor):
+                    raise UserError(f"{self.module_name}: input {name} must be a te_grad tensor, got {x!r}")
+                inputs[name] = x
+        outs = translate(ep.graph.nodes, inputs, RULES, ctx, where=f"import_model({self.module_name})")
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        results = []
+        for spec, value in zip(sig.output_specs, outs):
+            kind = spec.kind.name
+            if kind == "BUFFER_MUTATION":
+                state = self._states[spec.target]
+                ctx.updates[id(state.placeholder)] = value
+            elif kind == "USER_OUTPUT":
+                results.append(value)
+            else:
+                raise UserError(f"{self.module_name}: program output of kind {kind} is not supported")
+        return results[0] if len(results) == 1 else tuple(results)
+
+    # -- conveniences --------------------------------------------------------------------------
+    def input_placeholders(self, names: Sequence[str] = None) -> List[Tensor]:
+        """Placeholders of the example inputs' shapes and dtypes (the Trainer's ``inputs``)."""
+        names = names or [f"x{k}" if self.num_inputs > 1 else "x" for k in range(self.num_inputs)]
+        return [dsl.placeholder(s, dtype=d, name=n) for s, d, n in zip(self.example_shapes, self.example_dtypes,
+                                                                        names)]
+
+    def copy_to(self, module: torch.nn.Module, trainer) -> None:
+        """Load ``trainer``'s current parameters and states into ``module`` (by ``state_dict`` name)."""
+        values = dict(trainer.params)
+        values.update({k: v for k, v in trainer.states.items() if k in self._states})
+        own = module.state_dict()
+        update = {k: torch.from_numpy(np.array(v)).to(own[k].dtype) for k, v in values.items() if k in own}
+        module.load_state_dict(update, strict=False)
+
+
+def import_model(module: torch.nn.Module, example_inputs, dynamic_batch: bool = True) -> ImportedModel:
+    """``module`` as a te_grad training model (:class:`ImportedModel`, see the module docstring)."""
+    return ImportedModel(module, example_inputs, dynamic_batch=dynamic_batch)
+
+
+def coverage(module: torch.nn.Module, example_inputs, dynamic_batch: bool = True) -> List[tuple]:
+    """``[(operator, count, translated)]`` over both programs of ``module``, most frequent first."""
+    counts: Dict[str, int] = {}
+    for training in (True, False):
+        ep, _ = export_program(module, example_inputs, training, dynamic_batch)
+        for node in ep.graph.nodes:
+            if node.op == "call_function":
+                from .translate import op_name
+                name = op_name(node)
+                counts[name] = counts.get(name, 0) + 1
+    return sorted(((n, c, n in RULES or n in ("getitem", "mul", "add", "sub", "floordiv", "neg"))
+                   for n, c in counts.items()), key=lambda r: (-r[1], r[0]))

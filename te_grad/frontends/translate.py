@@ -1,0 +1,286 @@
+"""The translator from an FX graph of ATen ops to te_grad tensors (imports no framework).
+
+A PyTorch program captured by ``torch.export`` (or by Dynamo, for the ``torch.compile``
+backend) is an FX graph: placeholders, ``call_function`` nodes on ATen operators
+(``aten.convolution.default``) and Python functions on sizes (``operator.mul``), and one
+output node. :class:`Translator` walks it in order and gives each node a te_grad value:
+
+- a :class:`~te_grad.ir.Tensor` for a tensor (the rule of the node's operator builds it
+  from ``te_grad.nn`` where an operator exists there, the DSL otherwise; the table lives in
+  :mod:`te_grad.frontends.aten`, one rule per operator with its math);
+- an int, a float, a bool, or a size expression (``tg.var``) for a ``SymInt``;
+- a tuple of these for an operator with several results (read by ``operator.getitem``).
+
+The graph's symbolic sizes (the ``SymInt`` s of ``torch.export``'s ``Dim`` s) become the
+size expressions of the placeholders they came from: the extent of the te_grad input
+tensor at that dimension, an int for an exact build or a ``tg.var`` for a kernel serving
+every batch size. Every tensor a rule returns is checked against the node's recorded
+``meta["val"]`` (its rank, its dtype, and each extent that is an int in both), so a rule that
+disagrees with PyTorch on a shape fails at the node, naming it, rather than computing a wrong
+number further on.
+
+Before anything is built, :func:`unsupported` lists every node whose operator has no rule,
+with the line of model source it came from (``meta["stack_trace"]``): an import is
+complete or refused whole, never partial.
+"""
+from __future__ import annotations
+
+import numbers
+import operator
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+from .. import dsl, dtypes
+from ..errors import UserError
+from ..ir import Expr, Tensor
+
+#: Python functions on sizes that appear in graphs with symbolic shapes
+SIZE_FUNCTIONS: Dict[Callable, Callable] = {
+    operator.mul: operator.mul, operator.add: operator.add, operator.sub: operator.sub,
+    operator.floordiv: operator.floordiv, operator.neg: operator.neg,
+}
+
+#: torch dtype names (``str(torch.float32)`` without ``torch.``) to te_grad's
+TORCH_DTYPES = {"float32": dtypes.FLOAT32, "float64": dtypes.FLOAT64, "int32": dtypes.INT32,
+                "int64": dtypes.INT64, "bool": dtypes.BOOL, "float": dtypes.FLOAT32, "double": dtypes.FLOAT64,
+                "long": dtypes.INT64, "int": dtypes.INT32}
+
+
+def dtype_of(torch_dtype) -> Optional[str]:
+    """te_grad's name of a torch dtype (``torch.float32`` -> ``"float32"``), None if it has none."""
+    if torch_dtype is None:
+        return None
+    return TORCH_DTYPES.get(str(torch_dtype).replace("torch.", ""))
+
+
+def op_name(node) -> str:
+    """The name of a node's operator as the rule table keys it (``"aten.relu.default"``)."""
+    target = node.target
+    if isinstance(target, str):
+        return target
+    return getattr(target, "__name__", None) if target in SIZE_FUNCTIONS or target is operator.getitem \
+        else str(target)
+
+
+def source_line(node) -> str:
+    """The innermost model source line a node came from (``file:line: code``), or ``""``."""
+    trace = (getattr(node, "meta", None) or {}).get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.strip().splitlines()]
+    frames = []
+    for k, ln in enumerate(lines):
+        if ln.startswith("File "):
+            where = ln[5:].split(", in ")[0].replace('"', "")
+            code = lines[k + 1] if k + 1 < len(lines) and not lines[k + 1].startswith("File ") else ""
+            frames.append(f"{where}: {code}" if code else where)
+    # the innermost frame of the model's code, not of torch's own modules
+    own = [f for f in frames if "/torch/" not in f.replace("\\", "/")]
+    return (own or frames or [""])[-1]
+
+
+def unsupported(nodes, rules: Mapping[str, Callable]) -> List[str]:
+    """One line per node with no rule: ``op (source line)``; empty when every node is covered."""
+    out = []
+    for node in nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem or node.target in SIZE_FUNCTIONS:
+            continue
+        name = op_name(node)
+        if name not in rules:
+            where = source_line(node)
+            out.append(f"{name}" + (f" (at {where})" if where else f" (node {node.name})"))
+    return out
+
+
+def check_supported(nodes, rules: Mapping[str, Callable], what: str) -> None:
+    """A :class:`UserError` listing every unsupported operator of ``nodes`` with its source line."""
+    missing = unsupported(nodes, rules)
+    if missing:
+        ops = sorted({m.split(" ")[0] for m in missing})
+        lines = "\n  ".join(missing)
+        raise UserError(f"{what}: {len(missing)} node(s) use ATen operators te_grad does not translate "
+                        f"({', '.join(ops)}):\n  {lines}")
+
+
+class Translator:
+    """Gives te_grad values to the nodes of an FX graph (see the module docstring).
+
+    ``env`` maps the graph's placeholder nodes (by name) to their values; ``rules`` is the
+    operator table (:data:`te_grad.frontends.aten.RULES`); ``context`` is what rules with
+    side information read (the dropout seed and mode: :class:`te_grad.train.Context`)."""
+
+    def __init__(self, rules: Mapping[str, Callable], context=None, where: str = "import"):
+        self.rules = rules
+        self.context = context
+        self.where = where
+        self.values: Dict[str, object] = {}
+        self.symbols: Dict[object, object] = {}    # sympy symbol -> te_grad size (int or size expression)
+        self.node = None                           # the node being translated (for rules' messages)
+
+    # -- sizes ---------------------------------------------------------------------------------
+    def bind_placeholder(self, node, value) -> None:
+        """Give placeholder ``node`` its value, and learn the graph's size symbols from its shape."""
+        self.values[node.name] = value
+        val = node.meta.get("val") if hasattr(node, "meta") else None
+        shape = getattr(val, "shape", None)
+        if shape is None or not isinstance(value, Tensor):
+            if _is_symint(val) and isinstance(value, (int, Expr)):
+                self.symbols.setdefault(_sym_expr(val), value)
+            return
+        if len(shape) != value.ndim:
+            raise UserError(f"{self.where}: input {node.name} has rank {value.ndim}, the captured "
+                            f"program expects rank {len(shape)} (shape {list(shape)})")
+        for d, s in enumerate(shape):
+            if _is_symint(s):
+                expr = _sym_expr(s)
+                if getattr(expr, "is_Symbol", False):
+                    self.symbols.setdefault(expr, value.shape[d])
+            elif isinstance(value.shape[d], numbers.Integral) and int(s) != value.shape[d]:
+                raise UserError(f"{self.where}: input {node.name} has extent {value.shape[d]} in dimension "
+                                f"{d}, the captured program was traced with {int(s)} there")
+
+    def size(self, s):
+        """A graph size (an int, a ``SymInt``, a sympy expression) as a te_grad size."""
+        if isinstance(s, bool):
+            return s
+        if isinstance(s, numbers.Integral):
+            return int(s)
+        if isinstance(s, (Expr,)):
+            return s
+        if _is_symint(s):
+            hint = _hint(s)
+            return self._sympy(_sym_expr(s), hint)
+        return s
+
+    def _sympy(self, e, hint=None):
+        if getattr(e, "is_Integer", False):
+            return int(e)
+        if getattr(e, "is_Symbol", False):
+            if e in self.symbols:
+                return self.symbols[e]
+            if hint is not None:
+                return hint
+            raise UserError(f"{self.where}: the size {e} is not an extent of any input")
+        name = type(e).__name__
+        args = [self._sympy(a) for a in e.args]
+        if name == "Add":
+            out = args[0]
+            for a in args[1:]:
+                out = out + a
+            return out
+        if name == "Mul":
+            out = args[0]
+            for a in args[1:]:
+                out = out * a
+            return out
+        if name == "FloorDiv":
+            return args[0] // args[1]
+        if hint is not None:
+            return hint
+        raise UserError(f"{self.where}: cannot translate the size expression {e}")
+
+    # -- the walk ------------------------------------------------------------------------------
+    def value(self, a):
+        """A node argument with the values of the nodes it names substituted (recursively)."""
+        if hasattr(a, "op") and hasattr(a, "name") and hasattr(a, "meta"):
+            if a.name not in self.values:
+                raise UserError(f"{self.where}: node {a.name} is used before it has a value")
+            return self.values[a.name]
+        if isinstance(a, (list, tuple)):
+            return type(a)(self.value(x) for x in a)
+        if isinstance(a, dict):
+            return {k: self.value(v) for k, v in a.items()}
+        return self.size(a)
+
+    def run(self, nodes) -> object:
+        """Translate ``nodes`` (placeholders already bound); returns the output node's value."""
+        for node in nodes:
+            if node.op == "placeholder":
+                if node.name not in self.values:
+                    raise UserError(f"{self.where}: no value given for input {node.name}")
+                continue
+            if node.op == "output":
+                return self.value(node.args[0])
+            if node.op == "get_attr":
+                raise UserError(f"{self.where}: get_attr node {node.name} ({node.target}) is not translated; "
+                                "parameters and buffers must be inputs of the captured program")
+            if node.op != "call_function":
+                raise UserError(f"{self.where}: node {node.name} of kind {node.op} is not translated")
+            self.values[node.name] = self.call(node)
+        return None
+
+    def call(self, node):
+        args = [self.value(a) for a in node.args]
+        kwargs = {k: self.value(v) for k, v in node.kwargs.items()}
+        if node.target is operator.getitem:
+            return args[0][args[1]]
+        if node.target in SIZE_FUNCTIONS:
+            return SIZE_FUNCTIONS[node.target](*args)
+        name = op_name(node)
+        rule = self.rules.get(name)
+        if rule is None:
+            check_supported([node], self.rules, self.where)
+        self.node = node
+        try:
+            out = rule(self, *args, **kwargs)
+        except UserError as e:
+            where = source_line(node)
+            raise UserError(f"{self.where}: {name} at node {node.name}"
+                            + (f" ({where})" if where else "") + f": {e}") from None
+        return self._checked(node, name, out)
+
+    def _checked(self, node, name, out):
+        val = node.meta.get("val")
+        if isinstance(out, Tensor):
+            want = dtype_of(getattr(val, "dtype", None))
+            shape = getattr(val, "shape", None)
+            if shape is not None:
+                if len(shape) != out.ndim:
+                    raise UserError(f"{self.where}: {name} at node {node.name}: te_grad gives rank {out.ndim} "
+                                    f"{list(out.shape)}, PyTorch {len(shape)} {list(shape)}")
+                for d, s in enumerate(shape):
+                    if not _is_symint(s) and isinstance(out.shape[d], numbers.Integral) and int(s) != out.shape[d]:
+                        raise UserError(f"{self.where}: {name} at node {node.name}: te_grad gives shape "
+                                        f"{list(out.shape)}, PyTorch {list(shape)}")
+            if want is not None and want != out.dtype:
+                out = dsl.compute(out.shape, lambda *i, o=out: dsl.cast(want, o[i]), name=f"{node.name}_cast")
+        elif isinstance(out, (tuple, list)) and isinstance(val, (tuple, list)):
+            return type(out)(o if v is None or o is None else self._checked_item(node, name, o, v)
+                             for o, v in zip(out, val))
+        return out
+
+    def _checked_item(self, node, name, out, val):
+        if not isinstance(out, Tensor):
+            return out
+        want = dtype_of(getattr(val, "dtype", None))
+        if want is not None and want != out.dtype:
+            out = dsl.compute(out.shape, lambda *i, o=out: dsl.cast(want, o[i]), name=f"{node.name}_cast")
+        return out
+
+
+def _is_symint(v) -> bool:
+    return type(v).__name__ in ("SymInt", "SymFloat", "SymBool")
+
+
+def _sym_expr(v):
+    return v.node.expr
+
+
+def _hint(v):
+    try:
+        return v.node.hint
+    except AttributeError:  # pragma: no cover - older torch
+        return None
+
+
+def translate(nodes: Sequence, inputs: Mapping[str, object], rules: Mapping[str, Callable], context=None,
+              where: str = "import"):
+    """Translate a whole graph: ``inputs`` gives each placeholder (by name) its value."""
+    t = Translator(rules, context, where)
+    nodes = list(nodes)
+    check_supported(nodes, rules, where)
+    for node in nodes:
+        if node.op == "placeholder":
+            if node.name not in inputs:
+                raise UserError(f"{where}: no value given for input {node.name}")
+            t.bind_placeholder(node, inputs[node.name])
+    return t.run(nodes)
