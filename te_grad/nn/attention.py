@@ -97,8 +97,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
         return None
 
     re = dsl.reduce_axis((0, e), name="e")
-    scores = compute(scores_shape, lambda idx: dsl.sum(q[idx[:nb] + (idx[-2], re)] * scale * k[idx[:nb] + (idx[-1], re)],
-                                                       axis=re), name=op + "_scores")
+    scores = compute(scores_shape, lambda idx: dsl.sum(q[idx[:nb] + (idx[-2], re)] * scale
+                                                       * k[idx[:nb] + (idx[-1], re)], axis=re), name=op + "_scores")
 
     def score(idx):
         """The score of query ``idx[-2]`` for key ``idx[-1]``, a float mask added."""
