@@ -181,7 +181,8 @@ def _translate(inputs, nodes, outputs) -> list:
         except _Refused:
             raise
         except Exception as e:  # noqa: BLE001 - any failure of a rule: the node runs in PyTorch
-            raise _Refused(node, f"{type(e).__name__}: {e}") from None
+            inner = e.__context__ if isinstance(e, UserError) and e.__context__ is not None else e
+            raise _Refused(node, f"the rule refused it: {type(inner).__name__}: {inner}") from None
     out = []
     for node in outputs:
         v = t.values.get(node.name)
