@@ -1,0 +1,216 @@
+"""``torch.compile(model, backend=te_grad.torch.backend)``: training and inference against eager PyTorch.
+
+Every model is trained side by side with an identical eager copy (same initial weights,
+same batches, same ``torch.optim`` optimizer): the compiled copy's losses and weights must
+match eager PyTorch's. Each test also checks that te_grad kernels really ran (forward calls
+of the te_grad ops, a backward kernel built from te_grad's derived gradients), so none can
+pass by leaving the whole graph to PyTorch.
+"""
+import copy
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+import te_grad.torch as tgt  # noqa: E402
+
+RTOL = 1e-4
+
+
+def _close(a, b, rtol=RTOL, atol=1e-6, what=""):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    assert np.allclose(a, b, rtol=rtol, atol=atol), f"{what}: max diff {np.max(np.abs(a - b))}"
+
+
+def _backward_built(backend) -> bool:
+    """Whether some te_grad op of ``backend`` built a backward kernel (only its autograd does)."""
+    for op in backend.ops:
+        for key in op._specs.keys():
+            spec = op._specs.get(key, None)
+            if spec is not None and spec._backward:
+                return True
+    return False
+
+
+def _train_both(make, opt, batches, backend, steps=5):
+    """Train ``make()`` eagerly and compiled with ``backend``; returns (eager, compiled) models."""
+    torch.manual_seed(0)
+    eager = make()
+    net = copy.deepcopy(eager)
+    fast = torch.compile(net, backend=backend)
+    opts = [opt(eager.parameters()), opt(net.parameters())]
+    for step in range(steps):
+        x, y = batches[step % len(batches)]
+        losses = []
+        for model, o in zip((eager, fast), opts):
+            o.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            o.step()
+            losses.append(loss.item())
+        _close(losses[1], losses[0], what=f"loss at step {step}")
+    for (name, a), (_, b) in zip(eager.state_dict().items(), net.state_dict().items()):
+        _close(b.detach().numpy(), a.detach().numpy(), what=name)
+    return eager, net, fast
+
+
+def _batches(shape, classes, n=2, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(*shape, generator=g), torch.randint(0, classes, (shape[0],), generator=g))
+            for _ in range(n)]
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(6, 16), nn.Linear(16, 12), nn.Linear(12, 3)
+
+    def forward(self, x):
+        return self.fc3(torch.tanh(self.fc2(F.relu(self.fc1(x)))))
+
+
+def test_mlp_trains_as_eager_on_te_grad_kernels():
+    backend = tgt.Backend()
+    eager, net, fast = _train_both(MLP, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+                                   _batches((8, 6), 3), backend)
+    assert backend.stats["fallback_nodes"] == 0, backend.notes   # the whole graph is te_grad's
+    assert backend.stats["te_grad_ops"] == 1 and backend.stats["te_grad_calls"] == 5
+    assert _backward_built(backend)
+    with torch.no_grad():  # inference
+        x = torch.randn(8, 6)
+        _close(fast(x).numpy(), eager(x).numpy(), rtol=1e-5, what="inference")
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        # no bias before batch norm: its true gradient is 0, and Adam would scale float noise to steps
+        self.conv = nn.Conv2d(2, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4 * 3 * 3, 3)
+
+    def forward(self, x):
+        h = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
+        return self.fc(h.flatten(1))
+
+
+def test_cnn_with_batch_norm_trains_as_eager():
+    backend = tgt.Backend()
+    with pytest.warns(tgt.FallbackWarning, match="aten.add.Tensor"):  # num_batches_tracked += 1
+        eager, net, fast = _train_both(CNN, lambda p: torch.optim.Adam(p, lr=1e-2), _batches((6, 2, 6, 6), 3),
+                                       backend)
+    # the running statistics were updated as eager's (state_dict compared above), and moved
+    assert not torch.allclose(net.bn.running_mean, torch.zeros(4))
+    assert int(net.bn.num_batches_tracked) == 5
+    assert backend.stats["te_grad_calls"] == 5 and _backward_built(backend)
+    # the only node left to PyTorch is num_batches_tracked += 1 (an integer result)
+    assert backend.stats["fallback_nodes"] == 1 and "aten.add.Tensor" in backend.notes[0]
+    eager.eval(), net.eval()
+    x = torch.randn(5, 2, 6, 6)
+    with torch.no_grad():
+        _close(fast(x).numpy(), eager(x).numpy(), rtol=1e-5, what="inference in eval mode")
+    _close(net.bn.running_var.numpy(), eager.bn.running_var.numpy(), what="running_var after eval")
+
+
+class Attention(nn.Module):
+    """A single-head self-attention block with a residual and layer norm, then a classifier."""
+
+    def __init__(self, d=8, classes=3):
+        super().__init__()
+        self.q, self.v, self.o = (nn.Linear(d, d) for _ in range(3))
+        self.k = nn.Linear(d, d, bias=False)  # softmax ignores a key bias: its true gradient is 0 (see CNN)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(q.shape[-1]), dim=-1)
+        h = self.norm(x + self.o(att @ v))
+        return self.head(h.mean(1))
+
+
+def test_attention_block_trains_as_eager():
+    backend = tgt.Backend()
+    eager, net, fast = _train_both(Attention, lambda p: torch.optim.Adam(p, lr=1e-2), _batches((4, 5, 8), 3),
+                                   backend)
+    assert backend.stats["te_grad_calls"] >= 5 and _backward_built(backend)
+    assert backend.stats["fallback_nodes"] == 0, backend.notes
+    x = torch.randn(4, 5, 8)
+    with torch.no_grad():
+        _close(fast(x).numpy(), eager(x).numpy(), rtol=1e-5, what="inference")
+
+
+class WithCumprod(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(5, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = torch.sigmoid(self.fc1(x))
+        h = torch.cumprod(h, dim=1)  # no te_grad rule: runs in PyTorch
+        return self.fc2(h)
+
+
+def test_untranslated_op_falls_back_once_with_its_name_and_line():
+    backend = tgt.Backend()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        eager, net, fast = _train_both(WithCumprod, lambda p: torch.optim.SGD(p, lr=0.5), _batches((8, 5), 3),
+                                       backend, steps=3)
+    notes = [str(w.message) for w in caught if issubclass(w.category, tgt.FallbackWarning)]
+    assert len(notes) == 1, notes
+    assert "aten.cumprod.default" in notes[0] and "test_dynamo_backend.py" in notes[0] \
+        and "torch.cumprod(h, dim=1)" in notes[0] and "no te_grad rule" in notes[0]
+    # the layers around it are two te_grad ops, run at every step, with te_grad's backward
+    assert backend.stats["te_grad_ops"] == 2 and backend.stats["te_grad_calls"] == 6
+    assert _backward_built(backend)
+
+
+def test_a_second_batch_size_reuses_one_symbolic_te_grad_op():
+    backend = tgt.Backend()
+    torch.manual_seed(0)
+    eager = MLP()
+    net = copy.deepcopy(eager)
+    fast = torch.compile(net, backend=backend)
+    for batch in (8, 5, 3):
+        x = torch.randn(batch, 6, requires_grad=True)
+        y = torch.randint(0, 3, (batch,))
+        x2 = x.detach().clone().requires_grad_(True)
+        F.cross_entropy(fast(x), y).backward()
+        F.cross_entropy(eager(x2), y).backward()
+        _close(x.grad.numpy(), x2.grad.numpy(), what=f"input gradient at batch {batch}")
+    for a, b in zip(eager.parameters(), net.parameters()):  # gradients accumulated over the 3 batches
+        _close(b.grad.numpy(), a.grad.numpy(), what="parameter gradient")
+    # batch 8: an exact op; batch 5: Dynamo's symbolic recompile, an op on a size variable; batch 3 reuses it
+    assert backend.stats["graphs"] == 2 and backend.stats["te_grad_ops"] == 2
+    dynamic = backend.ops[1]
+    assert dynamic.dynamic and all(0 in dims for dims in dynamic.dynamic.values())
+    (key,) = dynamic._specs.keys()  # one spec: its batch extent is a size variable's name
+    assert any(isinstance(e, str) for shape, _ in key for e in shape), key
+    assert backend.stats["te_grad_calls"] == 3
+
+
+class CeilPool(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3)
+
+    def forward(self, x):
+        return torch.tanh(F.max_pool2d(self.conv(x), 2, ceil_mode=True))
+
+
+def test_a_node_its_rule_refuses_falls_back_with_the_reason():
+    backend = tgt.Backend()
+    net = CeilPool()
+    x = torch.randn(2, 1, 8, 8)
+    with pytest.warns(tgt.FallbackWarning, match=r"max_pool2d_with_indices.*the rule refused it.*ceil_mode"):
+        with torch.no_grad():
+            got = torch.compile(net, backend=backend)(x)
+    with torch.no_grad():
+        _close(got.numpy(), net(x).numpy(), rtol=1e-5, what="inference")
+    assert backend.stats["te_grad_ops"] == 2 and backend.stats["te_grad_calls"] == 2  # conv, then tanh
