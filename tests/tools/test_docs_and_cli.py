@@ -117,3 +117,14 @@ def test_readme_sizes_example_runs(capsys):
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert "(n,)" in out and "208 * n | 7696" in out
+
+
+def test_readme_import_example_runs():
+    """The example of "Whole models from PyTorch": five steps of an imported CNN give PyTorch's
+    loss and running statistics (checked inside the example)."""
+    import pytest
+    pytest.importorskip("torch")
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Whole models from PyTorch"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
