@@ -187,3 +187,48 @@ def test_two_inputs_frozen_parameter_and_read_only_buffer_are_carried(tmp_path):
     np.testing.assert_array_equal(c_state["scale"], net.scale.numpy())
     want = torch_losses(net, batches, torch.nn.functional.mse_loss)
     np.testing.assert_allclose(c_losses, want, rtol=1e-4, atol=1e-6)
+
+
+def test_the_fine_tuning_example_prints_the_python_trainers_losses(tmp_path):
+    """examples/finetune end to end: prepare.py exports, the host compiler builds finetune.c,
+    its printed losses are the Python trainer's (and PyTorch's), for all steps and fewer."""
+    import importlib.util
+    import os
+    import sys
+    cc, _ = toolchain("host")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    where = os.path.join(root, "examples", "finetune")
+    out = tmp_path / "build"
+    steps = 6
+    subprocess.run([sys.executable, os.path.join(where, "prepare.py"), str(out), "--steps", str(steps)],
+                   check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root})
+    prog = out / "finetune"
+    subprocess.run([cc, "-std=c99", "-Wall", "-Werror", "-O2", "-I", str(out), "-o", str(prog),
+                    os.path.join(where, "finetune.c"), str(out / "finetune.o"), "-lm"],
+                   check=True, capture_output=True, text=True)
+    done = subprocess.run([str(prog), str(out / "finetune_data.bin")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    c_losses = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step")]
+    py_losses = [float(line.split()[-1]) for line in (out / "python_losses.txt").read_text().splitlines()]
+    assert len(c_losses) == len(py_losses) == steps
+    np.testing.assert_allclose(c_losses, py_losses, rtol=1e-4, atol=2e-6)
+    assert f"batch norm saw {steps} batches" in done.stdout
+    done = subprocess.run([str(prog), str(out / "finetune_data.bin"), "2"], capture_output=True, text=True)
+    assert done.returncode == 0 and [line.split()[-1] for line in done.stdout.splitlines()[:2]] == \
+        [f"{v:.6f}" for v in py_losses[:2]] and "batch norm saw 2 batches" in done.stdout
+    # the same network and batches in PyTorch, its first convolution frozen
+    spec = importlib.util.spec_from_file_location("finetune_prepare", os.path.join(where, "prepare.py"))
+    prepare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prepare)
+    net = prepare.network()
+    rng = np.random.default_rng(0)
+    batches = [prepare.make_batch(rng) for _ in range(steps)]
+    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=prepare.LR, momentum=prepare.MOMENTUM)
+    want = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    np.testing.assert_allclose(c_losses, want, rtol=1e-4, atol=1e-5)
