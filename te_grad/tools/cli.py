@@ -573,7 +573,11 @@ def main(argv=None) -> int:
     p_digits.add_argument("--threads", type=int, default=None, help="threads for te_grad and PyTorch")
     p_digits.add_argument("--no-torch", action="store_true", help="do not train the PyTorch twin")
     p_digits.add_argument("--plot", metavar="PNG", help="draw the two loss curves into PNG")
+    from te_grad.tools import import_check
+    import_check.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "import-check":
+        return import_check.main(args)
     if args.command == "train-digits":
         from te_grad.train.digits import run
         run(args.epochs, args.lr, args.batch, threads=args.threads, compare=not args.no_torch, plot=args.plot)

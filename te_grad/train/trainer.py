@@ -208,7 +208,7 @@ class Trainer:
         return dsl.compute((), lambda: dsl.sum(dsl.if_then_else(out[r, y[r]] >= best[r], 1.0, 0.0), axis=r)
                            * (1.0 / n), name="accuracy")
 
-    def _build_step(self, shapes, apply: bool, wait: bool = True) -> _Step:
+    def _build_step(self, shapes, apply: bool, wait: bool = True, carry: bool = False) -> _Step:
         from .. import build, gradient
         xs, ys = self._batch_placeholders(shapes)
         seed = dsl.placeholder((), dtype="int64", name="seed")
@@ -250,6 +250,10 @@ class Trainer:
         for s in self._model_states:
             if id(s.placeholder) in ctx.updates:
                 new[self._index[s.name]] = ctx.updates[id(s.placeholder)]
+        if carry:  # every slot the step does not change is copied to the output (an exported state blob)
+            for k, slot in enumerate(self._slots):
+                if k not in new:
+                    new[k] = _copy(slot.placeholder)
         extra = [loss] + ([accuracy] if accuracy is not None else [])
         slot_outputs = sorted(new)
         outputs = extra + [new[k] for k in slot_outputs]
@@ -473,11 +477,17 @@ class Trainer:
         ``state`` is one blob holding every parameter and state (optimizer moments, batch
         norm statistics) at the byte offsets the header gives; a step reads ``state_in`` and
         writes the next state to ``state_out`` (two blobs used in turn, as the trainer does).
+        Members keep their dtypes (an int64 ``num_batches_tracked``, float64 parameters), each
+        at a 16-byte aligned offset; a state the step only reads (a frozen parameter, a
+        constant of an imported model) is copied from ``state_in`` to ``state_out``, so every
+        blob a step writes is complete. Several model inputs come first, in order.
         The header documents each scalar (:data:`SCALAR_DOCS`): ``t`` is the step count
         **from 1** (a counter from 0 divides by zero in Adam's bias correction and repeats
         SGD momentum's first step), ``seed`` a new value each step (dropout), ``lr`` the
         step's learning rate. The current state is in the object as
-        ``NAME_initial_state``. Returns the file paths and the state layout."""
+        ``NAME_initial_state`` (``const float`` when every member is float32, else the blob's
+        bytes as ``int32_t`` words: ``memcpy`` it). Returns the file paths, ``state_bytes``,
+        the ``layout`` (name -> byte offset and shape) and the members' ``dtypes``."""
         import os
         from .. import export as export_kernels
         if self.accumulate != 1:
@@ -487,17 +497,14 @@ class Trainer:
         name = c_name(os.path.basename(path))
         shapes = tuple(t.shape for t in self.inputs + self.targets)
         step = self._step_for_shapes(shapes, True, exact=True)  # the C entry point has the placeholders' batch
-        if step.carried:
-            raise UserError(f"Trainer.export: the step does not update "
-                            f"{[self._slots[k].name for k in step.carried]}")
+        if step.carried:  # states the step only reads (frozen parameters, constants): copied to state_out
+            step = self._build_step(shapes, True, carry=True)
         offsets, total = [], 0
         for s in self._slots:
-            if s.placeholder.dtype != "float32":
-                raise UserError(f"Trainer.export: state {s.name} is {s.placeholder.dtype}; the exported "
-                                "state is float32")
             total = -(-total // 16) * 16
             offsets.append(total)
-            total += s.placeholder.size * 4
+            total += s.placeholder.size * np.dtype(s.placeholder.dtype).itemsize
+        total = -(-total // 4) * 4  # whole 4-byte words (a bool state may end mid-word)
         kern = step.kernel
         inputs = kern.inputs
         batch, (seed, lr, t) = inputs[:len(step.batch)], inputs[len(step.batch):len(step.batch) + 3]
@@ -517,14 +524,20 @@ class Trainer:
         predict_args = list(pin[:len(self.inputs)]) + [
             ("group", "state", [(pin[len(self.inputs) + j], offsets[k]) for j, k in enumerate(slots)], False, total),
             ("buffer", "out", predict_kern.outputs[0])]
-        blob = np.zeros(total // 4, np.float32)
+        blob = np.zeros(total, np.uint8)
         for k, s in enumerate(self._slots):
-            blob[offsets[k] // 4: offsets[k] // 4 + s.placeholder.size] = s.arrays[self._current].ravel()
+            value = np.ascontiguousarray(s.arrays[self._current], dtype=s.placeholder.dtype)
+            blob[offsets[k]: offsets[k] + value.nbytes] = value.reshape(-1).view(np.uint8)
+        # the initial state as float values where every member is float32, else its bytes as int32 words
+        all_float = all(s.placeholder.dtype == "float32" for s in self._slots)
+        blob = blob.view(np.float32 if all_float else np.int32)
         files = export_kernels(path, {f"{name}_step": (kern, step_args), f"{name}_predict": (predict_kern, predict_args)},
                                target, cpu=cpu, features=features, shared=shared, threads=threads,
                                constants={f"{name}_initial_state": blob})
         layout = {s.name: (offsets[k], s.placeholder.shape) for k, s in enumerate(self._slots)}
-        return {**files, "state_bytes": total, "layout": layout, "has_accuracy": step.n_out_extra > 1}
+        dtypes_ = {s.name: s.placeholder.dtype for s in self._slots}
+        return {**files, "state_bytes": total, "layout": layout, "dtypes": dtypes_,
+                "has_accuracy": step.n_out_extra > 1}
 
     def _predict_kernel(self, shapes, exact: bool = False):
         from .. import build
@@ -662,6 +675,13 @@ def _clipped(grads: List[Tensor], clip: float) -> List[Tensor]:
         total = nn.add(total, p)
     scale = dsl.compute((), lambda: dsl.minimum(1.0, clip / (dsl.sqrt(total[()]) + 1e-6)), name="clip_scale")
     return [dsl.compute(g.shape, lambda *i, g=g: g[i] * scale[()], name=f"{g.name}_clipped") for g in grads]
+
+
+def _copy(x: Tensor) -> Tensor:
+    """``x`` unchanged, as a new tensor (a state an exported step carries from ``state_in`` to ``state_out``)."""
+    if x.ndim == 0:
+        return dsl.compute((), lambda: x[()], name=f"{x.name}_carried")
+    return dsl.compute(x.shape, lambda *i: x[i], name=f"{x.name}_carried")
 
 
 def _placeholders(tensors):
