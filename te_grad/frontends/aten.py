@@ -421,14 +421,44 @@ def _convolution(t, x, w, b, stride, padding, dilation, transposed, output_paddi
                      groups=groups, bias=b)
 
 
+def _pair(v, what):
+    v = tuple(v) if isinstance(v, (list, tuple)) else (v, v)
+    if len(v) == 1:
+        v = (v[0], v[0])
+    if len(v) != 2 or not all(is_int(a) for a in v):
+        raise UserError(f"{what} must be an int or a pair of ints, got {v!r}")
+    return tuple(int(a) for a in v)
+
+
+def _ceil_extra(n, k, s, p, d):
+    """The padding past the end that ``ceil_mode`` adds along one axis (PyTorch's
+    ``pooling_output_shape``): the output is ``ceil((n + 2p - d(k-1) - 1) / s) + 1``, less one
+    when the last window would start in the padding past the end."""
+    span = n + 2 * p - d * (k - 1) - 1
+    out = -(-span // s) + 1
+    if (out - 1) * s >= n + p:
+        out -= 1
+    return max((out - 1) * s + d * (k - 1) + 1 - (n + 2 * p), 0)
+
+
 @rule("aten.max_pool2d_with_indices.default")
 def _max_pool2d(t, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    kernel = _pair(kernel, "max_pool2d: kernel_size")
+    stride = _pair(stride, "max_pool2d: stride") if stride else kernel
+    pad = _pair(padding, "max_pool2d: padding")
+    dil = _pair(dilation, "max_pool2d: dilation")
     if ceil_mode:
-        raise UserError("max_pool2d with ceil_mode=True is not translated")
-    out = nn.max_pool2d(x, tuple(kernel), tuple(stride) if stride else None,
-                        tuple(padding) if isinstance(padding, (list, tuple)) else padding,
-                        tuple(dilation) if isinstance(dilation, (list, tuple)) else dilation)
-    return (out, None)
+        h, w = x.shape[2], x.shape[3]
+        if not (is_int(h) and is_int(w)):
+            raise UserError(f"max_pool2d with ceil_mode=True needs int spatial extents, got {h} x {w}")
+        eh, ew = (_ceil_extra(n, k, s, p, d) for n, k, s, p, d in zip((h, w), kernel, stride, pad, dil))
+        if eh or ew:
+            # the windows ceil_mode adds at the end read -inf past the input (padding is -inf)
+            nh, nw = h + eh, w + ew
+            x = dsl.compute(x.shape[:2] + (nh, nw), lambda n, c, i, j: dsl.if_then_else(
+                dsl.all(i < h, j < w), x[n, c, dsl.minimum(i, h - 1), dsl.minimum(j, w - 1)],
+                dsl.const(float("-inf"), x.dtype)), name="max_pool2d_ceil_pad")
+    return (nn.max_pool2d(x, kernel, stride, pad, dil), None)
 
 
 @rule("aten.avg_pool2d.default")
@@ -443,14 +473,37 @@ def _avg_pool2d(t, x, kernel, stride=(), padding=0, ceil_mode=False, count_inclu
 
 @rule("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
 def _adaptive_avg_pool2d(t, x, output_size):
-    oh, ow = tuple(output_size)
+    oh, ow = _pair(output_size, "adaptive_avg_pool2d: output_size")
     h, w = x.shape[-2:]
     if (oh, ow) == (1, 1):
         return nn.mean(x, (x.ndim - 2, x.ndim - 1), keepdims=True)
-    if not (is_int(h) and is_int(w)) or h % oh or w % ow:
-        raise UserError(f"adaptive_avg_pool2d to {oh}x{ow} of a {h}x{w} input is translated only when "
-                        "the output divides the input")
-    return nn.avg_pool2d(x, (h // oh, w // ow))
+    if not (is_int(h) and is_int(w)):
+        raise UserError(f"adaptive_avg_pool2d to {oh}x{ow} needs int spatial extents, got {h} x {w}")
+    if h % oh == 0 and w % ow == 0:
+        return nn.avg_pool2d(x, (h // oh, w // ow))
+    # PyTorch's windows: rows floor(i*h/oh) .. ceil((i+1)*h/oh) (likewise columns), overlapping
+    # and of varying size when the output does not divide the input
+    kh = max(-(-((i + 1) * h) // oh) - (i * h) // oh for i in range(oh))
+    kw = max(-(-((j + 1) * w) // ow) - (j * w) // ow for j in range(ow))
+    ry, rx = dsl.reduce_axis((0, kh), "ry"), dsl.reduce_axis((0, kw), "rx")
+    lead = x.shape[:-2]
+
+    def bounds(i, n, o):
+        return (i * n) // o, (i * n + n + o - 1) // o
+
+    def total(*idx):
+        i, j = idx[-2], idx[-1]
+        (h0, h1), (w0, w1) = bounds(i, h, oh), bounds(j, w, ow)
+        inside = dsl.all(h0 + ry < h1, w0 + rx < w1)
+        val = x[idx[:-2] + (dsl.minimum(h0 + ry, h - 1), dsl.minimum(w0 + rx, w - 1))]
+        return dsl.sum(dsl.if_then_else(inside, val, dsl.const(0.0, x.dtype)), axis=[ry, rx])
+    sums = dsl.compute(lead + (oh, ow), total, name="adaptive_avg_pool2d_sum")
+
+    def body(*idx):
+        i, j = idx[-2], idx[-1]
+        (h0, h1), (w0, w1) = bounds(i, h, oh), bounds(j, w, ow)
+        return sums[idx] / dsl.cast(x.dtype, (h1 - h0) * (w1 - w0))
+    return dsl.compute(lead + (oh, ow), body, name="adaptive_avg_pool2d")
 
 
 def _batch_stats(x):

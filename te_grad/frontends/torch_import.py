@@ -96,6 +96,19 @@ def export_program(module: torch.nn.Module, example_inputs: Sequence, training: 
     return ep, reason
 
 
+def _check_modules(module: torch.nn.Module, name: str) -> None:
+    """A :class:`UserError` naming every submodule whose training step ``torch.export`` cannot
+    capture faithfully: batch norm with ``momentum=None`` (a cumulative average, whose factor
+    ``1 / num_batches_tracked`` PyTorch computes as a Python float from the buffer's value)."""
+    bad = [sub or "(the module itself)" for sub, m in module.named_modules()
+           if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.momentum is None
+           and m.track_running_stats]
+    if bad:
+        raise UserError(f"import_model({name}): batch norm with momentum=None (a cumulative moving average, "
+                        f"its factor 1/num_batches_tracked read as a Python number) is not imported: "
+                        f"{', '.join(bad)}; give these a float momentum")
+
+
 def _numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().contiguous().numpy().copy()
 
@@ -117,6 +130,7 @@ class ImportedModel(Module):
                                 "specializes a batch of 0 or 1, give an example batch of at least 2 "
                                 "(or dynamic_batch=False)")
         self.module_name = type(module).__name__
+        _check_modules(module, self.module_name)
         self.example_shapes = [tuple(x.shape) for x in example_inputs]
         self.example_dtypes = [dtype_of(x.dtype) for x in example_inputs]
         self.num_inputs = len(example_inputs)

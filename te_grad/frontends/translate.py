@@ -92,12 +92,13 @@ def unsupported(nodes, rules: Mapping[str, Callable]) -> List[str]:
 
 
 def check_supported(nodes, rules: Mapping[str, Callable], what: str) -> None:
-    """A :class:`UserError` listing every unsupported operator of ``nodes`` with its source line."""
-    missing = unsupported(nodes, rules)
+    """A :class:`UserError` listing every unsupported operator of ``nodes`` with its source line
+    (once per operator and line: the nodes of several programs of one model may repeat them)."""
+    missing = list(dict.fromkeys(unsupported(nodes, rules)))  # one line per operator and source line
     if missing:
         ops = sorted({m.split(" ")[0] for m in missing})
         lines = "\n  ".join(missing)
-        raise UserError(f"{what}: {len(missing)} node(s) use ATen operators te_grad does not translate "
+        raise UserError(f"{what}: {len(missing)} use(s) of ATen operators te_grad does not translate "
                         f"({', '.join(ops)}):\n  {lines}")
 
 
