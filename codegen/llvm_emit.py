@@ -48,9 +48,11 @@ from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, St
                      ragged_loop_vars, stmt_exprs, stmt_stores, tensors_of)
 from .ragged_split import balanced_range
 from .symbolic_bounds import speculatable_within, stage_size_vars, symbolic_inside
-from .vecmath import exp_f32, intrinsic, sigmoid_f32, tanh_f32
+from .vecmath import erf_f32, erf_f64, exp_f32, intrinsic, log_f32, log_f64, sigmoid_f32, tanh_f32
 
-_VECMATH = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32}
+_VECMATH = {("exp", "float32"): exp_f32, ("tanh", "float32"): tanh_f32, ("sigmoid", "float32"): sigmoid_f32,
+            ("erf", "float32"): erf_f32, ("erf", "float64"): erf_f64,
+            ("log", "float32"): log_f32, ("log", "float64"): log_f64}
 
 def _names(e: Expr) -> dict:
     return {id(v): f"v{n}" for n, v in enumerate(free_vars(e))}
@@ -624,7 +626,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         if e.name == "stop_gradient":
             return x
         if how == "inline":
-            return _VECMATH[e.name](self.b, self.module, x)
+            return _VECMATH[e.name, dt](self.b, self.module, x)
         if e.name == "sigmoid":
             # e = exp(-|x|) in (0, 1]: sigmoid(|x|) = 1 / (1 + e), sigmoid(-|x|) = e / (1 + e),
             # a few ulps in both tails (1 / (1 + exp(-x)) overflows to 0 where the result is

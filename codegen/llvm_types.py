@@ -14,8 +14,8 @@ I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 SCALAR = {"float32": ir.FloatType(), "float64": ir.DoubleType(), "int32": I32, "int64": I64, "bool": I1}
 MEMORY = dict(SCALAR, bool=I8)
 FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-#: intrinsics with an inline vector form in float32 (:mod:`.vecmath`)
-INLINE_F32 = ("exp", "tanh", "sigmoid")
+#: intrinsics with an inline vector form (:mod:`.vecmath`), by dtype
+INLINE = {"float32": ("exp", "tanh", "sigmoid", "erf", "log"), "float64": ("erf", "log")}
 #: intrinsics lowered to other operations (no call at all)
 EXPANDED = ("sigmoid", "stop_gradient")
 
@@ -24,7 +24,7 @@ def lowering(name: str, dtype: str):
     """How intrinsic ``name`` is lowered for ``dtype``: ``("inline", None)`` (vecmath),
     ``("expand", None)``, ``("llvm", intrinsic)`` or ``("libm", C symbol)``, from its record."""
     op = ops.intrinsic(name)
-    if dtype == "float32" and name in INLINE_F32:
+    if name in INLINE.get(dtype, ()):
         return "inline", None
     if name in EXPANDED:
         return "expand", None
