@@ -14,8 +14,9 @@ run-time extent maps one to one or is outermost in its group. Operators that nee
 there say so: ``strided_slice`` (other than the whole axis), ``split`` at positions beyond
 the variable's ``min``, ``one_hot``'s depth.
 """
-from .activation import gelu, leaky_relu, log_softmax, relu, sigmoid, softmax, tanh
-from .conv import conv2d, conv2d_output_shape, conv2d_transpose
+from .activation import gelu, leaky_relu, log_softmax, relu, sigmoid, silu, softmax, swiglu, tanh
+from .attention import scaled_dot_product_attention
+from .conv import conv1d, conv2d, conv2d_output_shape, conv2d_transpose
 from .elementwise import (add, bias_add, broadcast_shape, divide, maximum, minimum, multiply,
                           power, subtract)
 from .embedding import embedding, take
@@ -24,22 +25,24 @@ from .array import arange, clip, cumsum, expand_dims, gather_nd, one_hot, squeez
 from .loss import binary_cross_entropy, cross_entropy, mse_loss, softmax_cross_entropy
 from .reduce import argmax, argmin, max, mean, min, sum, variance
 from .segment import segment_max, segment_softmax, segment_sum
-from .normalization import batch_norm, layer_norm
+from .normalization import batch_norm, layer_norm, rms_norm
 from .pool import avg_pool2d, global_avg_pool2d, global_max_pool2d, max_pool2d
-from .shape import concat, flatten, pad, reshape, split, strided_slice, transpose
+from .shape import chunk, concat, flatten, pad, reshape, split, strided_slice, transpose
 
 __all__ = [
     # linear algebra
     "dense", "matmul", "batch_matmul",
     # convolution and pooling
-    "conv2d", "conv2d_transpose", "conv2d_output_shape",
+    "conv1d", "conv2d", "conv2d_transpose", "conv2d_output_shape",
     "max_pool2d", "avg_pool2d", "global_avg_pool2d", "global_max_pool2d",
     # activations
-    "relu", "leaky_relu", "sigmoid", "tanh", "gelu", "softmax", "log_softmax",
+    "relu", "leaky_relu", "sigmoid", "tanh", "gelu", "silu", "swiglu", "softmax", "log_softmax",
+    # attention
+    "scaled_dot_product_attention",
     # normalization
-    "layer_norm", "batch_norm",
+    "layer_norm", "rms_norm", "batch_norm",
     # layout
-    "reshape", "flatten", "transpose", "concat", "split", "pad", "strided_slice",
+    "reshape", "flatten", "transpose", "concat", "split", "chunk", "pad", "strided_slice",
     # broadcast arithmetic
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "bias_add",
     "broadcast_shape",

@@ -6,9 +6,10 @@ import math
 from .. import dsl
 from ..errors import UserError
 from ..ir import Tensor
-from ._util import check_float, check_tensor, compute, normalize_axis
+from ..sizes import same_shape
+from ._util import check_float, check_tensor, compute, normalize_axis, size_text
 
-__all__ = ["relu", "leaky_relu", "sigmoid", "tanh", "gelu", "softmax", "log_softmax"]
+__all__ = ["relu", "leaky_relu", "sigmoid", "tanh", "gelu", "silu", "swiglu", "softmax", "log_softmax"]
 
 
 def _elementwise(op: str, x: Tensor, fn) -> Tensor:
@@ -43,10 +44,38 @@ def tanh(x: Tensor) -> Tensor:
     return _elementwise("tanh", x, dsl.tanh)
 
 
-def gelu(x: Tensor) -> Tensor:
-    """The exact GELU ``0.5 * x * (1 + erf(x / sqrt(2)))`` elementwise; same shape as ``x``."""
-    inv_sqrt2 = 1.0 / math.sqrt(2.0)
-    return _elementwise("gelu", x, lambda v: 0.5 * v * (1.0 + dsl.erf(v * inv_sqrt2)))
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """The GELU elementwise; same shape as ``x``, as PyTorch's ``F.gelu(x, approximate)``.
+
+    ``approximate="none"`` (the default) is the exact ``0.5 * x * (1 + erf(x / sqrt(2)))``;
+    ``approximate="tanh"`` is ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))``."""
+    if approximate == "none":
+        inv_sqrt2 = 1.0 / math.sqrt(2.0)
+        return _elementwise("gelu", x, lambda v: 0.5 * v * (1.0 + dsl.erf(v * inv_sqrt2)))
+    if approximate == "tanh":
+        c = math.sqrt(2.0 / math.pi)
+        return _elementwise("gelu", x, lambda v: 0.5 * v * (1.0 + dsl.tanh(c * (v + 0.044715 * (v * v * v)))))
+    raise UserError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def silu(x: Tensor) -> Tensor:
+    """The SiLU (swish) ``x * sigmoid(x)`` elementwise; same shape as ``x`` (PyTorch's ``F.silu``)."""
+    return _elementwise("silu", x, lambda v: v * dsl.sigmoid(v))
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """The SwiGLU gating ``silu(gate) * up`` elementwise (the Llama MLP's ``act(w1 x) * w3 x``).
+
+    ``gate`` and ``up`` must have the same shape and dtype; the result has it too."""
+    op = "swiglu"
+    check_tensor(op, gate, "gate")
+    check_tensor(op, up, "up")
+    check_float(op, gate, "gate")
+    check_float(op, up, "up")
+    if not same_shape(gate.shape, up.shape) or gate.dtype != up.dtype:
+        raise UserError(f"{op}: gate {gate.name} {gate.dtype}{size_text(gate.shape)} and up {up.name} "
+                        f"{up.dtype}{size_text(up.shape)} must have the same shape and dtype")
+    return compute(gate.shape, lambda idx: gate[idx] * dsl.sigmoid(gate[idx]) * up[idx], name=op)
 
 
 def _reduced(x: Tensor, axis: int):

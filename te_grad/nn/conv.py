@@ -1,4 +1,5 @@
-"""2-D convolutions in NCHW layout: ``conv2d`` (weights OIHW) and ``conv2d_transpose``.
+"""Convolutions: ``conv1d`` in NCL layout (weights OIK), ``conv2d`` in NCHW (weights OIHW) and
+``conv2d_transpose``.
 
 Padding is never materialized: the body reads the input under a quasi-affine
 guard on the index variables (``tg.if_then_else(tg.all(...), x[...], 0)``), and
@@ -13,7 +14,7 @@ from ._util import (affine, may_reach, smallest, check_tensor, compute, floordiv
                     reduce, reduce_axes, tap)
 from .elementwise import bias_add
 
-__all__ = ["conv2d", "conv2d_transpose", "conv2d_output_shape"]
+__all__ = ["conv1d", "conv2d", "conv2d_transpose", "conv2d_output_shape"]
 
 
 def _at_min(h, w) -> str:
@@ -102,6 +103,87 @@ def conv2d(x: Tensor, w: Tensor, stride=1, padding=0, dilation=1, groups: int = 
         return reduce("sum", val * w[oc, rc, ry, rx], axes)
 
     out = compute((n, o, oh, ow), body, name=op, names="nchw")
+    if bias is not None:
+        check_tensor(op, bias, "bias", ndim=1)
+        if bias.shape[0] != o:
+            raise UserError(f"{op}: bias {bias.name} has length {bias.shape[0]} but there are "
+                            f"{o} output channels")
+        out = bias_add(out, bias, axis=1, name=op + "_bias")
+    return out
+
+
+def _padding1(op: str, padding, stride: int, dilation: int, k: int):
+    """1-D padding as ``(left, right)``: an int or 1-tuple (both sides), ``"valid"`` (none) or
+    ``"same"`` (stride 1 only: ``dilation * (k - 1)`` in all, the odd one on the right, as PyTorch)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0, 0
+        if padding == "same":
+            if stride != 1:
+                raise UserError(f"{op}: padding='same' needs stride 1, got stride {stride}")
+            total = dilation * (k - 1)
+            return total // 2, total - total // 2
+        raise UserError(f"{op}: padding must be an int, a 1-tuple, 'same' or 'valid', got {padding!r}")
+    if isinstance(padding, (tuple, list)) and len(padding) == 1:
+        padding = padding[0]
+    if not is_int(padding) or padding < 0:
+        raise UserError(f"{op}: padding must be a non-negative int, a 1-tuple, 'same' or 'valid', "
+                        f"got {padding!r}")
+    return int(padding), int(padding)
+
+
+def conv1d(x: Tensor, w: Tensor, bias: Tensor = None, stride=1, padding=0, dilation=1,
+           groups: int = 1) -> Tensor:
+    """A 1-D cross-correlation (PyTorch's ``F.conv1d``, same argument order) in NCL layout.
+
+    ``x`` is (N, C, L) and ``w`` is (O, C/groups, K); the result is (N, O, OL) with
+    ``OL = (L + pad_left + pad_right - dilation*(K-1) - 1) // stride + 1`` and
+    ``out[n, o, l] = sum_{c, r} xpad[n, g*C/groups + c, l*stride + r*dilation] * w[o, c, r]``
+    where ``g = o // (O/groups)`` and ``xpad`` is ``x`` zero-padded (never materialized: the
+    read is guarded, as in :func:`conv2d`). ``stride`` and ``dilation`` are an int or a 1-tuple;
+    ``padding`` an int or a 1-tuple (both sides), ``"valid"`` (none) or ``"same"`` (stride 1;
+    the output has length L, an odd total padding's extra element on the right, as PyTorch).
+    The optional ``bias`` (O,) is added per channel.
+    """
+    op = "conv1d"
+    check_tensor(op, x, "input", ndim=3)
+    check_tensor(op, w, "weight", ndim=3)
+    (st,) = int_tuple(op, "stride", stride, 1, minimum=1)
+    (dl,) = int_tuple(op, "dilation", dilation, 1, minimum=1)
+    groups = _groups(op, groups)
+    n, c, length = x.shape
+    o, cg, k = w.shape
+    pl, pr = _padding1(op, padding, st, dl, k)
+    if c % groups:
+        raise UserError(f"{op}: groups={groups} does not divide the {c} input channels of {x.name}")
+    if o % groups:
+        raise UserError(f"{op}: groups={groups} does not divide the {o} output channels of "
+                        f"weight {w.name}")
+    if cg != c // groups:
+        raise UserError(f"{op}: channel mismatch: input {x.name} has {c} channels, so with "
+                        f"groups={groups} weight {w.name} needs {c // groups} input channels per "
+                        f"group, but its shape is {list(w.shape)}")
+    ol = (length + pl + pr - dl * (k - 1) - 1) // st + 1 if is_int(length) else \
+        _window_extent(length, pl + pr - dl * (k - 1) - 1, st)
+    if smallest(ol) < 1:
+        at_min = "" if is_int(length) else f" at the smallest sizes (input length {smallest(length)})"
+        raise UserError(f"{op}: the dilated kernel {dl * (k - 1) + 1} is larger than the padded input "
+                        f"{length + pl + pr}{at_min}")
+    og = o // groups
+    (rc, rx), axes = reduce_axes((cg, k), ("rc", "rx"))
+    max_l = (ol - 1) * st + (k - 1) * dl - pl  # the largest position read
+
+    def body(idx):
+        nn, oc, ll = idx
+        il = tap(affine(ll, st, -pl), rx, dl)
+        ic = rc if groups == 1 else tap(affine(floordiv(oc, og), cg), rc, 1)
+        cond = guard([il >= 0 if pl > 0 else None, il < length if may_reach(max_l, length) else None])
+        val = x[nn, ic, il]
+        if cond is not None:
+            val = dsl.if_then_else(cond, val, 0.0)
+        return reduce("sum", val * w[oc, rc, rx], axes)
+
+    out = compute((n, o, ol), body, name=op, names="ncl")
     if bias is not None:
         check_tensor(op, bias, "bias", ndim=1)
         if bias.shape[0] != o:

@@ -1,4 +1,4 @@
-"""Normalization layers: ``layer_norm`` and training-mode ``batch_norm``."""
+"""Normalization layers: ``layer_norm``, ``rms_norm`` and training-mode ``batch_norm``."""
 from __future__ import annotations
 
 import numbers
@@ -9,7 +9,11 @@ from ..ir import Tensor
 from ._util import (check_float, check_tensor, compute, is_int, normalize_axis, prod, reduce,
                     reduce_axes)
 
-__all__ = ["layer_norm", "batch_norm"]
+__all__ = ["layer_norm", "rms_norm", "batch_norm"]
+
+
+#: each float dtype's machine epsilon (``torch.finfo(dtype).eps``), rms_norm's default eps
+_MACHINE_EPS = {"float32": 2.0 ** -23, "float64": 2.0 ** -52}
 
 
 def _eps(op: str, eps) -> float:
@@ -91,6 +95,17 @@ def layer_norm(x: Tensor, gamma: Tensor = None, beta: Tensor = None, axis=-1,
     check_tensor(op, x, "input")
     check_float(op, x)
     eps = _eps(op, eps)
+    red = _trailing_axes(op, x, axis)
+    pshape = tuple(x.shape[d] for d in red)
+    gamma = _affine_param(op, gamma, "gamma", pshape)
+    beta = _affine_param(op, beta, "beta", pshape)
+    mean, var, kept = _moments(op, x, red)
+    first = red[0]
+    return _normalize(op, x, mean, var, kept, gamma, beta, lambda idx: tuple(idx[first:]), eps)
+
+
+def _trailing_axes(op: str, x: Tensor, axis):
+    """``axis`` (an int or a tuple of ints) as the sorted list of trailing axes of ``x`` it names."""
     if x.ndim == 0:
         raise UserError(f"{op}: input {x.name} is 0-d; there is no axis to normalize over")
     axes = (axis,) if is_int(axis) else tuple(axis) if isinstance(axis, (tuple, list)) else None
@@ -100,12 +115,38 @@ def layer_norm(x: Tensor, gamma: Tensor = None, beta: Tensor = None, axis=-1,
     if len(red) != len(axes) or red != list(range(x.ndim - len(red), x.ndim)):
         raise UserError(f"{op}: axis {axis!r} must name distinct trailing axes of {x.name} "
                         f"(rank {x.ndim})")
-    pshape = tuple(x.shape[d] for d in red)
-    gamma = _affine_param(op, gamma, "gamma", pshape)
-    beta = _affine_param(op, beta, "beta", pshape)
-    mean, var, kept = _moments(op, x, red)
-    first = red[0]
-    return _normalize(op, x, mean, var, kept, gamma, beta, lambda idx: tuple(idx[first:]), eps)
+    return red
+
+
+def rms_norm(x: Tensor, weight: Tensor = None, eps: float = None, axis=-1) -> Tensor:
+    """Root-mean-square normalization over the trailing ``axis`` (an int or a tuple of trailing axes).
+
+    With ``rms_norm_ms`` the mean of ``x * x`` over those axes, ``out = x / sqrt(ms + eps) * weight``
+    (no centering, no bias). ``weight`` has the shape of the normalized axes (or is None); the
+    result has the shape of ``x``. ``eps=None`` is PyTorch's default, the machine epsilon of
+    ``x``'s dtype (``torch.finfo(dtype).eps``: 2**-23 for float32, 2**-52 for float64). Same as
+    PyTorch's ``F.rms_norm(x, x.shape[axis...], weight, eps)``.
+    """
+    op = "rms_norm"
+    check_tensor(op, x, "input")
+    check_float(op, x)
+    eps = _MACHINE_EPS[x.dtype] if eps is None else _eps(op, eps)
+    red = _trailing_axes(op, x, axis)
+    weight = _affine_param(op, weight, "weight", tuple(x.shape[d] for d in red))
+    keep = x.ndim - len(red)
+    count = prod(x.shape[d] for d in red)
+    if is_int(count) and count == 0:
+        raise UserError(f"{op}: no elements to normalize over in {x.name} {list(x.shape)}")
+    inv = 1.0 / count
+    taps, axes = reduce_axes([x.shape[d] for d in red], [f"r{d}" for d in red])
+    ms = compute(x.shape[:keep], lambda idx: reduce("sum", x[tuple(idx) + tuple(taps)] * x[tuple(idx) + tuple(taps)]
+                                                     * inv, axes), name=op + "_ms")
+
+    def body(idx):
+        out = x[idx] / dsl.sqrt(ms[idx[:keep]] + eps)
+        return out * weight[idx[keep:]] if weight is not None else out
+
+    return compute(x.shape, body, name=op)
 
 
 def batch_norm(x: Tensor, gamma: Tensor = None, beta: Tensor = None, eps: float = 1e-5) -> Tensor:

@@ -1,4 +1,4 @@
-"""Layout operators: reshape, flatten, transpose, concat, split, pad and strided_slice.
+"""Layout operators: reshape, flatten, transpose, concat, split, chunk, pad and strided_slice.
 
 Every output element reads one input element through a quasi-affine index map
 (sums, constant multiples, ``//`` and ``%`` by constants), with guards only
@@ -17,7 +17,7 @@ from ..sizes import same_shape
 from ._util import (affine, check_tensor, compute, is_int, is_size, monomial, monomial_div, monomial_equal,
                     monomial_expr, monomial_mul, monomial_prod, normalize_axis, prod)
 
-__all__ = ["reshape", "flatten", "transpose", "concat", "split", "pad", "strided_slice"]
+__all__ = ["reshape", "flatten", "transpose", "concat", "split", "chunk", "pad", "strided_slice"]
 
 
 def _newshape(x: Tensor, newshape) -> tuple:
@@ -287,20 +287,32 @@ def _slice_axis(x: Tensor, axis: int, start: int, stop: int, name: str, extent=N
     return compute(shape, body, name=name)
 
 
-def split(x: Tensor, indices_or_sections, axis: int = 0) -> List[Tensor]:
-    """``x`` cut along ``axis`` into a list of tensors, as ``numpy.split``.
+def split(x: Tensor, indices_or_sections=None, axis: int = 0, *, sizes=None) -> List[Tensor]:
+    """``x`` cut along ``axis`` into a list of tensors, as ``numpy.split`` or ``torch.split``.
 
-    ``indices_or_sections`` is either an int ``k`` (``k`` equal parts; it must
-    divide the axis) or a sorted list of cut positions (``[2, 5]`` gives
-    ``[:2]``, ``[2:5]``, ``[5:]``; positions beyond the axis are clipped). Part
-    ``t`` reads ``x`` at ``i + start_t`` along the axis.
+    ``indices_or_sections`` (``numpy.split``) is either an int ``k`` (``k`` equal parts; it
+    must divide the axis) or a sorted list of cut positions (``[2, 5]`` gives ``[:2]``,
+    ``[2:5]``, ``[5:]``; positions beyond the axis are clipped). ``sizes`` instead (keyword
+    only; ``torch.split(x, sizes, axis)``) is either an int ``s`` (parts of ``s`` elements,
+    the last one smaller when ``s`` does not divide the axis) or a list of part lengths
+    summing to the axis. Part ``t`` reads ``x`` at ``i + start_t`` along the axis.
     """
     op = "split"
     check_tensor(op, x, "input")
     axis = normalize_axis(op, axis, x.ndim)
     n = x.shape[axis]
+    if sizes is not None or indices_or_sections is None:
+        if indices_or_sections is not None:
+            raise UserError(f"{op}: give indices_or_sections (numpy.split) or sizes (torch.split), not both")
+        indices_or_sections = _torch_cuts(op, x, axis, n, sizes)
+    return _split(x, indices_or_sections, axis, n, op)
+
+
+def _split(x: Tensor, indices_or_sections, axis: int, n, name: str) -> List[Tensor]:
+    """:func:`split` (numpy's form) on a normalized ``axis`` of size ``n``; the parts are named ``name``."""
+    op = "split"
     if not is_int(n):
-        return _split_symbolic(x, indices_or_sections, axis, n)
+        return _split_symbolic(x, indices_or_sections, axis, n, name)
     if is_int(indices_or_sections):
         k = int(indices_or_sections)
         if k < 1 or n % k:
@@ -318,10 +330,60 @@ def split(x: Tensor, indices_or_sections, axis: int = 0) -> List[Tensor]:
                             f"{indices_or_sections!r}")
         cuts = [min(int(c), n) for c in cuts]
     bounds = [0] + cuts + [n]
-    return [_slice_axis(x, axis, a, b, op) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [_slice_axis(x, axis, a, b, name) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _split_symbolic(x: Tensor, indices_or_sections, axis: int, n) -> List[Tensor]:
+def _torch_cuts(op: str, x: Tensor, axis: int, n, sizes) -> List[int]:
+    """The cut positions of ``torch.split(x, sizes, axis)`` (an int part length or a list of them)."""
+    if sizes is None:
+        raise UserError(f"{op}: give indices_or_sections (numpy.split) or sizes (torch.split)")
+    if not is_int(n):
+        raise UserError(f"{op}: axis {axis} of {x.name} has the size {n}, known only at run time; "
+                        f"sizes= needs an int extent (split it into equal sections with indices_or_sections)")
+    if is_int(sizes):
+        if sizes < 1:
+            raise UserError(f"{op}: the part length sizes must be a positive int, got {sizes!r}")
+        return list(range(int(sizes), n, int(sizes)))
+    try:
+        parts = list(sizes)
+    except TypeError:
+        raise UserError(f"{op}: sizes must be an int or a list of ints, got {sizes!r}") from None
+    if not parts or not all(is_int(p) and p >= 0 for p in parts) or sum(parts) != n:
+        raise UserError(f"{op}: sizes must be non-negative ints summing to the size {n} of axis {axis} of "
+                        f"{x.name}, got {sizes!r}")
+    cuts, at = [], 0
+    for p in parts[:-1]:
+        at += int(p)
+        cuts.append(at)
+    return cuts
+
+
+def chunk(x: Tensor, chunks: int, axis: int = 0) -> List[Tensor]:
+    """``x`` cut along ``axis`` into at most ``chunks`` parts, as ``torch.chunk``.
+
+    Each part has ``ceil(n / chunks)`` elements (``n`` the axis' size) but the last, which
+    holds the rest; so there are fewer than ``chunks`` parts where the rest runs out sooner
+    (6 in 4 chunks gives 2, 2, 2). On an axis whose size is a size expression (``tg.var``),
+    ``chunks`` must divide it structurally (``4 * n`` in 2 or 4 chunks): equal parts.
+    """
+    op = "chunk"
+    check_tensor(op, x, "input")
+    if not is_int(chunks) or chunks < 1:
+        raise UserError(f"{op}: chunks must be a positive int, got {chunks!r}")
+    axis = normalize_axis(op, axis, x.ndim)
+    n = x.shape[axis]
+    if not is_int(n):
+        if monomial_div(monomial(n), (int(chunks), ())) is None:
+            raise UserError(f"{op}: axis {axis} of {x.name} has the size {n}, known only at run time; "
+                            f"{chunks} chunks need it to be a multiple of {chunks} for every value of the sizes")
+        return _split(x, int(chunks), axis, n, op)
+    if n == 0:
+        raise UserError(f"{op}: axis {axis} of {x.name} is empty (shape {list(x.shape)})")
+    size = -(-n // int(chunks))
+    return _split(x, list(range(size, n, size)), axis, n, op)
+
+
+def _split_symbolic(x: Tensor, indices_or_sections, axis: int, n, name: str = "split") -> List[Tensor]:
     """:func:`split` along an axis whose size ``n`` is a size expression: ``k`` sections need ``n``
     to be a multiple of ``k`` structurally (``4 * n`` in 2); cut positions need a size variable
     whose ``min`` reaches the last cut, so that no part is ever negative."""
@@ -333,7 +395,7 @@ def _split_symbolic(x: Tensor, indices_or_sections, axis: int, n) -> List[Tensor
             raise UserError(f"{op}: {k} sections do not divide axis {axis} of {x.name} (size {n}) for every "
                             f"value of the sizes")
         step = monomial_expr(part)
-        return [_slice_axis(x, axis, step * t if t > 1 else (step if t else 0), None, op, extent=step)
+        return [_slice_axis(x, axis, step * t if t > 1 else (step if t else 0), None, name, extent=step)
                 for t in range(k)]
     else:
         try:
@@ -351,7 +413,7 @@ def _split_symbolic(x: Tensor, indices_or_sections, axis: int, n) -> List[Tensor
                             f"it at {cuts} needs a size variable declared with min >= {last} "
                             f"(tg.var(..., min={last}))")
         bounds = [0] + [int(c) for c in cuts] + [n]
-    return [_slice_axis(x, axis, a, b, op) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [_slice_axis(x, axis, a, b, name) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def _pad_width(x: Tensor, pad_width):

@@ -158,6 +158,13 @@ def _b_conv2d(a):
     return _nn().conv2d(X, W, bias=bias, **a.params)
 
 
+def _b_conv1d(a):
+    X = a.x("X", (1, 4, 16))
+    W = a.x("W", (4, 4 // _groups(a), 3))
+    bias = a.x("b", (W.shape[0],)) if a.flag("bias") else None
+    return _nn().conv1d(X, W, bias=bias, **a.params)
+
+
 def _b_conv2d_transpose(a):
     X = a.x("X", (1, 4, 5, 5))
     W = a.x("W", (4, 4 // _groups(a), 3, 3))
@@ -200,6 +207,30 @@ def _b_batch_norm(a):
     gamma = a.x("gamma", (c,)) if a.flag("gamma", True) else None
     beta = a.x("beta", (c,)) if a.flag("beta", True) else None
     return _nn().batch_norm(X, gamma, beta, **a.params)
+
+
+def _b_rms_norm(a):
+    X = a.x("X", (4, 8))
+    axis = a.get("axis", -1)
+    m = len(axis) if isinstance(axis, (tuple, list)) and axis else 1
+    weight = a.x("weight", X.shape[-m:] if m <= X.ndim else X.shape) if a.flag("weight", True) else None
+    return _nn().rms_norm(X, weight, **a.params)
+
+
+def _b_swiglu(a):
+    return _nn().swiglu(a.x("gate", (4, 8)), a.x("up", (4, 8)), **a.params)
+
+
+def _b_attention(a):
+    q = a.x("Q", (2, 4, 8))
+    k = a.x("K", (q.shape[0], 6, q.shape[-1]))
+    v = a.x("V", (q.shape[0], k.shape[1], 8))
+    return _nn().scaled_dot_product_attention(q, k, v, **a.params)
+
+
+def _b_chunk(a):
+    a.params.setdefault("chunks", 3)
+    return _nn().chunk(a.x("X", (7, 4)), **a.params)
 
 
 def _b_reshape(a):
@@ -306,6 +337,7 @@ SHOW_OPS = {
     "dense": ("linear algebra", _b_dense),
     "matmul": ("linear algebra", _b_matmul),
     "batch_matmul": ("linear algebra", _b_batch_matmul),
+    "conv1d": ("convolution and pooling", _b_conv1d),
     "conv2d": ("convolution and pooling", _b_conv2d),
     "conv2d_transpose": ("convolution and pooling", _b_conv2d_transpose),
     "max_pool2d": ("convolution and pooling", _b_pool("max_pool2d")),
@@ -317,15 +349,20 @@ SHOW_OPS = {
     "sigmoid": ("activations", _b_unary("sigmoid", (4, 8))),
     "tanh": ("activations", _b_unary("tanh", (4, 8))),
     "gelu": ("activations", _b_unary("gelu", (4, 8))),
+    "silu": ("activations", _b_unary("silu", (4, 8))),
+    "swiglu": ("activations", _b_swiglu),
     "softmax": ("activations", _b_unary("softmax", (4, 8))),
     "log_softmax": ("activations", _b_unary("log_softmax", (4, 8))),
+    "scaled_dot_product_attention": ("attention", _b_attention),
     "layer_norm": ("normalization", _b_layer_norm),
+    "rms_norm": ("normalization", _b_rms_norm),
     "batch_norm": ("normalization", _b_batch_norm),
     "reshape": ("layout", _b_reshape),
     "flatten": ("layout", _b_unary("flatten", (2, 3, 4))),
     "transpose": ("layout", _b_unary("transpose", (2, 3, 4))),
     "concat": ("layout", _b_concat),
     "split": ("layout", _b_split),
+    "chunk": ("layout", _b_chunk),
     "pad": ("layout", _b_pad),
     "strided_slice": ("layout", _b_strided_slice),
     "add": ("broadcast arithmetic", _b_binary("add")),

@@ -6,12 +6,12 @@ complete run on scikit-learn's handwritten digits.
 """
 from .init import (Initializer, glorot_normal, glorot_uniform, kaiming_normal, kaiming_uniform, xavier_normal,
                    xavier_uniform, zeros)
-from .layers import (GELU, AvgPool2d, BatchNorm2d, Context, Conv2d, Dropout, Embedding, Flatten, LayerNorm,
-                     Linear, MaxPool2d, Module, Param, ReLU, Sequential, State, Tanh)
+from .layers import (GELU, AvgPool2d, BatchNorm2d, Context, Conv1d, Conv2d, Dropout, Embedding, Flatten, LayerNorm,
+                     Linear, MaxPool2d, Module, Param, ReLU, RMSNorm, Sequential, SiLU, State, Tanh)
 from .optim import SGD, Adam, AdamW, Hyper, Optimizer
 from .trainer import Trainer
 
-__all__ = ["Trainer", "Module", "Param", "State", "Context", "Sequential", "Linear", "Conv2d", "BatchNorm2d",
-           "LayerNorm", "Embedding", "ReLU", "GELU", "Tanh", "Flatten", "MaxPool2d", "AvgPool2d", "Dropout",
-           "Optimizer", "SGD", "Adam", "AdamW", "Hyper", "Initializer", "zeros", "xavier_uniform",
+__all__ = ["Trainer", "Module", "Param", "State", "Context", "Sequential", "Linear", "Conv1d", "Conv2d",
+           "BatchNorm2d", "LayerNorm", "RMSNorm", "Embedding", "ReLU", "GELU", "SiLU", "Tanh", "Flatten",
+           "MaxPool2d", "AvgPool2d", "Dropout", "Optimizer", "SGD", "Adam", "AdamW", "Hyper", "Initializer", "zeros", "xavier_uniform",
            "xavier_normal", "kaiming_uniform", "kaiming_normal", "glorot_uniform", "glorot_normal"]

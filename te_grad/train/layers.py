@@ -111,6 +111,26 @@ class Conv2d(Module):
                          **self.options)
 
 
+class Conv1d(Module):
+    """A 1-D convolution in NCL (PyTorch's ``nn.Conv1d``): ``weight`` is (out, in / groups, k);
+    ``padding`` is an int, ``"same"`` or ``"valid"``."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True):
+        (k,) = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
+        if in_channels % groups or out_channels % groups:
+            raise UserError(f"Conv1d: groups={groups} must divide in_channels={in_channels} and "
+                            f"out_channels={out_channels}")
+        fan_in, fan_out = in_channels // groups * k, out_channels // groups * k
+        self.weight = Param("weight", (out_channels, in_channels // groups, k), "weight", fan_in, fan_out)
+        self.bias = Param("bias", (out_channels,), "bias", fan_in, fan_out) if bias else None
+        self.options = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    def forward(self, x, ctx):
+        return nn.conv1d(x, self.weight.placeholder, bias=self.bias.placeholder if self.bias else None,
+                         **self.options)
+
+
 class BatchNorm2d(Module):
     """Batch normalization over (N, H, W) per channel (PyTorch's ``nn.BatchNorm2d``).
 
@@ -162,6 +182,23 @@ class LayerNorm(Module):
         return nn.layer_norm(x, self.weight.placeholder, self.bias.placeholder, eps=self.eps)
 
 
+class RMSNorm(Module):
+    """Root-mean-square normalization over the trailing ``normalized_shape`` (PyTorch's
+    ``nn.RMSNorm``): ``weight`` of that shape, initialized to ones; ``eps=None`` is the machine
+    epsilon of the input's dtype, as PyTorch's."""
+
+    def __init__(self, normalized_shape, eps: float = None):
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        if not shape:
+            raise UserError(f"RMSNorm: normalized_shape must be an int or a non-empty tuple, got {normalized_shape!r}")
+        self.weight = Param("weight", shape, "ones")
+        self.eps = eps
+
+    def forward(self, x, ctx):
+        axes = tuple(range(-len(self.weight.shape), 0))
+        return nn.rms_norm(x, self.weight.placeholder, eps=self.eps, axis=axes)
+
+
 class Embedding(Module):
     """A table of ``num_embeddings`` rows read at integer ids (PyTorch's ``nn.Embedding``)."""
 
@@ -188,9 +225,16 @@ def ReLU() -> Module:  # noqa: N802 - PyTorch's name
     return _Function(nn.relu, "ReLU")
 
 
-def GELU() -> Module:  # noqa: N802
-    """The exact GELU (te_grad.nn.gelu)."""
-    return _Function(nn.gelu, "GELU")
+def GELU(approximate: str = "none") -> Module:  # noqa: N802
+    """The GELU (te_grad.nn.gelu): exact, or its tanh approximation with ``approximate="tanh"``."""
+    if approximate not in ("none", "tanh"):
+        raise UserError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _Function(lambda x: nn.gelu(x, approximate), "GELU")
+
+
+def SiLU() -> Module:  # noqa: N802
+    """``x * sigmoid(x)`` (te_grad.nn.silu)."""
+    return _Function(nn.silu, "SiLU")
 
 
 def Tanh() -> Module:  # noqa: N802

@@ -549,6 +549,54 @@ def _embedding_bag(rng):
                              tok: np.array([[1, 1, 4, 0], [4, 4, 4, 2]])}
 
 
+# ----- ops of imported PyTorch models ---------------------------------------
+
+simple("gelu_tanh", functools.partial(nn.gelu, approximate="tanh"), [(3, 4)],
+       gen=functools.partial(uniform, low=-3, high=3))
+simple("silu", nn.silu, [(3, 4)], gen=functools.partial(uniform, low=-3, high=3))
+simple("swiglu", nn.swiglu, [(2, 3, 2), (2, 3, 2)], gen=functools.partial(uniform, low=-3, high=3))
+simple("rms_norm", nn.rms_norm, [(3, 5)])
+simple("rms_norm_weight_eps", lambda x, w: nn.rms_norm(x, w, eps=0.1), [(3, 5), (5,)])
+simple("rms_norm_2_axes", lambda x, w: nn.rms_norm(x, w, axis=(-2, -1)), [(2, 3, 4), (3, 4)])
+CONV1D = {
+    "basic": ((2, 2, 6), (3, 2, 3), {}),
+    "stride2_pad1_dil2_groups2": ((1, 4, 9), (2, 2, 3), dict(stride=2, padding=1, dilation=2, groups=2)),
+    "same_even_kernel": ((1, 2, 5), (2, 2, 4), dict(padding="same")),
+    "bias_depthwise": ((2, 3, 5), (3, 1, 2), dict(groups=3, bias=True)),
+}
+for _name, (_xs, _ws, _kw) in CONV1D.items():
+    _kw = dict(_kw)
+    if _kw.pop("bias", False):
+        simple(f"conv1d_{_name}", functools.partial(lambda x, w, b, kw: nn.conv1d(x, w, b, **kw), kw=_kw),
+               [_xs, _ws, (_ws[0],)])
+    else:
+        simple(f"conv1d_{_name}", functools.partial(lambda x, w, kw: nn.conv1d(x, w, **kw), kw=_kw), [_xs, _ws])
+for _part in range(3):
+    simple(f"chunk_uneven_part{_part}", functools.partial(lambda x, p: nn.chunk(x, 3, axis=1)[p], p=_part),
+           [(2, 7)])
+    simple(f"split_sizes_part{_part}", functools.partial(lambda x, p: nn.split(x, sizes=[2, 1, 2], axis=0)[p],
+                                                         p=_part), [(5, 2)])
+simple("scaled_dot_product_attention_3d", nn.scaled_dot_product_attention, [(2, 3, 4), (2, 5, 4), (2, 5, 2)],
+       directions=3)
+simple("scaled_dot_product_attention_4d_causal",
+       lambda q, k, v: nn.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.7),
+       [(1, 2, 4, 3), (1, 2, 4, 3), (1, 2, 4, 2)], directions=3)
+simple("scaled_dot_product_attention_float_mask",
+       lambda q, k, v, m: nn.scaled_dot_product_attention(q, k, v, attn_mask=m),
+       [(2, 3, 4), (2, 4, 4), (2, 4, 3), (3, 4)], directions=3)
+
+
+@case("scaled_dot_product_attention_bool_mask_fully_masked_row", directions=3)
+def _sdpa_bool_mask(rng):
+    """A bool mask broadcast over the batch, one query masked entirely (its output is 0)."""
+    q, k, v = ph((2, 3, 4), "q"), ph((2, 4, 4), "k"), ph((2, 4, 3), "v")
+    mask = tg.placeholder((3, 4), dtype="bool", name="mask")
+    inputs = [q, k, v]
+    feed = {t: uniform(rng, t.shape) for t in inputs}
+    feed[mask] = np.array([[1, 0, 1, 1], [0, 0, 0, 0], [0, 1, 0, 0]], dtype=bool)
+    return nn.scaled_dot_product_attention(q, k, v, attn_mask=mask), inputs, feed
+
+
 # ---------------------------------------------------------------------------
 # the checks
 # ---------------------------------------------------------------------------

@@ -125,6 +125,14 @@ CASES = [
     ("segment_sum_segments", nn.segment_sum, [F(6, 2), P(N1, rows=6)]),
     ("segment_max", nn.segment_max, [F(N, 2), P(3, rows=N)]),
     ("segment_softmax", nn.segment_softmax, [F(N, 2), P(N1, rows=N)]),
+    ("silu", nn.silu, [F(N, 4)]),
+    ("swiglu", nn.swiglu, [F(N, 4), F(N, 4)]),
+    ("gelu_tanh", lambda x: nn.gelu(x, "tanh"), [F(N, 4)]),
+    ("rms_norm", lambda x, w: nn.rms_norm(x, w), [F(N, 4), F(4)]),
+    ("conv1d", lambda x, w, b: nn.conv1d(x, w, b, padding=1, stride=2), [F(N, 2, 7), F(3, 2, 3), F(3)]),
+    ("chunk", lambda x: nn.chunk(x, 3, axis=1)[2], [F(N, 7)]),
+    ("scaled_dot_product_attention", lambda q, k, v: nn.scaled_dot_product_attention(q, k, v, is_causal=True),
+     [F(N, 2, 3, 4), F(N, 2, 3, 4), F(N, 2, 3, 2)]),
 ]
 
 
