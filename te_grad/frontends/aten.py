@@ -548,7 +548,7 @@ def _native_dropout(t, x, p, train=True):
 #   grouped-query attention are refused.
 # - ``nll_loss_forward(x, y, weight, reduction, ignore_index)``: ``-w[y_n] * x[n, y_n]`` for the
 #   rows with ``y_n != ignore_index``; ``mean`` divides by the sum of those rows' weights
-#   (``total_weight``, the second result), ``sum`` does not, ``none`` keeps the rows.
+#   (``total_weight``, the second result; 0 under ``none``), ``sum`` does not, ``none`` keeps the rows.
 # - ``mse_loss(x, y, reduction)``: ``(x - y)^2`` elementwise, reduced by mean or sum.
 
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
@@ -740,7 +740,9 @@ def _nll_loss_forward(t, x, target, weight, reduction, ignore_index):
         value = -read(i) if weight is None else -read(i) * weight[tgt(i)]
         # the target of an ignored row may be out of range: it is never read there
         return dsl.if_then_else(keep, value, zero)
-    if rows:
+    if how == "none":   # PyTorch's total_weight is 0 without a reduction
+        total_weight = dsl.compute((), lambda: zero, name="nll_loss_total_weight")
+    elif rows:
         r = dsl.reduce_axis((0, rows[0]), "r")
         total_weight = dsl.compute((), lambda: dsl.sum(w((r,)), axis=r), name="nll_loss_total_weight")
     else:
