@@ -443,3 +443,50 @@ def test_gather_index_select_index_and_arange_rules_as_aten():
         assert got.dtype == want.dtype and np.array_equal(got, want), (args, got, want)
     with pytest.raises(tg.UserError, match="step"):
         _rule("aten.arange.start_step", 0, 4, 0)
+
+
+class Norms(tnn.Module):
+    """LayerNorm without bias, without affine parameters, and over the two trailing axes."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = tnn.LayerNorm(6, bias=False), tnn.LayerNorm(6, elementwise_affine=False), \
+            tnn.LayerNorm((4, 6))
+
+    def forward(self, x):
+        return self.c(self.b(self.a(x)) * 2.0 + x)
+
+
+def test_layer_norm_variants_forward():
+    torch.manual_seed(9)
+    net = Norms()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p))
+    x = torch.randn(3, 4, 6, dtype=torch.float64)
+    net = net.double()
+    model = tgt.import_model(net, (x,))
+    xp = model.input_placeholders()[0]
+    out = model(xp, train.Context(training=False))
+    feed = {p.placeholder: p.value for p in model.parameters()}
+    feed[xp] = x.numpy()
+    assert rel(tg.evaluate([out], feed)[0], net(x).detach().numpy()) < 1e-12
+
+
+class DropoutAttention(tnn.Module):
+    def forward(self, q):
+        return F.scaled_dot_product_attention(q, q, q, dropout_p=0.1 if self.training else 0.0)
+
+
+def test_attention_dropout_in_training_is_refused_by_name_and_evaluation_works():
+    q = torch.randn(2, 2, 8, 4)
+    model = tgt.import_model(DropoutAttention(), (q,))
+    xp = model.input_placeholders()[0]
+    with pytest.raises(tg.UserError, match="dropout_p=0.1 in training"):
+        model(xp, train.Context(training=True, seed=tg.placeholder((), dtype="int64", name="seed")))
+    out = model(xp, train.Context(training=False))
+    want = F.scaled_dot_product_attention(q, q, q).numpy()
+    assert rel(tg.evaluate([out], {xp: q.numpy()})[0], want) < 1e-6
+    with pytest.raises(tg.UserError, match="scale_grad_by_freq"):
+        _rule("aten.embedding.default", tg.placeholder((4, 2), name="w"), tg.placeholder((3,), "int64", name="i"),
+              -1, True)
