@@ -699,21 +699,21 @@ def _reduce_all(op, shape, term, how, divide_by=None):
     return dsl.compute((), lambda: total[()] / dsl.cast(total.dtype, divide_by), name=op)
 
 
+def _same_extents(a, b) -> bool:
+    from ..sizes import same_shape
+    return same_shape(tuple(a), tuple(b))
+
+
 @rule("aten.mse_loss.default")
 def _mse_loss(t, x, y, reduction=1):
     how = _reduction("mse_loss", reduction)
-    if isinstance(y, Tensor) and not same_extents(x.shape, y.shape):
+    if isinstance(y, Tensor) and not _same_extents(x.shape, y.shape):
         raise UserError(f"mse_loss: input shape {list(x.shape)} and target shape {list(y.shape)} differ")
 
     def term(i):
         diff = x[i] - y[i]
         return diff * diff
     return _reduce_all("mse_loss", x.shape, term, how)
-
-
-def same_extents(a, b) -> bool:
-    from ..sizes import same_shape
-    return same_shape(tuple(a), tuple(b))
 
 
 @rule("aten.nll_loss_forward.default")
