@@ -12,7 +12,8 @@ normalizations, softmax, pad and concat along them; convolutions and pools on sy
 spatial sizes (output extents checked at the variables' ``min``); ``reshape`` when every
 run-time extent maps one to one or is outermost in its group. Operators that need an int
 there say so: ``strided_slice`` (other than the whole axis), ``split`` at positions beyond
-the variable's ``min``, ``one_hot``'s depth.
+the variable's ``min`` or by ``sizes``, ``chunk`` other than into a structural divisor,
+``one_hot``'s depth, ``scaled_dot_product_attention``'s default scale (an int feature size).
 """
 from .activation import gelu, leaky_relu, log_softmax, relu, sigmoid, silu, softmax, swiglu, tanh
 from .attention import scaled_dot_product_attention

@@ -76,8 +76,12 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
         elif attn_mask.dtype != q.dtype:
             raise UserError(f"{op}: attn_mask {attn_mask.name} must be bool or {q.dtype} like the query, got "
                             f"{attn_mask.dtype}")
-        if attn_mask.ndim > len(scores_shape) or not same_shape(
-                broadcast_shape(op, attn_mask.shape, scores_shape), scores_shape):
+        try:
+            fits = attn_mask.ndim <= len(scores_shape) and same_shape(
+                broadcast_shape(op, attn_mask.shape, scores_shape), scores_shape)
+        except UserError:
+            fits = False
+        if not fits:
             raise UserError(f"{op}: attn_mask {attn_mask.name} {size_text(attn_mask.shape)} does not broadcast to the "
                             f"scores' shape {size_text(scores_shape)} (..., L, S)")
     nb = len(batch)
@@ -93,8 +97,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
         return None
 
     re = dsl.reduce_axis((0, e), name="e")
-    scores = compute(scores_shape, lambda idx: dsl.sum(q[idx[:nb] + (idx[-2], re)] * scale * k[idx[:nb] + (idx[-1], re)],
-                                                       axis=re), name=op + "_scores")
+    scores = compute(scores_shape, lambda idx: dsl.sum(q[idx[:nb] + (idx[-2], re)] * scale
+                                                       * k[idx[:nb] + (idx[-1], re)], axis=re), name=op + "_scores")
 
     def score(idx):
         """The score of query ``idx[-2]`` for key ``idx[-1]``, a float mask added."""

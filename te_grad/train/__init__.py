@@ -13,5 +13,5 @@ from .trainer import Trainer
 
 __all__ = ["Trainer", "Module", "Param", "State", "Context", "Sequential", "Linear", "Conv1d", "Conv2d",
            "BatchNorm2d", "LayerNorm", "RMSNorm", "Embedding", "ReLU", "GELU", "SiLU", "Tanh", "Flatten",
-           "MaxPool2d", "AvgPool2d", "Dropout", "Optimizer", "SGD", "Adam", "AdamW", "Hyper", "Initializer", "zeros", "xavier_uniform",
-           "xavier_normal", "kaiming_uniform", "kaiming_normal", "glorot_uniform", "glorot_normal"]
+           "MaxPool2d", "AvgPool2d", "Dropout", "Optimizer", "SGD", "Adam", "AdamW", "Hyper", "Initializer", "zeros",
+           "xavier_uniform", "xavier_normal", "kaiming_uniform", "kaiming_normal", "glorot_uniform", "glorot_normal"]

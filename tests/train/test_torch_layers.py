@@ -53,8 +53,8 @@ def test_rms_norm_layer(shape):
 
 def test_rms_norm_layer_with_eps():
     x = np.random.default_rng(2).standard_normal((4, 6)) * 1e-3
-    _check(train.Sequential(train.RMSNorm(6, eps=1e-2)), _randomized(torch.nn.Sequential(torch.nn.RMSNorm(6, eps=1e-2))),
-           x)
+    _check(train.Sequential(train.RMSNorm(6, eps=1e-2)),
+           _randomized(torch.nn.Sequential(torch.nn.RMSNorm(6, eps=1e-2))), x)
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
@@ -69,8 +69,8 @@ def test_silu_and_gelu_layers(approximate):
                                 dict(padding="same", groups=2), dict(padding="valid", stride=3)])
 def test_conv1d_layer(kw):
     x = np.random.default_rng(4).standard_normal((2, 4, 11))
-    _check(train.Sequential(train.Conv1d(4, 6, 3, **kw)), _randomized(torch.nn.Sequential(torch.nn.Conv1d(4, 6, 3, **kw))),
-           x)
+    _check(train.Sequential(train.Conv1d(4, 6, 3, **kw)),
+           _randomized(torch.nn.Sequential(torch.nn.Conv1d(4, 6, 3, **kw))), x)
 
 
 def test_conv1d_layer_on_a_symbolic_batch():
