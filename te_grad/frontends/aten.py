@@ -587,3 +587,235 @@ def _native_dropout(t, x, p, train=True):
         u = dsl.cast(x.dtype, h) * (1.0 / 2147483648.0)
         return dsl.if_then_else(u < keep, x[idx] * scale, dsl.const(0.0, x.dtype))
     return (dsl.compute(x.shape, body, name="dropout"), None)
+
+
+# -- transformers, recurrent nets and losses ---------------------------------------------------
+# Embedding lookups, GELU, attention, positions (arange), dtype conversions, gathers and the
+# loss operators, as GPT-2 / ViT blocks, unrolled LSTMs and modules returning their loss give them.
+#
+# - ``embedding(w, ids, padding_idx)``: ``out[..., j] = w[ids[...], j]``; the row ``padding_idx``
+#   gets no gradient (read under ``stop_gradient`` where ``ids == padding_idx``), as PyTorch.
+# - ``scaled_dot_product_attention`` is kept whole (:data:`KEEP`) and becomes
+#   :func:`te_grad.nn.scaled_dot_product_attention` (masks, ``is_causal`` as the index
+#   condition ``j <= i``, ``scale``); attention dropout (``dropout_p > 0`` in training) and
+#   grouped-query attention are refused.
+# - ``nll_loss_forward(x, y, weight, reduction, ignore_index)``: ``-w[y_n] * x[n, y_n]`` for the
+#   rows with ``y_n != ignore_index``; ``mean`` divides by the sum of those rows' weights
+#   (``total_weight``, the second result; 0 under ``none``), ``sum`` does not, ``none`` keeps the rows.
+# - ``mse_loss(x, y, reduction)``: ``(x - y)^2`` elementwise, reduced by mean or sum.
+
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _reduction(op: str, reduction) -> str:
+    if reduction not in _REDUCTIONS:
+        raise UserError(f"{op}: reduction {reduction!r} is not 0 (none), 1 (mean) or 2 (sum)")
+    return _REDUCTIONS[reduction]
+
+
+@rule("aten.embedding.default")
+def _embedding(t, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if scale_grad_by_freq:
+        raise UserError("embedding with scale_grad_by_freq=True is not translated")
+    if not is_int(padding_idx) or padding_idx < 0:
+        return nn.embedding(weight, indices)
+    pad = int(padding_idx)
+
+    def body(*i):
+        row = indices[i[:-1]]
+        value = weight[row, i[-1]]
+        return dsl.if_then_else(dsl.cast(dtypes.INT64, row) == pad, dsl.stop_gradient(value), value)
+    return dsl.compute(indices.shape + (weight.shape[1],), body, name="embedding")
+
+
+@rule("aten.gelu.default")
+def _gelu(t, x, approximate="none"):
+    return nn.gelu(x, approximate=approximate)
+
+
+@rule("aten.silu.default")
+def _silu(t, x):
+    return nn.silu(x)
+
+
+def _arange_length(start, end, step):
+    if not is_int(step) and not isinstance(step, float):
+        raise UserError(f"arange: step must be a number, got {step!r}")
+    if step == 0:
+        raise UserError("arange: step must not be 0")
+    if all(is_int(v) for v in (start, end, step)):
+        return max(-(-(end - start) // step), 0)
+    if all(isinstance(v, numbers.Real) for v in (start, end, step)):
+        import math
+        return max(int(math.ceil((end - start) / step)), 0)
+    if step == 1:   # a size expression as the end (a run-time length)
+        return end - start
+    raise UserError(f"arange({start!r}, {end!r}, {step!r}): a run-time bound with a step other than 1 "
+                    "is not translated")
+
+
+@rule("aten.arange.start_step", "aten.arange.start", "aten.arange.default")
+def _arange(t, *args, dtype=None, layout=None, device=None, pin_memory=None):
+    if len(args) == 1:
+        start, end, step = 0, args[0], 1
+    elif len(args) == 2:
+        (start, end), step = args, 1
+    elif len(args) == 3:
+        start, end, step = args
+    else:
+        raise UserError(f"arange: expected 1 to 3 bounds, got {len(args)}")
+    floats = any(isinstance(v, float) for v in (start, end, step))
+    dt = _dtype(dtype, dtypes.FLOAT32 if floats else dtypes.INT64)
+    n = _arange_length(start, end, step)
+    if dtypes.is_float(dt):
+        return dsl.compute((n,), lambda i: dsl.cast(dt, i) * float(step) + float(start), name="arange")
+    return dsl.compute((n,), lambda i: dsl.cast(dt, i * step + start), name="arange")
+
+
+@rule("aten._to_copy.default")
+def _to_copy(t, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    dt = _dtype(dtype, x.dtype)
+    if dt == x.dtype:
+        return x
+    return dsl.compute(x.shape, lambda *i: dsl.cast(dt, x[i]), name="to_copy")
+
+
+@rule("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(t, x, mask, value):
+    if isinstance(value, Tensor):
+        if value.ndim != 0:
+            raise UserError(f"masked_fill: the fill value must be 0-d, got shape {list(value.shape)}")
+        value = dsl.compute(value.shape, lambda: dsl.cast(x.dtype, value[()]), name="masked_fill_value")
+    return nn.where(mask, value, x)
+
+
+@rule("aten.gather.default")
+def _gather(t, x, dim, index, sparse_grad=False):
+    d = _axis(dim, x.ndim)
+    if index.ndim != x.ndim:
+        raise UserError(f"gather: index of rank {index.ndim} for an input of rank {x.ndim}")
+    return dsl.compute(index.shape, lambda *i: x[i[:d] + (index[i],) + i[d + 1:]], name="gather")
+
+
+@rule("aten.index_select.default")
+def _index_select(t, x, dim, index):
+    return nn.take(x, index, _axis(dim, x.ndim))
+
+
+@rule("aten.index.Tensor")
+def _index(t, x, indices):
+    given = [(d, ix) for d, ix in enumerate(indices) if ix is not None]
+    if len(given) != 1:
+        raise UserError("index with more than one index tensor is not translated")
+    d, ix = given[0]
+    if ix.dtype == dtypes.BOOL:
+        raise UserError("indexing with a bool mask (a data-dependent shape) is not translated")
+    return nn.take(x, ix, d)
+
+
+@rule("aten.scaled_dot_product_attention.default")
+def _sdpa(t, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if enable_gqa:
+        raise UserError("scaled_dot_product_attention with enable_gqa=True is not translated")
+    if dropout_p:
+        ctx = t.context
+        if ctx is not None and getattr(ctx, "training", False):
+            raise UserError(f"scaled_dot_product_attention with dropout_p={dropout_p} in training is not "
+                            "translated; apply nn.Dropout to the attention weights of a hand-written "
+                            "attention instead")
+    if attn_mask is not None and attn_mask.dtype != dtypes.BOOL and attn_mask.dtype != q.dtype:
+        attn_mask = dsl.compute(attn_mask.shape, lambda *i: dsl.cast(q.dtype, attn_mask[i]), name="attn_mask")
+    return nn.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=bool(is_causal),
+                                           scale=scale)
+
+
+def _reduce_all(op, shape, term, how, divide_by=None):
+    if how == "none":
+        return dsl.compute(shape, lambda *i: term(i), name=op)
+    axes = [dsl.reduce_axis((0, n), f"r{d}") for d, n in enumerate(shape)]
+    if axes:
+        total = dsl.compute((), lambda: dsl.sum(term(tuple(axes)), axis=axes), name=op + "_sum")
+    else:
+        total = dsl.compute((), lambda: term(()), name=op + "_sum")
+    if how == "sum":
+        return total
+    if divide_by is None:
+        count = 1
+        for n in shape:
+            count = count * n
+        divide_by = count
+    if isinstance(divide_by, Tensor):
+        return dsl.compute((), lambda: total[()] / divide_by[()], name=op)
+    if is_int(divide_by):
+        return dsl.compute((), lambda: total[()] * (1.0 / max(divide_by, 1)), name=op)
+    return dsl.compute((), lambda: total[()] / dsl.cast(total.dtype, divide_by), name=op)
+
+
+def _same_extents(a, b) -> bool:
+    from ..sizes import same_shape
+    return same_shape(tuple(a), tuple(b))
+
+
+@rule("aten.mse_loss.default")
+def _mse_loss(t, x, y, reduction=1):
+    how = _reduction("mse_loss", reduction)
+    if isinstance(y, Tensor) and not _same_extents(x.shape, y.shape):
+        raise UserError(f"mse_loss: input shape {list(x.shape)} and target shape {list(y.shape)} differ")
+
+    def term(i):
+        diff = x[i] - y[i]
+        return diff * diff
+    return _reduce_all("mse_loss", x.shape, term, how)
+
+
+@rule("aten.nll_loss_forward.default")
+def _nll_loss_forward(t, x, target, weight, reduction, ignore_index):
+    how = _reduction("nll_loss", reduction)
+    if x.ndim not in (1, 2):
+        raise UserError(f"nll_loss: input of rank {x.ndim} (only (N, C) and (C,) are translated)")
+    if x.ndim == 1:
+        rows, read = (), (lambda i: x[target[()]])
+        tgt = lambda i: target[()]  # noqa: E731
+    else:
+        rows, read = (x.shape[0],), (lambda i: x[i[0], target[i[0]]])
+        tgt = lambda i: target[i[0]]  # noqa: E731
+    zero = dsl.const(0.0, x.dtype)
+
+    def w(i):
+        keep = dsl.cast(dtypes.INT64, tgt(i)) != ignore_index
+        if weight is None:
+            return dsl.if_then_else(keep, dsl.const(1.0, x.dtype), zero)
+        return dsl.if_then_else(keep, weight[tgt(i)], zero)
+
+    def term(i):
+        keep = dsl.cast(dtypes.INT64, tgt(i)) != ignore_index
+        value = -read(i) if weight is None else -read(i) * weight[tgt(i)]
+        # the target of an ignored row may be out of range: it is never read there
+        return dsl.if_then_else(keep, value, zero)
+    if how == "none":   # PyTorch's total_weight is 0 without a reduction
+        total_weight = dsl.compute((), lambda: zero, name="nll_loss_total_weight")
+    elif rows:
+        r = dsl.reduce_axis((0, rows[0]), "r")
+        total_weight = dsl.compute((), lambda: dsl.sum(w((r,)), axis=r), name="nll_loss_total_weight")
+    else:
+        total_weight = dsl.compute((), lambda: w(()), name="nll_loss_total_weight")
+    if how == "mean":
+        out = _reduce_all("nll_loss", rows, term, "sum")
+        out = dsl.compute((), lambda: out[()] / total_weight[()], name="nll_loss")
+    else:
+        out = _reduce_all("nll_loss", rows, term, how)
+    return (out, total_weight)
+
+
+def _bool_as_int(base: Callable) -> Callable:
+    """``base`` with a bool input counted as int64 (``torch.sum`` of a mask counts its True)."""
+    def apply(t, x, *args, **kwargs):
+        if isinstance(x, Tensor) and x.dtype == dtypes.BOOL:
+            x = dsl.compute(x.shape, lambda *i: dsl.cast(dtypes.INT64, x[i]), name="count")
+        return base(t, x, *args, **kwargs)
+    return apply
+
+
+for _n in ("aten.sum.dim_IntList", "aten.sum.default"):
+    RULES[_n] = _bool_as_int(RULES[_n])

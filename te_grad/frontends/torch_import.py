@@ -22,7 +22,10 @@ The result is an :class:`ImportedModel`, a :class:`te_grad.train.Module`:
 
 - its parameters (:class:`~te_grad.train.Param`) are the module's parameters that require a
   gradient, named as in ``state_dict`` and starting from the module's current values (the
-  Trainer's initializer does not touch them);
+  Trainer's initializer does not touch them). A parameter shared by several modules (a
+  language model's head tied to its token embedding) is one parameter, named by its first
+  name in ``named_parameters`` (``ImportedModel.aliases`` maps every name to it), and its
+  gradient is the sum over its uses, as in PyTorch;
 - its states (:class:`~te_grad.train.State`) are the module's buffers (batch norm's running
   statistics and ``num_batches_tracked``), parameters that do not require a gradient (frozen:
   read, never updated) and tensor constants. A buffer the training program mutates is updated
@@ -153,15 +156,18 @@ class ImportedModel(Module):
         if missing:
             check_supported([n for ep in self.programs.values() for n in ep.graph.nodes], RULES,
                             f"import_model({self.module_name})")
-        named = dict(module.named_parameters())
-        buffers = dict(module.named_buffers())
+        named = dict(module.named_parameters(remove_duplicate=False))
+        buffers = dict(module.named_buffers(remove_duplicate=False))
+        #: each name of a shared (tied) parameter or buffer -> its first name, the one te_grad keeps
+        self.aliases: Dict[str, str] = _aliases(list(module.named_parameters(remove_duplicate=False)) +
+                                                list(module.named_buffers(remove_duplicate=False)))
         self._params: Dict[str, Param] = {}
         self._states: Dict[str, State] = {}
         for ep in self.programs.values():
             sig = ep.graph_signature
             for spec in sig.input_specs:
                 kind = spec.kind.name
-                target = spec.target
+                target = self.aliases.get(spec.target, spec.target)
                 if kind == "PARAMETER":
                     p = named[target]
                     if p.requires_grad:
@@ -223,10 +229,11 @@ class ImportedModel(Module):
         for spec in sig.input_specs:
             kind, name = spec.kind.name, spec.arg.name
             if kind == "PARAMETER":
-                holder = self._params.get(spec.target) or self._states[spec.target]
+                target = self.aliases.get(spec.target, spec.target)
+                holder = self._params.get(target) or self._states[target]
                 inputs[name] = holder.placeholder
             elif kind in ("BUFFER", "CONSTANT_TENSOR"):
-                inputs[name] = self._states[spec.target].placeholder
+                inputs[name] = self._states[self.aliases.get(spec.target, spec.target)].placeholder
             else:
                 x = next(user)
                 if not isinstance(x, Tensor):
@@ -238,7 +245,7 @@ class ImportedModel(Module):
         for spec, value in zip(sig.output_specs, outs):
             kind = spec.kind.name
             if kind == "BUFFER_MUTATION":
-                state = self._states[spec.target]
+                state = self._states[self.aliases.get(spec.target, spec.target)]
                 ctx.updates[id(state.placeholder)] = value
             elif kind == "USER_OUTPUT":
                 results.append(value)
@@ -260,6 +267,15 @@ class ImportedModel(Module):
         own = module.state_dict()
         update = {k: torch.from_numpy(np.array(v)).to(own[k].dtype) for k, v in values.items() if k in own}
         module.load_state_dict(update, strict=False)
+
+
+def _aliases(named) -> Dict[str, str]:
+    """Every name of ``named`` (``(name, tensor)`` pairs) -> the first name of the same tensor."""
+    first: Dict[int, str] = {}
+    out = {}
+    for name, value in named:
+        out[name] = first.setdefault(id(value), name)
+    return out
 
 
 def import_model(module: torch.nn.Module, example_inputs, dynamic_batch: bool = True) -> ImportedModel:
