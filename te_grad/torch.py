@@ -265,17 +265,17 @@ def custom_op(name: str, fn: Callable, *, save=None, threads: Optional[int] = No
                    **attrs)
 
 
-from .frontends.torch_import import ImportedModel, coverage, import_model  # noqa: E402 - needs the names above
-from .frontends import dynamo as _dynamo  # noqa: E402
-from .frontends.dynamo import FallbackWarning  # noqa: E402,F401
+from .torch_import import ImportedModel, coverage, import_model  # noqa: E402 - needs the names above
+from . import torch_dynamo as _dynamo  # noqa: E402
+from .torch_dynamo import FallbackWarning  # noqa: E402,F401
 
 
 class Backend(_dynamo.Backend):
     """A ``torch.compile`` backend: supported subgraphs as te_grad ops, the rest in PyTorch
-    (see :mod:`te_grad.frontends.dynamo`); ``stats``, ``ops`` and ``notes`` are its own."""
+    (see :mod:`te_grad.torch_dynamo`); ``stats``, ``ops`` and ``notes`` are its own."""
 
     make_op = staticmethod(custom_op)
 
 
-#: ``torch.compile(model, backend=te_grad.torch.backend)`` (see :mod:`te_grad.frontends.dynamo`)
+#: ``torch.compile(model, backend=te_grad.torch.backend)`` (see :mod:`te_grad.torch_dynamo`)
 backend = Backend()

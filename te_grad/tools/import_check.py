@@ -135,7 +135,7 @@ def check(spec: str, inputs: Sequence[str], batch: int = 4, steps: int = 5, tol:
 
     import te_grad as tg
     from te_grad import train
-    from te_grad.frontends.torch_import import export_program, import_model
+    from te_grad.torch_import import export_program, import_model
     from te_grad.frontends.aten import RULES
     from te_grad.frontends.translate import unsupported
     from te_grad.torch import coverage
@@ -196,7 +196,7 @@ def _compare(net, xs, examples, rng, spec, batch, steps, tol, has_dropout, out) 
 
     import te_grad as tg
     from te_grad import train
-    from te_grad.frontends.torch_import import import_model
+    from te_grad.torch_import import import_model
     failed = []
     # 2. evaluation-mode outputs
     model = import_model(net, xs)

@@ -48,12 +48,12 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from .. import dsl
-from ..errors import UserError
-from ..ir import Tensor
-from ..train.layers import Context, Module, Param, State
-from .aten import KEEP, RULES
-from .translate import check_supported, dtype_of, translate, unsupported
+from . import dsl
+from .errors import UserError
+from .ir import Tensor
+from .train.layers import Context, Module, Param, State
+from .frontends.aten import KEEP, RULES
+from .frontends.translate import check_supported, dtype_of, translate, unsupported
 
 __all__ = ["import_model", "ImportedModel", "export_program", "coverage"]
 
@@ -290,7 +290,7 @@ def coverage(module: torch.nn.Module, example_inputs, dynamic_batch: bool = True
         ep, _ = export_program(module, example_inputs, training, dynamic_batch)
         for node in ep.graph.nodes:
             if node.op == "call_function":
-                from .translate import op_name
+                from .frontends.translate import op_name
                 name = op_name(node)
                 counts[name] = counts.get(name, 0) + 1
     return sorted(((n, c, n in RULES or n in ("getitem", "mul", "add", "sub", "floordiv", "neg"))

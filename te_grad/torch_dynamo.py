@@ -71,11 +71,11 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from .. import dsl, dtypes, sizes as tg_sizes
-from ..errors import UserError
-from ..ir import Tensor
-from .aten import KEEP, RULES
-from .translate import Translator, dtype_of, op_name, source_line
+from . import dsl, dtypes, sizes as tg_sizes
+from .errors import UserError
+from .ir import Tensor
+from .frontends.aten import KEEP, RULES
+from .frontends.translate import Translator, dtype_of, op_name, source_line
 
 __all__ = ["Backend", "FallbackWarning", "decompositions"]
 
