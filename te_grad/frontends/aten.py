@@ -105,6 +105,12 @@ for _n, _f in {"exp": dsl.exp, "log": dsl.log, "sqrt": dsl.sqrt, "erf": dsl.erf,
                "reciprocal": lambda v: 1.0 / v, "atan": dsl.atan, "asin": dsl.asin, "acos": dsl.acos}.items():
     RULES[f"aten.{_n}.default"] = unary(_f, _n)
 
+
+@rule("aten.gelu.default")
+def _gelu(t, x, approximate="none"):
+    return nn.gelu(x, approximate=approximate)
+
+
 RULES["aten.neg.default"] = unary(lambda v: -v, "neg", floating=False)
 RULES["aten.abs.default"] = unary(dsl.abs, "abs", floating=False)
 

@@ -115,6 +115,16 @@ def normalize_axis(op: str, axis, ndim: int) -> int:
     return int(axis) % ndim
 
 
+def reciprocal(count, dtype: str):
+    """``1 / count`` for scaling values of ``dtype``: a float for an int count; for a size
+    expression, the count converted to ``dtype`` first (a float literal divided by a size
+    expression would be a float32 quotient, rounding a float64 mean)."""
+    from ..ir import Expr
+    if isinstance(count, Expr):
+        return dsl.const(1.0, dtype) / dsl.cast(dtype, count)
+    return 1.0 / count
+
+
 def prod(values):
     """The product of extents: an int, or a size expression where one is (``tg.var``)."""
     from ..ir import Expr

@@ -5,7 +5,7 @@ from .. import dsl
 from ..errors import UserError
 from ..ir import Tensor
 from ..sizes import same_shape
-from ._util import check_float, check_int_dtype, check_tensor, compute, prod, reduce, reduce_axes
+from ._util import check_float, check_int_dtype, check_tensor, compute, prod, reciprocal, reduce, reduce_axes
 
 __all__ = ["mse_loss", "binary_cross_entropy", "softmax_cross_entropy", "cross_entropy"]
 
@@ -28,8 +28,10 @@ def _same_shape(op: str, a: Tensor, b: Tensor, what_a: str, what_b: str):
 def _mean(op: str, shape, term) -> Tensor:
     """``mean_idx term(idx)`` over ``shape`` as one 0-d reduction."""
     idx, axes = reduce_axes(shape, [f"r{d}" for d in range(len(shape))])
-    inv = 1.0 / prod(shape)
-    return compute((), lambda _: reduce("sum", term(tuple(idx)) * inv, axes), name=op)
+    def body(_):
+        value = term(tuple(idx))
+        return reduce("sum", value * reciprocal(prod(shape), value.dtype), axes)
+    return compute((), body, name=op)
 
 
 def mse_loss(pred: Tensor, target: Tensor) -> Tensor:

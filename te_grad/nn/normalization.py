@@ -6,7 +6,7 @@ import numbers
 from .. import dsl
 from ..errors import UserError
 from ..ir import Tensor
-from ._util import (check_float, check_tensor, compute, is_int, normalize_axis, prod, reduce,
+from ._util import (check_float, check_tensor, compute, is_int, normalize_axis, prod, reciprocal, reduce,
                     reduce_axes)
 
 __all__ = ["layer_norm", "rms_norm", "batch_norm"]
@@ -33,7 +33,7 @@ def _moments(op: str, x: Tensor, red):
     count = prod(x.shape[d] for d in red)
     if count == 0:
         raise UserError(f"{op}: no elements to normalize over in {x.name} {list(x.shape)}")
-    inv = 1.0 / count
+    inv = reciprocal(count, x.dtype)
 
     def full(idx, taps):
         out, it_k, it_r = [], iter(idx), iter(taps)
@@ -137,7 +137,7 @@ def rms_norm(x: Tensor, weight: Tensor = None, eps: float = None, axis=-1) -> Te
     count = prod(x.shape[d] for d in red)
     if is_int(count) and count == 0:
         raise UserError(f"{op}: no elements to normalize over in {x.name} {list(x.shape)}")
-    inv = 1.0 / count
+    inv = reciprocal(count, x.dtype)
     taps, axes = reduce_axes([x.shape[d] for d in red], [f"r{d}" for d in red])
     ms = compute(x.shape[:keep], lambda idx: reduce("sum", x[tuple(idx) + tuple(taps)] * x[tuple(idx) + tuple(taps)]
                                                      * inv, axes), name=op + "_ms")

@@ -8,7 +8,7 @@ from .. import dsl
 from ..errors import UserError
 from ..ir import Tensor
 from ..ops import reduction
-from ._util import check_float, check_tensor, compute, normalize_axis, prod
+from ._util import check_float, check_tensor, compute, normalize_axis, prod, reciprocal
 
 __all__ = ["sum", "mean", "variance", "max", "min", "argmax", "argmin"]
 
@@ -70,7 +70,7 @@ def mean(x: Tensor, axis: Axes = None, keepdims: bool = False) -> Tensor:
     count = prod(x.shape[a] for a in axes)
     if isinstance(count, int) and count == 0:  # a size expression is checked when bound
         raise UserError(f"mean: the reduced axes of {x.name} {list(x.shape)} are empty")
-    return _reduce("mean", "sum", x, axis, keepdims, scale=1.0 / count)
+    return _reduce("mean", "sum", x, axis, keepdims, scale=reciprocal(count, x.dtype))
 
 
 def variance(x: Tensor, axis: Axes = None, keepdims: bool = False, correction: int = 0) -> Tensor:
@@ -84,11 +84,11 @@ def variance(x: Tensor, axis: Axes = None, keepdims: bool = False, correction: i
     count = prod(x.shape[a] for a in axes)
     if isinstance(count, int) and count - correction <= 0:  # a size expression is checked when bound
         raise UserError(f"{op}: {count} elements and correction {correction} leave no degree of freedom")
-    mu = _reduce(op, "sum", x, axes, True, scale=1.0 / count, name=op + "_mean")
+    mu = _reduce(op, "sum", x, axes, True, scale=reciprocal(count, x.dtype), name=op + "_mean")
     centered = compute(x.shape, lambda idx: x[idx] - mu[tuple(0 if d in axes else i for d, i in enumerate(idx))],
                        name=op + "_centered")
     sq = compute(x.shape, lambda idx: centered[idx] * centered[idx], name=op + "_square")
-    return _reduce(op, "sum", sq, axes, keepdims, scale=1.0 / (count - correction))
+    return _reduce(op, "sum", sq, axes, keepdims, scale=reciprocal(count - correction, x.dtype))
 
 
 def max(x: Tensor, axis: Axes = None, keepdims: bool = False) -> Tensor:  # noqa: A001 - NumPy's name

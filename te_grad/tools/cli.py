@@ -7,7 +7,8 @@ simplified gradients, exact iteration counts and (compiled) loop nests.
 ``python -m te_grad bench [--ops ...] [--threads N] [--quick]``: te_grad against PyTorch
 and JAX on the reference suite (see te_grad/tools/benchmark.py).
 ``python -m te_grad fuzz --programs N --seed S``: random programs, every stage checked
-against the others (see te_grad/tools/fuzz).
+against the others (see te_grad/tools/fuzz); with ``--torch``, random ``torch.nn.Module`` s
+through the PyTorch importer against PyTorch.
 """
 from __future__ import annotations
 
@@ -561,6 +562,9 @@ def main(argv=None) -> int:
     p_fuzz.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p_fuzz.add_argument("--no-compile", action="store_true", help="skip the compiled kernels")
     p_fuzz.add_argument("--no-shrink", action="store_true", help="print failing programs as found")
+    p_fuzz.add_argument("--torch", action="store_true",
+                        help="random torch.nn.Modules through the PyTorch importer instead, forward, "
+                             "gradients and an SGD step against PyTorch's (needs torch)")
     p_digits = sub.add_parser(
         "train-digits", help="train a small CNN on scikit-learn's 8x8 digits, next to the same model in PyTorch",
         description="Train Conv2d(1, 16, 3) -> ReLU -> MaxPool2d(2) -> Linear(256, 10) with Adam on 80% of "
@@ -582,6 +586,11 @@ def main(argv=None) -> int:
         from te_grad.train.digits import run
         run(args.epochs, args.lr, args.batch, threads=args.threads, compare=not args.no_torch, plot=args.plot)
         return 0
+    if args.command == "fuzz" and args.torch:
+        from te_grad.tools.fuzz.torch_models import PASSING, run
+        result = run(args.programs, args.seed, compile_=not args.no_compile,
+                     progress_every=max(1, min(100, args.programs // 10)))
+        return 1 if any(k not in PASSING for k in result["counts"]) else 0
     if args.command == "fuzz":
         from te_grad.tools.fuzz import PASSING, run
         counts = run(args.programs, args.seed, compile_=not args.no_compile,

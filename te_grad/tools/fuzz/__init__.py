@@ -10,6 +10,17 @@ refuses them), prints the count of each outcome and of the programs that exercis
 construct, and prints every failing program,
 shrunk (:mod:`.shrink`), as a script that reproduces it. ``tests/tools/test_fuzz.py`` runs a
 fixed budget of programs through hypothesis, which shrinks failures the same way.
+
+``python -m te_grad fuzz --torch --programs N --seed S`` fuzzes the PyTorch importer instead
+(:mod:`.torch_models`, the only module here that imports torch, lazily): random small
+``torch.nn.Module`` s (DAGs with residual adds of Linear, Conv2d, batch and layer norms,
+activations, pools, broadcasting arithmetic, softmax, views, slices, cat / chunk / split,
+matmul, reductions, attention, Embedding), in float32 or float64, with or without a dynamic
+batch, imported with ``te_grad.torch.import_model`` and checked against PyTorch: the forward
+in both modes, parameter gradients by the evaluator and compiled, one Trainer SGD step
+(weights and batch norm statistics). Operators te_grad refuses are counted by name; every
+failure is printed as a script rebuilding the module from its seed.
+``tests/tools/test_fuzz_import.py`` runs a fixed budget.
 """
 from __future__ import annotations
 

@@ -1,0 +1,728 @@
+"""Random ``torch.nn.Module`` s through the PyTorch importer, every result against PyTorch's.
+
+``python -m te_grad fuzz --torch --programs N --seed S`` generates ``N`` random small modules
+(:func:`generate`: a DAG over one float input, and an int input of ids when an ``Embedding``
+is drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d, LayerNorm,
+activations, pools, broadcasting arithmetic with tensors, parameters and scalars, residual
+adds, softmax / log_softmax, views and permutations, slices, ``cat`` / ``chunk`` / ``split``,
+``matmul`` / ``bmm``, reductions, ``scaled_dot_product_attention``), each in float32 or
+float64, with or without a dynamic batch, and checks (:func:`check`), against PyTorch:
+
+1. the forward of the imported model in evaluation and in training mode, by the reference
+   evaluator (``float64``: relative error ``1e-10`` of the output's largest value;
+   ``float32``: ``1e-4``);
+2. the parameter gradients of ``sum(W * output)`` (``W`` random) in a random mode, by the
+   evaluator and by a kernel compiled with ``tg.build``;
+3. one :class:`te_grad.train.Trainer` SGD step on that loss: the new parameters, batch norm's
+   running statistics and ``num_batches_tracked``.
+
+An import that te_grad refuses with a :class:`~te_grad.errors.UserError` naming an operator
+(no rule, or a rule refusing its arguments) is ``rejected``, counted by operator; any other
+disagreement, error or crash is a failure, printed as a script that rebuilds the module from
+its seed. Torch is imported here only: ``te_grad`` and the program fuzzer never import it.
+"""
+from __future__ import annotations
+
+import copy
+import re
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, TextIO
+
+import numpy as np
+
+from .check import _close as _close_rel, _Mismatch
+
+#: every family of constructs the generator draws (each must appear over a fuzz budget)
+FAMILIES = ("linear", "conv2d", "batch_norm", "layer_norm", "activation", "pool", "arith", "residual",
+            "softmax", "layout", "slice", "cat_split", "matmul", "reduce", "attention", "embedding")
+
+#: outcomes that are not failures
+PASSING = ("ok", "rejected")
+
+
+@dataclass
+class Spec:
+    """A random module: its inputs, nodes (``op``, argument value indices, attributes) and dtype."""
+    seed: int
+    dtype: str
+    dynamic_batch: bool
+    grad_training: bool
+    batch: int
+    input_shape: tuple
+    ids: Optional[tuple] = None           # (length, vocabulary) of the int input, if any
+    nodes: List[dict] = field(default_factory=list)
+    shapes: List[tuple] = field(default_factory=list)  # of every value: inputs, then nodes
+
+    def describe(self) -> str:
+        lines = [f"# seed {self.seed}: {self.dtype}, dynamic_batch={self.dynamic_batch}, gradients in "
+                 f"{'training' if self.grad_training else 'evaluation'} mode",
+                 f"v0 = x{list(self.input_shape)}"]
+        first = 1
+        if self.ids is not None:
+            lines.append(f"v1 = ids[{self.batch}, {self.ids[0]}] < {self.ids[1]}")
+            first = 2
+        for k, node in enumerate(self.nodes):
+            attrs = {a: b for a, b in node.items() if a not in ("op", "args", "family")}
+            lines.append(f"v{first + k} = {node['op']}({', '.join(f'v{a}' for a in node['args'])}"
+                         + (f", {attrs}" if attrs else "") + f")  # {list(self.shapes[first + k])}")
+        return "\n".join(lines)
+
+
+# -- generation ----------------------------------------------------------------------------------
+def _numel(shape) -> int:
+    return int(np.prod(shape[1:])) if len(shape) > 1 else 1
+
+
+class _Gen:
+    def __init__(self, rng: np.random.Generator, spec: Spec):
+        self.rng, self.spec = rng, spec
+        self.float_values = [0]
+
+    def r(self, n: int) -> int:
+        return int(self.rng.integers(0, n))
+
+    def pick(self, seq):
+        return seq[self.r(len(seq))]
+
+    def chance(self, p: float) -> bool:
+        return bool(self.rng.random() < p)
+
+    def value(self, rank=None, pred=None) -> Optional[int]:
+        """A float value (recent ones preferred) of rank ``rank`` and satisfying ``pred``."""
+        cands = [v for v in self.float_values if (rank is None or len(self.spec.shapes[v]) in
+                                                    (rank if isinstance(rank, tuple) else (rank,)))
+                 and (pred is None or pred(self.spec.shapes[v]))]
+        if not cands:
+            return None
+        if self.chance(0.6):
+            return cands[-1]
+        return self.pick(cands)
+
+    def add(self, family, op, args, shape, **attrs) -> bool:
+        if any(s < 1 for s in shape) or _numel(shape) > 240:
+            return False
+        self.spec.nodes.append(dict(family=family, op=op, args=list(args), **attrs))
+        self.spec.shapes.append(tuple(shape))
+        self.float_values.append(len(self.spec.shapes) - 1)
+        return True
+
+    # each returns whether it added a node
+    def linear(self):
+        v = self.value((2, 3, 4))
+        if v is None:
+            return False
+        s = self.spec.shapes[v]
+        out = 1 + self.r(6)
+        return self.add("linear", "linear", [v], s[:-1] + (out,), features=(s[-1], out), bias=self.chance(0.7))
+
+    def conv2d(self):
+        v = self.value(4)
+        if v is None:
+            return False
+        _, c, h, w = self.spec.shapes[v]
+        k = 1 + self.r(3)
+        stride, dilation = 1 + self.r(2), 1 + self.r(2) if k > 1 else 1
+        padding = self.r(k // 2 + 1) * dilation
+        groups = self.pick([g for g in (1, 2, 3) if c % g == 0])
+        out_c = groups * (1 + self.r(3))
+        oh = (h + 2 * padding - dilation * (k - 1) - 1) // stride + 1
+        ow = (w + 2 * padding - dilation * (k - 1) - 1) // stride + 1
+        return self.add("conv2d", "conv2d", [v], (self.spec.batch, out_c, oh, ow), channels=(c, out_c),
+                        kernel=k, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                        bias=self.chance(0.7))
+
+    def batch_norm(self):
+        v = self.value((2, 3, 4))
+        if v is None:
+            return False
+        s = self.spec.shapes[v]
+        return self.add("batch_norm", "batch_norm2d" if len(s) == 4 else "batch_norm1d", [v], s,
+                        channels=s[1], affine=self.chance(0.8), momentum=self.pick([0.1, 0.3, 1.0]))
+
+    def layer_norm(self):
+        v = self.value((2, 3, 4))
+        if v is None:
+            return False
+        s = self.spec.shapes[v]
+        k = 1 + self.r(min(2, len(s) - 1))
+        return self.add("layer_norm", "layer_norm", [v], s, normalized=tuple(s[-k:]),
+                        affine=self.chance(0.7), bias=self.chance(0.7))
+
+    def activation(self):
+        v = self.value()
+        if v is None:
+            return False
+        fn = self.pick(["relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid"])
+        return self.add("activation", fn, [v], self.spec.shapes[v])
+
+    def pool(self):
+        v = self.value(4)
+        if v is None:
+            return False
+        _, c, h, w = self.spec.shapes[v]
+        kind = self.pick(["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"])
+        if kind == "adaptive_avg_pool2d":
+            size = self.pick([(1, 1), (max(1, h // 2), max(1, w // 2)), (h, 1)])
+            return self.add("pool", kind, [v], (self.spec.batch, c) + size, size=size)
+        k = 1 + self.r(3)
+        stride = 1 + self.r(k) if self.chance(0.7) else None
+        padding = self.r(k // 2 + 1)
+        st = stride or k
+        oh, ow = (h + 2 * padding - k) // st + 1, (w + 2 * padding - k) // st + 1
+        extra = {"count_include_pad": self.chance(0.5)} if kind == "avg_pool2d" else {}
+        return self.add("pool", kind, [v], (self.spec.batch, c, oh, ow), kernel=k, stride=stride,
+                        padding=padding, **extra)
+
+    def arith(self):
+        v = self.value()
+        if v is None:
+            return False
+        s = self.spec.shapes[v]
+        fn = self.pick(["add", "mul", "sub"])
+        form = self.pick(["value", "value", "keepdim", "param", "scalar"])
+        if form == "value":
+            others = [u for u in self.float_values if u != v and self.spec.shapes[u] == s]
+            if others:
+                return self.add("residual", fn, [v, self.pick(others)], s)
+            return self.add("arith", fn, [v, v], s)
+        if form == "keepdim" and len(s) > 1:
+            d = 1 + self.r(len(s) - 1)
+            return self.add("arith", fn + "_keepdim", [v], s, dim=d, reduce=self.pick(["mean", "amax", "sum"]))
+        if form == "param" and len(s) > 1:
+            k = 1 + self.r(len(s) - 1)
+            pshape = tuple(d if self.chance(0.7) else 1 for d in s[-k:])
+            return self.add("arith", fn + "_param", [v], s, pshape=pshape)
+        return self.add("arith", fn + "_scalar", [v], s, scalar=float(self.pick([0.5, -1.5, 2.0, 3.25])),
+                        left=self.chance(0.5))
+
+    def softmax(self):
+        v = self.value()
+        if v is None:
+            return False
+        s = self.spec.shapes[v]
+        d = self.r(len(s))
+        return self.add("softmax", self.pick(["softmax", "log_softmax"]), [v], s,
+                        dim=d - len(s) if self.chance(0.4) else d)
+
+    def layout(self):
+        v = self.value()
+        if v is None:
+            return False
+        s = self.spec.shapes[v]
+        rest = list(s[1:])
+        kind = self.pick(["view", "reshape", "permute", "transpose", "flatten", "unsqueeze", "squeeze"])
+        if kind in ("view", "reshape") and rest:
+            n = int(np.prod(rest))
+            divisors = [d for d in range(1, n + 1) if n % d == 0]
+            a = self.pick(divisors)
+            new = [a, n // a] if self.chance(0.6) else [n]
+            if self.chance(0.3) and len(new) == 2:
+                new[self.r(2)] = -1
+            shape = (s[0],) + tuple(n // a if x == -1 and i == 1 else (a if x == -1 else x)
+                                    for i, x in enumerate(new))
+            return self.add("layout", kind, [v], shape, shape_args=tuple(new))
+        if kind in ("permute", "transpose") and len(rest) >= 2:
+            if kind == "permute":
+                perm = [int(p) + 1 for p in self.rng.permutation(len(rest))]
+                return self.add("layout", kind, [v], (s[0],) + tuple(s[p] for p in perm), perm=tuple(perm))
+            a, b = (int(x) + 1 for x in self.rng.choice(len(rest), 2, replace=False))
+            shape = list(s)
+            shape[a], shape[b] = shape[b], shape[a]
+            return self.add("layout", kind, [v], tuple(shape), dims=(a - len(s) if self.chance(0.3) else a, b))
+        if kind == "flatten" and len(rest) >= 2:
+            start = 1 + self.r(len(rest) - 1)
+            end = start + 1 + self.r(len(s) - start - 1)
+            shape = s[:start] + (int(np.prod(s[start:end + 1])),) + s[end + 1:]
+            return self.add("layout", kind, [v], shape, start=start, end=end)
+        if kind == "squeeze":
+            ones = [d for d in range(1, len(s)) if s[d] == 1]
+            if ones:
+                d = self.pick(ones)
+                return self.add("layout", kind, [v], s[:d] + s[d + 1:], dim=d)
+        if len(s) < 4:
+            d = 1 + self.r(len(s))
+            return self.add("layout", "unsqueeze", [v], s[:d] + (1,) + s[d:], dim=d)
+        return False
+
+    def slice(self):
+        v = self.value(pred=lambda s: len(s) > 1 and max(s[1:]) > 1)
+        if v is None:
+            return False
+        s = self.spec.shapes[v]
+        d = self.pick([d for d in range(1, len(s)) if s[d] > 1])
+        n = s[d]
+        start = self.r(n - 1)
+        stop = start + 1 + self.r(n - start)
+        step = 1 + self.r(2)
+        length = len(range(start, stop, step))
+        neg = self.chance(0.3)
+        shape = s[:d] + (length,) + s[d + 1:]
+        return self.add("slice", "slice", [v], shape, dim=d, start=start - n if neg else start,
+                        stop=None if stop == n and self.chance(0.5) else stop, step=step)
+
+    def cat_split(self):
+        v = self.value(pred=lambda s: len(s) > 1)
+        if v is None:
+            return False
+        s = self.spec.shapes[v]
+        d = 1 + self.r(len(s) - 1)
+        kind = self.pick(["cat", "chunk", "split", "split_sizes"])
+        if kind == "cat":
+            others = [u for u in self.float_values if len(self.spec.shapes[u]) == len(s) and all(
+                a == b for i, (a, b) in enumerate(zip(self.spec.shapes[u], s)) if i != d)]
+            u = self.pick(others)
+            shape = s[:d] + (s[d] + self.spec.shapes[u][d],) + s[d + 1:]
+            return self.add("cat_split", "cat", [v, u], shape, dim=d - len(s) if self.chance(0.3) else d)
+        n = s[d]
+        if n < 2:
+            return False
+        if kind == "chunk":
+            parts = 2 + self.r(2)
+            size = -(-n // parts)
+            lengths = [min(size, n - a) for a in range(0, n, size)]
+            arg = parts
+        elif kind == "split":
+            size = 1 + self.r(n - 1)
+            lengths = [min(size, n - a) for a in range(0, n, size)]
+            arg = size
+        else:
+            cut = 1 + self.r(n - 1)
+            lengths = [cut, n - cut]
+            arg = tuple(lengths)
+        pick = self.r(len(lengths) + 1)  # len(lengths): all parts concatenated in reverse order
+        shape = s if pick == len(lengths) else s[:d] + (lengths[pick],) + s[d + 1:]
+        return self.add("cat_split", kind, [v], shape, dim=d, arg=arg, part=pick)
+
+    def matmul(self):
+        v = self.value((2, 3, 4))
+        if v is None:
+            return False
+        s = self.spec.shapes[v]
+        kind = self.pick(["matmul_t", "matmul_param", "bmm"])
+        if kind == "bmm" and len(s) != 3:
+            kind = "matmul_t"
+        if kind == "matmul_param":
+            out = 1 + self.r(5)
+            return self.add("matmul", kind, [v], s[:-1] + (out,), pshape=(s[-1], out))
+        if len(s) < 3:
+            kind = "matmul_param"
+            return self.add("matmul", kind, [v], s[:-1] + (3,), pshape=(s[-1], 3))
+        others = [u for u in self.float_values if self.spec.shapes[u] == s]
+        u = self.pick(others)
+        return self.add("matmul", kind, [v, u], s[:-1] + (s[-2],))
+
+    def reduce(self):
+        v = self.value(pred=lambda s: len(s) > 1)
+        if v is None:
+            return False
+        s = self.spec.shapes[v]
+        k = 1 + self.r(len(s) - 1)
+        dims = tuple(sorted(int(d) + 1 for d in self.rng.choice(len(s) - 1, k, replace=False)))
+        keep = self.chance(0.4)
+        shape = tuple(1 if d in dims else x for d, x in enumerate(s)) if keep else \
+            tuple(x for d, x in enumerate(s) if d not in dims)
+        return self.add("reduce", self.pick(["mean", "sum", "amax"]), [v], shape, dims=dims, keepdim=keep)
+
+    def attention(self):
+        v = self.value((3, 4))
+        if v is None:
+            return False
+        s = self.spec.shapes[v]
+        others = [u for u in self.float_values if self.spec.shapes[u][:-1] == s[:-1]]
+        u = self.pick(others)
+        return self.add("attention", "sdpa", [v, u], s[:-1] + (self.spec.shapes[u][-1],), causal=self.chance(0.5),
+                        features=s[-1])
+
+    def embedding(self):
+        if self.spec.ids is None:
+            return False
+        length, vocab = self.spec.ids
+        dim = 1 + self.r(5)
+        return self.add("embedding", "embedding", [1], (self.spec.batch, length, dim), vocab=vocab, dim=dim,
+                        padding_idx=self.r(vocab) if self.chance(0.3) else None)
+
+
+def generate(seed: int) -> Spec:
+    """The random module spec of ``seed`` (reproducible)."""
+    rng = np.random.default_rng(seed)
+    batch = 2 + int(rng.integers(0, 2))
+    rank = int(rng.integers(2, 5))
+    shape = (batch,) + tuple(int(rng.integers(1, 5)) if d < rank - 2 or rank == 2 else int(rng.integers(3, 7))
+                             for d in range(rank - 1))
+    if rank == 3:
+        shape = (batch, int(rng.integers(2, 5)), int(rng.integers(1, 6)))
+    spec = Spec(seed=seed, dtype="float64" if rng.random() < 0.5 else "float32",
+                dynamic_batch=bool(rng.random() < 0.6), grad_training=bool(rng.random() < 0.5), batch=batch,
+                input_shape=shape)
+    spec.shapes.append(shape)
+    if rng.random() < 0.15:
+        spec.ids = (int(rng.integers(1, 5)), int(rng.integers(2, 7)))
+        spec.shapes.append((batch, spec.ids[0]))
+    g = _Gen(rng, spec)
+    if spec.ids is not None:
+        g.embedding()
+    ops = [g.linear, g.conv2d, g.batch_norm, g.layer_norm, g.activation, g.pool, g.arith, g.softmax, g.layout,
+           g.slice, g.cat_split, g.matmul, g.reduce, g.attention]
+    weights = np.array([3, 3, 2, 2, 3, 2, 4, 1, 3, 1, 2, 1, 1, 1], dtype=float)
+    target = int(rng.integers(2, 9))
+    tries = 0
+    while len(spec.nodes) < target and tries < 60:
+        tries += 1
+        op = ops[int(rng.choice(len(ops), p=weights / weights.sum()))]
+        op()
+    if len(g.float_values) == 1:
+        g.activation()
+    # every value reaches the output: the dangling ones join the last through their means
+    consumed = {a for n in spec.nodes for a in n["args"]}
+    last = g.float_values[-1]
+    dangling = [v for v in g.float_values[1:] if v not in consumed and v != last]
+    if dangling:
+        g.add("join", "join", [last] + dangling, spec.shapes[last])
+    # and one parameter at least
+    if not any(n["op"] in _WITH_PARAMS or (n["op"] in ("batch_norm1d", "batch_norm2d") and n["affine"])
+               or (n["op"] == "layer_norm" and n["affine"]) for n in spec.nodes):
+        g.add("arith", "mul_param", [g.float_values[-1]], spec.shapes[-1], pshape=(1,))
+    return spec
+
+
+_WITH_PARAMS = ("linear", "conv2d", "add_param", "mul_param", "sub_param", "matmul_param", "sdpa", "embedding")
+
+
+# -- the module ----------------------------------------------------------------------------------
+def build_module(spec: Spec):
+    """The ``torch.nn.Module`` of ``spec`` (weights drawn from the spec's seed)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(spec.seed % (2 ** 31))
+
+    class FuzzNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleDict()
+            self.params = torch.nn.ParameterDict()
+            for k, node in enumerate(spec.nodes):
+                op, name = node["op"], f"n{k}"
+                if op == "linear":
+                    self.layers[name] = torch.nn.Linear(*node["features"], bias=node["bias"])
+                elif op == "conv2d":
+                    self.layers[name] = torch.nn.Conv2d(*node["channels"], node["kernel"], stride=node["stride"],
+                                                        padding=node["padding"], dilation=node["dilation"],
+                                                        groups=node["groups"], bias=node["bias"])
+                elif op in ("batch_norm1d", "batch_norm2d"):
+                    cls = torch.nn.BatchNorm2d if op == "batch_norm2d" else torch.nn.BatchNorm1d
+                    bn = cls(node["channels"], affine=node["affine"], momentum=node["momentum"])
+                    with torch.no_grad():
+                        bn.running_mean.uniform_(-0.5, 0.5)
+                        bn.running_var.uniform_(0.5, 1.5)
+                        if node["affine"]:
+                            bn.weight.uniform_(0.5, 1.5)
+                            bn.bias.uniform_(-0.5, 0.5)
+                    self.layers[name] = bn
+                elif op == "layer_norm":
+                    ln = torch.nn.LayerNorm(node["normalized"], elementwise_affine=node["affine"], bias=node["bias"])
+                    if node["affine"]:
+                        with torch.no_grad():
+                            ln.weight.uniform_(0.5, 1.5)
+                            if ln.bias is not None:
+                                ln.bias.uniform_(-0.5, 0.5)
+                    self.layers[name] = ln
+                elif op.endswith("_param") or op == "matmul_param":
+                    self.params[name] = torch.nn.Parameter(torch.empty(node["pshape"]).uniform_(-1.0, 1.0))
+                elif op == "sdpa":
+                    self.layers[name] = torch.nn.Linear(node["features"], node["features"])
+                elif op == "embedding":
+                    self.layers[name] = torch.nn.Embedding(node["vocab"], node["dim"], padding_idx=node["padding_idx"])
+
+        def forward(self, *inputs):
+            vals = list(inputs)
+            for k, node in enumerate(spec.nodes):
+                vals.append(_apply(self, f"n{k}", node, [vals[a] for a in node["args"]], torch, F))
+            return vals[-1]
+
+    net = FuzzNet()
+    return net.double() if spec.dtype == "float64" else net
+
+
+def _apply(net, name, node, args, torch, F):
+    op, x = node["op"], args[0]
+    if op in ("linear", "conv2d", "batch_norm1d", "batch_norm2d", "layer_norm", "embedding"):
+        return net.layers[name](x)
+    acts = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"), "silu": F.silu,
+            "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+    if op in acts:
+        return acts[op](x)
+    if op == "max_pool2d":
+        return F.max_pool2d(x, node["kernel"], node["stride"], node["padding"])
+    if op == "avg_pool2d":
+        return F.avg_pool2d(x, node["kernel"], node["stride"], node["padding"],
+                            count_include_pad=node["count_include_pad"])
+    if op == "adaptive_avg_pool2d":
+        return F.adaptive_avg_pool2d(x, node["size"])
+    if op == "matmul_param":
+        return torch.matmul(x, net.params[name])
+    if op == "join":
+        for u in args[1:]:
+            m = u.reshape(u.shape[0], -1).mean(1) if u.ndim > 1 else u
+            x = x + m.reshape((u.shape[0],) + (1,) * (x.ndim - 1))
+        return x
+    binops = {"add": torch.add, "mul": torch.mul, "sub": torch.sub}
+    base = op.split("_")[0]
+    if op in binops:
+        return binops[op](x, args[1])
+    if op.endswith("_keepdim"):
+        red = getattr(x, node["reduce"])(node["dim"], keepdim=True)
+        return binops[base](x, red)
+    if op.endswith("_param"):
+        return binops[base](x, net.params[name])
+    if op.endswith("_scalar"):
+        c = node["scalar"]
+        if node["left"]:
+            return {"add": lambda: c + x, "mul": lambda: c * x, "sub": lambda: c - x}[base]()
+        return binops[base](x, c)
+    if op in ("softmax", "log_softmax"):
+        return getattr(F, op)(x, dim=node["dim"])
+    if op in ("view", "reshape"):
+        return getattr(x, op)(x.shape[0], *node["shape_args"])
+    if op == "permute":
+        return x.permute(0, *node["perm"])
+    if op == "transpose":
+        return x.transpose(*node["dims"])
+    if op == "flatten":
+        return torch.flatten(x, node["start"], node["end"])
+    if op == "unsqueeze":
+        return x.unsqueeze(node["dim"])
+    if op == "squeeze":
+        return x.squeeze(node["dim"])
+    if op == "slice":
+        return x[(slice(None),) * node["dim"] + (slice(node["start"], node["stop"], node["step"]),)]
+    if op == "cat":
+        return torch.cat([x, args[1]], dim=node["dim"])
+    if op in ("chunk", "split", "split_sizes"):
+        d = node["dim"]
+        parts = torch.chunk(x, node["arg"], dim=d) if op == "chunk" else \
+            torch.split(x, list(node["arg"]) if op == "split_sizes" else node["arg"], dim=d)
+        return torch.cat(parts[::-1], dim=d) if node["part"] == len(parts) else parts[node["part"]]
+    if op == "matmul_t":
+        return torch.matmul(x, args[1].transpose(-1, -2))
+    if op == "bmm":
+        return torch.bmm(x, args[1].transpose(1, 2))
+    if op in ("mean", "sum", "amax"):
+        return getattr(torch, op)(x, dim=node["dims"], keepdim=node["keepdim"])
+    if op == "sdpa":
+        return F.scaled_dot_product_attention(x, net.layers[name](x), args[1], is_causal=node["causal"])
+    raise AssertionError(op)
+
+
+# -- the checks ----------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    kind: str                      # "ok", "rejected", "mismatch-...", "export-failed", "user-error", "crash"
+    detail: str = ""
+    rejected_ops: List[str] = field(default_factory=list)
+    families: List[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return self.kind not in PASSING
+
+
+_NO_RULE = re.compile(r"ATen operators te_grad does not translate \(([^)]*)\)")
+_REFUSED = re.compile(r": (aten\.[\w.]+) at node \S+(?: \(.*?\))?: (?!te_grad gives)")
+
+
+def refused_ops(message: str) -> List[str]:
+    """The operators a UserError says te_grad refuses (no rule, or a rule refusing), or []."""
+    m = _NO_RULE.search(message)
+    if m:
+        return [o.strip() for o in m.group(1).split(",")]
+    m = _REFUSED.search(message)
+    if m and "te_grad gives" not in message:
+        return [m.group(1)]
+    return []
+
+
+def _close(got, want, rtol, what, kind):
+    """``got`` within ``rtol`` of ``want``'s largest value, and within ``rtol`` absolutely (values
+    of rounding noise, such as a normalization over one element, are compared as zeros)."""
+    _close_rel(got, want, rtol, what, kind, atol=rtol)
+
+
+def _inputs(spec: Spec, rng):
+    import torch
+    x = rng.uniform(-1.0, 1.0, size=spec.input_shape).astype(spec.dtype)
+    arrays = [x]
+    if spec.ids is not None:
+        arrays.append(rng.integers(0, spec.ids[1], size=(spec.batch, spec.ids[0])).astype("int64"))
+    return arrays, [torch.from_numpy(a.copy()) for a in arrays]
+
+
+def _torch_run(net, tensors, training, head=None):
+    """PyTorch's output (and parameter gradients of ``sum(head * out)``) on a copy of ``net``."""
+    import torch
+    net = copy.deepcopy(net)
+    net.train(training)
+    out = net(*tensors)
+    grads = {}
+    if head is not None:
+        net.zero_grad()
+    if head is not None and out.requires_grad:
+        (out * torch.from_numpy(head)).sum().backward()
+        grads = {n: (p.grad.numpy() if p.grad is not None else np.zeros(tuple(p.shape), p.detach().numpy().dtype))
+                 for n, p in net.named_parameters()}
+    return out.detach().numpy(), grads, net
+
+
+def check(spec: Spec, compile_: bool = True) -> Outcome:
+    """Import ``spec``'s module and check it against PyTorch (see the module docstring)."""
+    families = sorted({n["family"] for n in spec.nodes})
+    try:
+        import torch  # noqa: F401
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _check(spec, compile_)
+    except _Mismatch as m:
+        return Outcome(m.kind, m.detail, families=families)
+    except Exception as e:  # noqa: BLE001 - every error is an outcome
+        from ...errors import UserError
+        text = f"{type(e).__name__}: {e}"
+        if isinstance(e, UserError):
+            if "torch.export failed" in str(e):
+                return Outcome("export-failed", text, families=families)
+            ops = refused_ops(str(e))
+            if ops:
+                return Outcome("rejected", text, rejected_ops=ops, families=families)
+            return Outcome("user-error", text + "\n" + traceback.format_exc(), families=families)
+        return Outcome("crash", text + "\n" + traceback.format_exc(), families=families)
+    return Outcome("ok", families=families)
+
+
+def _check(spec: Spec, compile_: bool) -> None:
+    import te_grad as tg
+    from te_grad import train
+    from te_grad.graph import topo_order
+    from te_grad.torch import import_model
+
+    rng = np.random.default_rng(spec.seed + 17)
+    net = build_module(spec)
+    arrays, tensors = _inputs(spec, rng)
+    rtol = 1e-10 if spec.dtype == "float64" else 1e-4
+    model = import_model(net, tuple(tensors), dynamic_batch=spec.dynamic_batch)
+    xs = model.input_placeholders()
+    params, states = model.parameters(), model.states()
+    feed = {p.placeholder: p.value for p in params}
+    feed.update({s.placeholder: np.asarray(s.initial) for s in states})
+    feed.update(dict(zip(xs, arrays)))
+
+    # 1. the forward in both modes
+    outs = {}
+    for training in (False, True):
+        want, _, _ = _torch_run(net, tensors, training)
+        out = model(*xs, train.Context(training=training))
+        got = tg.evaluate([out], feed)[0]
+        _close(got, want, rtol, f"forward ({'training' if training else 'evaluation'})",
+               f"mismatch-forward-{'train' if training else 'eval'}")
+        outs[training] = out
+
+    # 2. parameter gradients of sum(head * out)
+    head = rng.standard_normal(np.shape(want)).astype(spec.dtype)
+    _, want_grads, _ = _torch_run(net, tensors, spec.grad_training, head)
+    if params:
+        out = model(*xs, train.Context(training=spec.grad_training))
+        head_ph = tg.placeholder(out.shape, dtype=out.dtype, name="head")
+        grads = tg.gradient([out], [p.placeholder for p in params], head=[head_ph])
+        feed[head_ph] = head
+        got = tg.evaluate(grads, feed)
+        for p, g in zip(params, got):
+            _close(g, want_grads[p.name], rtol, f"gradient of {p.name} (evaluator)", "mismatch-grad-evaluator")
+        if compile_:
+            inputs = xs + [p.placeholder for p in params] + [s.placeholder for s in states] + [head_ph]
+            used = {id(t) for t in topo_order(grads)}
+            inputs = [i for i in inputs if id(i) in used]
+            kernel = tg.build(grads, inputs)
+            got = kernel(*[feed[i] for i in inputs])
+            got = got if isinstance(got, (list, tuple)) else [got]
+            for p, g in zip(params, got):
+                _close(g, want_grads[p.name], rtol, f"gradient of {p.name} (compiled)", "mismatch-grad-compiled")
+
+    # 3. one SGD step of the Trainer on the loss sum(head * out), batch norm statistics included
+    lr = 0.5
+    y = tg.placeholder(tuple(np.shape(head)), dtype=spec.dtype, name="y")
+    trainer = train.Trainer(model, inputs=xs, targets=[y], loss=lambda o, t: tg.nn.sum(tg.nn.multiply(o, t)),
+                            optimizer=train.SGD(lr=lr), progress=False, dynamic_batch=spec.dynamic_batch)
+    trainer.update(*arrays, head)
+    tnet = copy.deepcopy(net)
+    tnet.train(True)
+    opt = torch_sgd(tnet, lr)
+    opt.zero_grad()
+    import torch
+    loss = (tnet(*tensors) * torch.from_numpy(head)).sum()
+    if loss.requires_grad:
+        loss.backward()
+    opt.step()
+    new = trainer.params
+    for n, p in tnet.named_parameters():
+        _close(new[n], p.detach().numpy(), rtol, f"parameter {n} after a step", "mismatch-step-params")
+    have = trainer.states
+    for n, b in tnet.named_buffers():
+        if n in have:
+            _close(have[n], b.numpy(), rtol, f"buffer {n} after a step", "mismatch-step-states")
+
+
+def torch_sgd(net, lr):
+    import torch
+    return torch.optim.SGD(net.parameters(), lr=lr)
+
+
+def check_seed(seed: int, compile_: bool = True) -> Outcome:
+    """:func:`check` of :func:`generate` ``(seed)`` (what a failure's script calls)."""
+    return check(generate(seed), compile_=compile_)
+
+
+def script(spec: Spec, outcome: Outcome) -> str:
+    """A Python script that rebuilds ``spec``'s module from its seed and reruns the checks."""
+    detail = "\n".join("# " + line for line in outcome.detail.strip().splitlines()[-12:])
+    body = "\n".join("# " + line for line in spec.describe().splitlines())
+    return (f"# te_grad fuzz --torch: {outcome.kind}\n{detail}\n# the module:\n{body}\n"
+            "from te_grad.tools.fuzz.torch_models import check_seed\n\n"
+            f"print(check_seed({spec.seed}))\n")
+
+
+def run(programs: int, seed: int = 0, out: Optional[TextIO] = None, compile_: bool = True,
+        progress_every: int = 10) -> Dict[str, object]:
+    """Check ``programs`` random modules; print the counts, the rejections by operator, the
+    modules exercising each family, and a script per failure. Returns ``{"counts", "rejected",
+    "families", "failures"}``."""
+    out = sys.stdout if out is None else out
+    counts: Counter = Counter()
+    rejected: Counter = Counter()
+    families: Counter = Counter()
+    failures = []
+    start = time.monotonic()
+    for i in range(programs):
+        spec = generate(seed * 1_000_003 + i)
+        outcome = check(spec, compile_=compile_)
+        counts[outcome.kind] += 1
+        rejected.update(outcome.rejected_ops)
+        families.update(outcome.families)
+        if outcome.failed:
+            failures.append((spec, outcome))
+        if progress_every and (i + 1) % progress_every == 0:
+            print(f"[{i + 1}/{programs}] {time.monotonic() - start:.0f} s, "
+                  + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())), file=out, flush=True)
+    print(f"\n{programs} modules (seed {seed}) in {time.monotonic() - start:.0f} s", file=out)
+    for kind in sorted(counts):
+        print(f"  {kind:28s} {counts[kind]}", file=out)
+    for op in sorted(rejected):
+        print(f"  rejected by {op}: {rejected[op]}", file=out)
+    for fam in FAMILIES:
+        print(f"  modules with {fam}: {families[fam]}", file=out)
+    for spec, outcome in failures:
+        print(f"\n# --- module {spec.seed} ---\n{script(spec, outcome)}", file=out)
+    return {"counts": dict(counts), "rejected": dict(rejected), "families": dict(families),
+            "failures": [spec.seed for spec, _ in failures]}

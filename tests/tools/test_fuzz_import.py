@@ -1,0 +1,65 @@
+"""Random torch.nn.Modules through the PyTorch importer (see te_grad/tools/fuzz/torch_models.py).
+
+A fixed budget runs here: no failure, and every family of constructs generated;
+``python -m te_grad fuzz --torch --programs N`` runs any number.
+"""
+import io
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from te_grad.tools.fuzz import torch_models  # noqa: E402
+from te_grad.tools.fuzz.torch_models import FAMILIES, check, generate, refused_ops, script  # noqa: E402
+
+
+def test_a_fixed_budget_of_modules_passes_and_covers_every_family():
+    out = io.StringIO()
+    result = torch_models.run(12, seed=2, out=out, progress_every=0)
+    text = out.getvalue()
+    assert sum(result["counts"].values()) == 12
+    assert not result["failures"], text
+    assert result["counts"].get("ok", 0) >= 6, text
+    missing = [f for f in FAMILIES if not result["families"].get(f)]
+    assert not missing, f"families never generated: {missing}\n{text}"
+
+
+def test_modules_are_reproducible_and_valid():
+    a, b = generate(77), generate(77)
+    assert a.describe() == b.describe() and a.nodes == b.nodes
+    net = torch_models.build_module(a)
+    arrays, tensors = torch_models._inputs(a, __import__("numpy").random.default_rng(0))
+    out = net(*tensors)
+    assert tuple(out.shape) == a.shapes[-1] and str(out.dtype) == f"torch.{a.dtype}"
+
+
+def test_the_checks_catch_a_wrong_rule(monkeypatch):
+    """A rule broken on purpose must be a failure (a mismatch), not pass or be rejected."""
+    from te_grad import nn
+    from te_grad.frontends.aten import RULES
+    monkeypatch.setitem(RULES, "aten.relu.default", lambda t, x: nn.sigmoid(x))
+    spec = next(s for s in map(generate, range(200)) if any(n["op"] == "relu" for n in s.nodes))
+    outcome = check(spec)
+    assert outcome.kind.startswith("mismatch-forward"), outcome
+    assert "check_seed" in script(spec, outcome) and f"check_seed({spec.seed})" in script(spec, outcome)
+
+
+def test_refusals_are_counted_by_operator():
+    assert refused_ops("import_model(M): 2 node(s) use ATen operators te_grad does not translate "
+                       "(aten.foo.default, aten.bar.Tensor):\n  ...") == ["aten.foo.default", "aten.bar.Tensor"]
+    assert refused_ops("import_model(M): aten.max_pool2d_with_indices.default at node m (f.py:3: x): "
+                       "max_pool2d with ceil_mode=True is not translated") == ["aten.max_pool2d_with_indices.default"]
+    # a rule disagreeing with PyTorch on a shape is te_grad's error, not a refusal
+    assert refused_ops("import_model(M): aten.view.default at node v: te_grad gives shape [2], PyTorch [3]") == []
+
+
+def test_the_command_line_and_torch_stays_out_of_te_grad():
+    proc = subprocess.run([sys.executable, "-m", "te_grad", "fuzz", "--torch", "--programs", "1", "--seed", "3", "--no-compile"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 modules (seed 3)" in proc.stdout and "modules with linear" in proc.stdout
+    code = "import sys, te_grad, te_grad.tools.fuzz; assert 'torch' not in sys.modules, 'torch imported'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
