@@ -106,11 +106,6 @@ for _n, _f in {"exp": dsl.exp, "log": dsl.log, "sqrt": dsl.sqrt, "erf": dsl.erf,
     RULES[f"aten.{_n}.default"] = unary(_f, _n)
 
 
-@rule("aten.gelu.default")
-def _gelu(t, x, approximate="none"):
-    return nn.gelu(x, approximate=approximate)
-
-
 RULES["aten.neg.default"] = unary(lambda v: -v, "neg", floating=False)
 RULES["aten.abs.default"] = unary(dsl.abs, "abs", floating=False)
 
