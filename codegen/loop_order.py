@@ -69,6 +69,15 @@ def _lane_cost(indices: Sequence[Expr], v: Var) -> float:
     return STRIDED_COST
 
 
+def contiguous_indices(indices: Sequence[Expr], shape: Sequence) -> Tuple[Expr, ...]:
+    """``indices`` without the trailing dimensions of extent 1, which never move the address:
+    the lanes along ``c`` of ``conv2d[n, c, 0, 0]`` (a 1 x 1 image) are contiguous."""
+    k = len(indices)
+    while k > 1 and k <= len(shape) and not isinstance(shape[k - 1], Expr) and shape[k - 1] == 1:
+        k -= 1
+    return tuple(indices[:k])
+
+
 def _max_stride(v: Var, reads: Sequence[Read]) -> int:
     """The largest number of elements one step of ``v`` moves any of ``reads``."""
     best = 0
@@ -147,9 +156,12 @@ def loop_order(out_axes: Sequence[Var], shape: Sequence[int], red_axes: Sequence
         n = extents.get(id(v), 0)
         if id(v) in extents and n < 8:
             cost += SHORT_LOOP_COST
-        # between equal costs, the smaller largest stride: lanes a page or more apart
-        # (a batch axis) share cache sets and miss the TLB one by one
-        return (-cost, -stride(v), n)
+        # between equal costs, an axis not split among threads when reduce loops run
+        # (lanes along the split axis leave no register block: a convolution of 2 x 2
+        # images with lanes along its batch, not its channels, ran 500 times slower);
+        # then the smaller largest stride: lanes a page or more apart (a batch axis)
+        # share cache sets and miss the TLB one by one
+        return (-cost, not (red_axes and v is parallel), -stride(v), n)
 
     needed = {d for v in every for d in deps[id(v)]}
     candidates = [v for v in every if id(v) not in needed]
@@ -179,7 +191,7 @@ def lane_var(t: Tensor, red: Reduce) -> Optional[Var]:
     """The variable :func:`loop_order` runs the vector lanes of reduction term ``red`` of
     ``t`` along (its innermost loop), over the whole output domain."""
     order, _ = loop_order(list(t.op.axes), list(t.shape), list(red.axes), accesses(red.body, red.where),
-                          list(t.op.axes), reads_in(red.body))
+                          contiguous_indices(t.op.axes, t.shape), reads_in(red.body))
     return order[-1] if order else None
 
 
@@ -199,7 +211,8 @@ def _nest_order(n: Nest, parallel: Optional[Var], domains: Dict[int, Tuple[int, 
     whole = [domains[id(v)] for v in outs]
     reads = reads_in(n.store.value) if strides_of_reads else ()
     order, _ = loop_order(outs, [hi - lo for lo, hi in whole], n.reductions, accesses(n.store.value, n.cond),
-                          n.store.indices, reads, piece, parallel=parallel, first=[lo for lo, _ in whole])
+                          contiguous_indices(n.store.indices, n.store.tensor.shape), reads, piece,
+                          parallel=parallel, first=[lo for lo, _ in whole])
     return order
 
 

@@ -127,11 +127,20 @@ def pack_operands(t: Tensor, body: Expr, terms, lane_of: Callable[[Tensor, Reduc
             read, step = interleaved
             copy = use(("classes", id(read.tensor), step), lambda: _deinterleaved(read.tensor, step))
             new = _Replace({id(read): _class_read(read, copy, step)}).visit(new)
-        read = _dot_product_operand(t, new, lane_of(t, new))
+        lane = lane_of(t, new)
+        read = _dot_product_operand(t, new, lane)
         if read is not None:
-            perm = _swap_to_last(read, t.op.axes[-1])
+            perm = _swap_to_last(read, _contiguous_axis(t))
             copy = use(("packed", id(read.tensor), tuple(perm)), lambda: _transposed(read.tensor, perm))
             new = _Replace({id(read): Read(copy, tuple(read.indices[p] for p in perm))}).visit(new)
+        else:
+            gathered = _gathered_along_lanes(t, new, lane)
+            if gathered is not None:
+                read, order = gathered
+                fixed = tuple(None if k in order else int(i.value) for k, i in enumerate(read.indices))
+                copy = use(("lanes last", id(read.tensor), order, fixed),
+                           lambda: _reordered(read.tensor, tuple(read.indices), order))
+                new = _Replace({id(read): Read(copy, tuple(read.indices[d] for d in order))}).visit(new)
         if new is not red:
             swaps[id(red)] = new
     if not swaps:
@@ -152,9 +161,9 @@ def _dot_product_operand(t: Tensor, red: Reduce, lane: Optional[Var]) -> Optiona
     ``j``, the output's contiguous axis (they run along ``lane``), while ``B`` is read at
     ``j`` and contiguous in ``k``; None if the term is not such a contraction or too small
     to repay the copy."""
-    if red.combiner != "sum" or not t.op.axes or lane is t.op.axes[-1]:
+    if red.combiner != "sum" or not t.op.axes or lane is _contiguous_axis(t):
         return None
-    j = t.op.axes[-1]
+    j = _contiguous_axis(t)
     reads = reads_in(red.body)
     for b in reads:
         if not _plain(b) or b.tensor is t or len(b.indices) < 2:
@@ -172,6 +181,59 @@ def _dot_product_operand(t: Tensor, red: Reduce, lane: Optional[Var]) -> Optiona
             continue
         return b
     return None
+
+
+def _contiguous_axis(t: Tensor) -> Var:
+    """The output axis along which ``t``'s elements are contiguous: the last one whose extent
+    is not 1 (``conv2d[n, c, 0, 0]`` of a 1 x 1 image steps by 1 along ``c``)."""
+    axes = [a for a, n in zip(t.op.axes, t.shape) if isinstance(n, Expr) or n != 1]
+    return axes[-1] if axes else t.op.axes[-1]
+
+
+def _gathered_along_lanes(t: Tensor, red: Reduce, lane: Optional[Var]) -> Optional[Tuple[Read, Tuple[int, ...]]]:
+    """A read ``B[.., j, .., f(k)]`` of a sum whose lanes run along the output axis ``j``,
+    ``B`` indexed by ``j`` alone in a dimension that is not its last (each lane a gather)
+    while its last index runs with the reduction; with the order of ``B``'s dimensions
+    that moves ``j``'s last (``w[c, rc, ry, rx]`` in a convolution whose lanes run along
+    the output channels ``c``: ``P[rc, ry, rx, c]``, one vector per tap and input
+    channel). None if there is none, another operand is read along ``j`` too (it would
+    not be a broadcast), or the copy would not pay."""
+    if red.combiner != "sum" or lane is None or isinstance(lane, ReduceAxis) \
+            or not any(lane is a for a in t.op.axes):
+        return None
+    reads = reads_in(red.body)
+    th = thresholds()
+    for b in reads:
+        if b.tensor is t or len(b.indices) < 2 or any(isinstance(n, Expr) for n in b.tensor.shape):
+            continue
+        uses = [any(lane is x for x in free_vars(i)) for i in b.indices]
+        if sum(uses) != 1 or uses[-1]:
+            continue
+        d = uses.index(True)
+        if b.indices[d] is not lane:
+            continue
+        if any(r is not b and any(lane is x for i in r.indices for x in free_vars(i)) for r in reads):
+            continue
+        used = {id(x) for i in b.indices for x in free_vars(i)}
+        reuse = _count([n for a, n in zip(t.op.axes, t.shape) if id(a) not in used])
+        # a dimension read at a constant (the centre tap of a 1 x 1 image) is left out of the copy
+        kept = [k for k, i in enumerate(b.indices) if k != d and not isinstance(i, Const)]
+        reduction = _count([b.tensor.shape[k] for k in kept])
+        if reuse < th.min_reuse or reduction < th.min_reduction or _count(t.shape) * reduction < th.min_work:
+            continue
+        return b, tuple(kept) + (d,)
+    return None
+
+
+def _reordered(src: Tensor, at: Tuple[Expr, ...], order: Tuple[int, ...]) -> Tensor:
+    """``P[a] = src[b]`` with ``b[order[i]] = a[i]``, and ``b[k] = at[k]`` (a constant) for a
+    dimension ``k`` not in ``order``: ``src``'s dimensions in ``order``."""
+    def body(*axes):
+        index = list(at)
+        for i, d in enumerate(order):
+            index[d] = axes[i]
+        return src[tuple(index)]
+    return dsl.compute(tuple(src.shape[d] for d in order), body, name=f"{src.name}_packed")
 
 
 def _count(shape) -> int:
