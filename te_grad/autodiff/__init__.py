@@ -14,6 +14,7 @@ from ..errors import InternalError, UserError
 from ..graph import topo_order
 from ..ir import ComputeOp, PlaceholderOp, ScatterOp, Tensor
 from ..sizes import same_shape
+from .shift import cancelled_shifts
 from .vjp import (full_box, hull, ones_like, sum_contributions, vjp_of_compute, vjp_of_scatter,
                   zeros_like)
 
@@ -143,6 +144,11 @@ def differentiate(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Ten
     equality. ``simplify=True`` (the default) proves the reads of the forward
     graph in bounds and returns the isl-simplified gradients and adjoints
     (see :func:`te_grad.simplify`); forward tensors are kept as they are.
+
+    A tensor the outputs provably do not depend on to first order, such as the max
+    shift of a softmax written by hand (``exp(x - m) / sum(exp(x - m))``), passes
+    no gradient on (:mod:`te_grad.autodiff.shift`): its adjoint is exactly zero, so
+    it has none in ``adjoints`` and the max is not differentiated.
     """
     outputs = _as_list(outputs, "outputs")
     inputs = _as_list(inputs, "inputs")
@@ -155,6 +161,8 @@ def differentiate(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Ten
             raise UserError(f"cannot take the gradient with respect to {x.name} of dtype {x.dtype}: "
                             "integer and bool tensors have no gradient")
     order = topo_order(outputs)
+    # tensors whose adjoint is provably zero (a cancelled shift, :mod:`.shift`) get nothing
+    dropped = cancelled_shifts(outputs, override)
     # contributions waiting for each tensor, with the boxes outside which they are zero
     pending: Dict[int, List[Tuple[Tensor, tuple]]] = {}
     for y, h in zip(outputs, _heads(outputs, head)):
@@ -172,6 +180,8 @@ def differentiate(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Ten
                 pending.setdefault(id(x), []).append((c, full_box(x)))
         else:
             for x, c, box in vjp_of_op(t, adj, hull([b for _, b in contribs])):
+                if id(x) in dropped:
+                    continue
                 pending.setdefault(id(x), []).append((c, box))
     grads = [adjoints[x] if x in adjoints else zeros_like(x, f"d{x.name}") for x in inputs]
     raw = list(grads)

@@ -32,7 +32,10 @@ checked at, its smallest allowed one first): a last stage over a shape in the si
 in a *ragged stage*: a sum, max or min over CSR segments ``range(R0[i0], R0[i0 + 1])`` of a
 row pointer ``R0`` (listed in ``ROWPTRS``, fed sorted), with empty segments; or in a *COO
 stage*, a reduction whose ``where`` pins the first output variable by data (``I[e] == i0 + c``,
-either side), the form simplified into a scatter (:mod:`simplify.solve`).
+either side), the form simplified into a scatter (:mod:`simplify.solve`); or in a *shift
+stage*, a softmax, log-softmax or logsumexp of the previous stage with its max shift written
+by hand, without ``stop_gradient`` (the shift's gradient is proven zero and dropped,
+:mod:`te_grad.autodiff.shift`).
 
 Conventions excluded by construction: a ``max`` / ``min`` reduction that may be
 empty (its value is -inf / inf) is combined with a finite constant, so no
@@ -303,6 +306,8 @@ class _Gen:
             stages.append(self.ragged_stage(len(stages)))
         elif self.chance(3):  # a COO aggregation: where=ids[e] == i0 (a scatter, solved reduce axes)
             stages.append(self.coo_stage(len(stages)))
+        elif self.chance(3):  # a softmax / log-softmax / logsumexp with its max shift written by hand
+            stages.append(self.shift_stage(len(stages), stages[-1]))
         self.lines.append(f"OUT = {stages[-1]}")
         self.lines.append(f"STAGES = [{', '.join(stages)}]")
         self.lines.append(f"INPUTS = [{', '.join([f'X{k}' for k in range(n_inputs)] + self.extra_inputs)}]")
@@ -460,6 +465,42 @@ class _Gen:
         params = ", ".join(names)
         self.lines.append(f"S{s} = tg.compute({shape!r}, lambda {params}: tg.cast(DT, {red}), name='S{s}')")
         self.sources.append((f"S{s}", shape))
+        return f"S{s}"
+
+    def shift_stage(self, s: int, prev: str) -> str:
+        """A last stage normalizing ``prev`` along its last axis with the max shift written by
+        hand, no ``stop_gradient`` (:mod:`te_grad.autodiff.shift` proves the shift's gradient
+        zero): ``M = max_k P[.., k]``, ``E = exp(P - M)``, ``Z = sum_k E`` and the softmax
+        ``E / Z``, the log-softmax ``P - M - log(Z)`` or the logsumexp ``M + log(Z)``; ties in
+        the max are frequent (the previous stage often repeats values)."""
+        shape = next(sh for name, sh in reversed(self.sources) if name == prev)
+        if not shape:  # a scalar: normalize a one-element row of it
+            self.lines.append(f"P{s} = tg.compute((1,), lambda i0: {prev}[()], name='P{s}')")
+            prev, shape = f"P{s}", (1,)
+        lead = [f"i{d}" for d in range(len(shape) - 1)]
+        names = lead + [f"i{len(shape) - 1}"]
+        k = f"k{self.n_axes}"
+        self.n_axes += 1
+        at = ", ".join(lead + [k])
+        row = f"[{', '.join(lead)}]" if lead else "[()]"
+        self.lines.append(f"{k} = tg.reduce_axis((0, {shape[-1]}), name={k!r})")
+        lp, ap = ", ".join(lead), ", ".join(names)
+        self.lines.append(f"M{s} = tg.compute({tuple(shape[:-1])!r}, lambda {lp}: tg.max({prev}[{at}], axis={k}), "
+                          f"name='M{s}')")
+        self.lines.append(f"E{s} = tg.compute({tuple(shape)!r}, lambda {ap}: tg.exp({prev}[{ap}] - M{s}{row}), "
+                          f"name='E{s}')")
+        self.lines.append(f"Z{s} = tg.compute({tuple(shape[:-1])!r}, lambda {lp}: tg.sum(E{s}[{at}], axis={k}), "
+                          f"name='Z{s}')")
+        form = self.draw(3)
+        if form == 0:
+            out_shape, body = tuple(shape), f"E{s}[{ap}] / Z{s}{row}"
+        elif form == 1:
+            out_shape, body = tuple(shape), f"{prev}[{ap}] - M{s}{row} - tg.log(Z{s}{row})"
+        else:
+            out_shape, body = tuple(shape[:-1]), f"M{s}{row} + tg.log(Z{s}{row})"
+        params = ap if form < 2 else lp
+        self.lines.append(f"S{s} = tg.compute({out_shape!r}, lambda {params}: {body}, name='S{s}')")
+        self.sources.append((f"S{s}", out_shape))
         return f"S{s}"
 
 
