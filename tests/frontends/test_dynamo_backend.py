@@ -195,20 +195,20 @@ def test_a_second_batch_size_reuses_one_symbolic_te_grad_op():
     assert backend.stats["te_grad_calls"] == 3
 
 
-class CeilPool(nn.Module):
+class OverriddenPool(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(1, 2, 3)
 
     def forward(self, x):
-        return torch.tanh(F.max_pool2d(self.conv(x), 2, ceil_mode=True))
+        return torch.tanh(F.avg_pool2d(self.conv(x), 2, divisor_override=3))
 
 
 def test_a_node_its_rule_refuses_falls_back_with_the_reason():
     backend = tgt.Backend()
-    net = CeilPool()
+    net = OverriddenPool()
     x = torch.randn(2, 1, 8, 8)
-    with pytest.warns(tgt.FallbackWarning, match=r"max_pool2d_with_indices.*the rule refused it.*ceil_mode"):
+    with pytest.warns(tgt.FallbackWarning, match=r"avg_pool2d.*the rule refused it.*divisor_override"):
         with torch.no_grad():
             got = torch.compile(net, backend=backend)(x)
     with torch.no_grad():
