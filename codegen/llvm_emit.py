@@ -48,11 +48,13 @@ from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, St
                      ragged_loop_vars, stmt_exprs, stmt_stores, tensors_of)
 from .ragged_split import balanced_range
 from .symbolic_bounds import speculatable_within, stage_size_vars, symbolic_inside
-from .vecmath import erf_f32, erf_f64, exp_f32, intrinsic, log_f32, log_f64, sigmoid_f32, tanh_f32
+from .vecmath import (cos_f32, erf_f32, erf_f64, exp_f32, intrinsic, log_f32, log_f64, sigmoid_f32, sin_f32,
+                      tanh_f32)
 
 _VECMATH = {("exp", "float32"): exp_f32, ("tanh", "float32"): tanh_f32, ("sigmoid", "float32"): sigmoid_f32,
             ("erf", "float32"): erf_f32, ("erf", "float64"): erf_f64,
-            ("log", "float32"): log_f32, ("log", "float64"): log_f64}
+            ("log", "float32"): log_f32, ("log", "float64"): log_f64,
+            ("sin", "float32"): sin_f32, ("cos", "float32"): cos_f32}
 
 def _names(e: Expr) -> dict:
     return {id(v): f"v{n}" for n, v in enumerate(free_vars(e))}
