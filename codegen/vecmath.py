@@ -1,4 +1,4 @@
-"""Vectorizable math (float32 exp, tanh, sigmoid, sin, cos; erf and log in float32 and float64), emitted inline as LLVM IR.
+"""Vectorizable math (float32 tanh, sin, cos; exp, sigmoid, erf, log, log1p, expm1 in float32 and float64), emitted inline as LLVM IR.
 
 libm's ``expf``/``tanhf``/``erf`` are opaque calls that stop LLVM's loop vectorizer
 (and register blocking); these are plain branch-free arithmetic (both sides of a
@@ -10,13 +10,16 @@ mpmath by tests/codegen/test_vecmath_accuracy.py, which checks the bound):
 ============  =========  =========  ==========================================
 function      float32    float64    notes
 ============  =========  =========  ==========================================
-exp           1          (libm)     results below the smallest normal flush to 0
+exp           1          1 (0.81)   float32 results below the smallest normal
+                                    flush to 0; float64's underflow gradually
 tanh          1 to 3     (libm)
-sigmoid       1 to 3     (libm)
+sigmoid       1 to 3     2 (1.89)
 erf           1.5 (1.0)  1.5 (1.26)  measured maximum in parentheses
 log           1 (0.75)   1 (0.78)   NaN below 0, -inf at +-0, subnormals exact
 sin, cos      1 (0.50)   (libm)     every float32 up to the largest, exactly
                                     reduced; NaN at +-inf
+log1p         1 (0.50)   1.5 (1.11) -inf at -1, NaN below
+expm1         1 (0.50)   1 (0.81)   -1 below -45, inf above 709.78
 ============  =========  =========  ==========================================
 
 - ``exp``: ``x = n ln2 + r`` with ``n = roundeven(x / ln2)``, ``|r| <= ln2/2``
@@ -26,7 +29,8 @@ sin, cos      1 (0.50)   (libm)     every float32 up to the largest, exactly
   the largest float, +inf; NaN stays NaN.
 - ``tanh``: Cephes' odd polynomial for ``|x| < 0.625``, else
   ``1 - 2 / (exp(2|x|) + 1)`` with the sign restored (no cancellation either side).
-- ``sigmoid``: ``1 / (1 + exp(-x))``, exact limits 0 and 1.
+- ``sigmoid``: ``1 / (1 + exp(-x))``, exact limits 0 and 1; float64: with ``e = exp_f64(-|x|)``,
+  ``1 / (1 + e)`` or ``e / (1 + e)`` (no overflow in either tail).
 - ``erf``: ``|x| < 0.875``: ``x + x (P(x^2) - 1)``; above, ``1 - e^Q(|x|)`` with ``Q``
   a polynomial approximation of ``log(erfc)`` (two intervals, coefficients selected
   per lane), the sign restored; clamped where erf rounds to 1 (4 in float32, 6 in
@@ -44,6 +48,12 @@ sin, cos      1 (0.50)   (libm)     every float32 up to the largest, exactly
   (to ``r^17`` and ``r^16``), rounded once to float32. The reduction's absolute error, about ``|x| 2^-213 <= 2^-85``,
   stays far below ``r`` even at the float32s closest to multiples of pi/2 (the tests include
   them: convergents of pi/2 scaled by powers of 2), up to the largest float32.
+- ``exp`` (float64): ``exp_f64`` (see erf).
+- ``log1p``: ``u + c = 1 + x`` exactly (two-sum), ``log(u) + c / u`` with the float64 ``log``;
+  ``x - x^2/2 + x^3/3 - x^4/4`` for ``|x| < 2^-20``. float32 computes in float64.
+- ``expm1``: ``x = n ln2 + r`` (``r`` double-double; ``n = 0`` up to ``|x| = 1/2``), Taylor to
+  ``r^16``, then ``2^n expm1(r) + (2^n - 1)`` in one fused multiply-add (for ``n > 53``:
+  ``2^n (expm1(r) - 2^-n) + 2^n``). float32 computes in float64.
 """
 from __future__ import annotations
 
@@ -403,3 +413,82 @@ def sin_f32(b: ir.IRBuilder, module: ir.Module, x):
 def cos_f32(b: ir.IRBuilder, module: ir.Module, x):
     """cos(x) for a float32 scalar or vector ``x``."""
     return _sincos_f32(b, module, x, True)
+
+
+def _widen(b, x):
+    """``x`` converted exactly to float64 (scalar or vector)."""
+    return b.fpext(x, ir.VectorType(F64, x.type.count) if isinstance(x.type, ir.VectorType) else F64)
+
+
+def sigmoid_f64(b: ir.IRBuilder, module: ir.Module, x):
+    """1 / (1 + e^-x) for a float64 scalar or vector ``x``: with ``e = exp(-|x|)`` in (0, 1],
+    ``1 / (1 + e)`` for ``x >= 0`` and ``e / (1 + e)`` below (no overflow in either tail); NaN fails ``x >= 0`` and stays NaN."""
+    one = _like(x, 1.0)
+    e = exp_f64(b, module, b.fneg(b.call(_fn(module, "llvm.fabs", x, 1), [x])))
+    d = b.fadd(one, e)
+    return b.select(b.fcmp_ordered(">=", x, _like(x, 0.0)), b.fdiv(one, d), b.fdiv(e, d))
+
+
+def log1p_f64(b: ir.IRBuilder, module: ir.Module, x):
+    """log(1 + x) for a float64 scalar or vector ``x``: ``u + c = 1 + x`` exactly (two-sum),
+    ``log(u)`` (:func:`log_f64`) plus ``c / u``; its Taylor polynomial for ``|x| < 2^-20``;
+    -inf at -1, NaN below."""
+    c = lambda v: _like(x, v)  # noqa: E731
+    u, corr = _two_sum(b, c(1.0), x)
+    y = b.fadd(_log(b, module, u, True), b.fdiv(corr, u))
+    # |x| < 2^-20: x - x^2/2 + x^3/3 - x^4/4 (truncation below 2^-80 x), x itself where 1 + x rounds to 1
+    near = b.fadd(x, b.fmul(b.fmul(x, x), _poly(b, x, [-0.25, 1.0 / 3.0, -0.5])))
+    y = b.select(b.fcmp_ordered("<", b.call(_fn(module, "llvm.fabs", x, 1), [x]), c(2.0 ** -20)), near, y)
+    y = b.select(b.fcmp_ordered("==", x, c(-1.0)), c(float("-inf")), y)
+    y = b.select(b.fcmp_ordered("==", x, c(float("inf"))), x, y)
+    return b.select(b.fcmp_unordered("<", x, c(-1.0)), c(float("nan")), y)
+
+
+def log1p_f32(b: ir.IRBuilder, module: ir.Module, x):
+    """log(1 + x) for a float32 scalar or vector ``x``: :func:`log1p_f64` rounded to float32."""
+    return b.fptrunc(log1p_f64(b, module, _widen(b, x)), x.type)
+
+
+_EXPM1_HI_D = 709.782712893384     # above: +inf
+_EXPM1_LO_D = -45.0                # below: -1 (e^x under 2^-64)
+
+
+def expm1_f64(b: ir.IRBuilder, module: ir.Module, x):
+    """e^x - 1 for a float64 scalar or vector ``x``: ``x = n ln2 + r + rc`` (ln2 in two parts,
+    ``r + rc`` double-double), ``expm1(r + rc) = r + r^2 Q(r) + rc (1 + r)`` (Taylor to
+    ``r^16``; ``n = 0`` for ``|x| < 1/2``), then ``2^n expm1 + (2^n - 1)`` by one fused
+    multiply-add (``2^n - 1`` exact for ``n <= 53``; above, ``2^n (expm1 - 2^-n) + 2^n``),
+    ``n = 1024`` as ``2^1023`` and a doubling; -0 kept."""
+    c = lambda v: _like(x, v)  # noqa: E731
+    xc = b.call(_fn(module, "llvm.minnum", x, 2),
+                [b.call(_fn(module, "llvm.maxnum", x, 2), [x, c(_EXPM1_LO_D)]), c(_EXPM1_HI_D)])
+    n = b.call(_fn(module, "llvm.roundeven", x, 1), [b.fmul(xc, c(_LOG2E))])
+    # n = 0 up to |x| = 1/2, not ln2/2: 2 expm1(r) + 1 would double expm1's error below 1/2
+    n = b.select(b.fcmp_ordered("<", b.call(_fn(module, "llvm.fabs", x, 1), [xc]), c(0.5)), c(0.0), n)
+    hi = _fma(b, module, b.fneg(n), c(_LN2_HI_D), xc)          # exact: n ln2_hi has 32 bits
+    lo = b.fmul(n, c(_LN2_LO_D))
+    r = b.fsub(hi, lo)
+    rc = b.fsub(b.fsub(hi, r), lo)
+    fact = [1.0]
+    for k in range(1, 17):
+        fact.append(fact[-1] * k)
+    q = _poly(b, r, [1.0 / f for f in reversed(fact[2:])])
+    em = b.fadd(r, _fma(b, module, b.fmul(r, r), q, b.fmul(rc, b.fadd(c(1.0), r))))
+    ni = b.fptosi(n, _int_type(x))
+    top = b.select(b.icmp_signed(">", ni, _int_like(x, 1023)), _int_like(x, 1023), ni)
+    p2 = _pow2(b, top, x)
+    # n > 53: 2^n - 1 is inexact; the 1 goes into expm1 instead, as 2^-n
+    mid = b.select(b.icmp_signed("<", ni, _int_like(x, 54)), _int_like(x, 54), b.select(
+        b.icmp_signed(">", ni, _int_like(x, 200)), _int_like(x, 200), ni))
+    big = b.fcmp_ordered(">", n, c(53.0))
+    y = _fma(b, module, p2, b.select(big, b.fsub(em, _pow2(b, b.sub(_int_like(x, 0), mid), x)), em),
+             b.select(big, p2, b.fsub(p2, c(1.0))))
+    y = b.fmul(y, _pow2(b, b.sub(ni, top), x))                # 2^1024 (x near the top) in two steps
+    y = b.select(b.fcmp_ordered(">", x, c(_EXPM1_HI_D)), c(float("inf")), y)
+    y = b.select(b.fcmp_ordered("==", x, c(0.0)), x, y)
+    return b.select(b.fcmp_unordered("uno", x, x), x, y)
+
+
+def expm1_f32(b: ir.IRBuilder, module: ir.Module, x):
+    """e^x - 1 for a float32 scalar or vector ``x``: :func:`expm1_f64` rounded to float32."""
+    return b.fptrunc(expm1_f64(b, module, _widen(b, x)), x.type)

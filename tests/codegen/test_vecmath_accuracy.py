@@ -16,10 +16,13 @@ from codegen.llvm_types import lowering
 
 #: the documented maximum error in ulps, (float32, float64): codegen/vecmath.py's docstring
 #: (None: the C library's function, not tested here)
-BOUNDS = {"erf": (1.5, 1.5), "log": (1.0, 1.0), "sin": (1.0, None), "cos": (1.0, None)}
+BOUNDS = {"erf": (1.5, 1.5), "log": (1.0, 1.0), "sin": (1.0, None), "cos": (1.0, None),
+          "exp": (None, 1.0), "sigmoid": (None, 2.0), "log1p": (1.0, 1.5), "expm1": (1.0, 1.0)}
 _CASES = [(n, d) for n in sorted(BOUNDS) for d, bound in zip(("float32", "float64"), BOUNDS[n]) if bound is not None]
 
-_REF = {"erf": mp.erf, "log": lambda v: mp.log(v) if v >= 0 else mp.nan, "sin": mp.sin, "cos": mp.cos}
+_REF = {"erf": mp.erf, "log": lambda v: mp.log(v) if v >= 0 else mp.nan, "sin": mp.sin, "cos": mp.cos,
+        "exp": mp.exp, "sigmoid": lambda v: 1 / (1 + mp.exp(-v)), "expm1": mp.expm1,
+        "log1p": lambda v: mp.log1p(v) if v >= -1 else mp.nan}
 
 
 def _near_multiples_of_half_pi(dtype):
@@ -79,6 +82,18 @@ def _sample(name, dtype):
         xs += [np.linspace(-10, 10, 20001), rng.uniform(-1e4, 1e4, 4000), _near_multiples_of_half_pi(dtype),
                [6381956970095103.0 * 2.0 ** 797]]  # the hardest double
         xs += [np.array(_neighbours(s * e, dtype)) for e in edges for s in (1, -1)]
+    if name in ("exp", "expm1", "sigmoid"):
+        ln2 = np.log(2.0)
+        edges = [709.782712893384, -745.1332191019412, -708.3964185322641, 88.72283935546875, -87.33654475,
+                 -103.97, -45.0, -17.4, 53.5 * ln2, 54.5 * ln2, 2.0 ** -26, 2.0 ** -53]
+        edges += [(k + 0.5) * ln2 for k in range(-4, 4)]
+        xs += [np.linspace(-750, 750, 20001), np.linspace(-2, 2, 20001), rng.uniform(-40, 40, 4000)]
+        xs += [np.array(_neighbours(s * e, dtype)) for e in edges for s in (1, -1)]
+    if name == "log1p":
+        edges = [-1.0, 2 ** 0.5 - 1, 2 ** -0.5 - 1, 1.0, -0.5, 2.0 ** -26, 2.0 ** -53, 2.0 ** 53, 2.0 ** 24]
+        xs += [np.linspace(-1, 4, 20001), rng.uniform(-0.5, 0.5, 4000), np.exp(rng.uniform(-700, 700, 4000)),
+               -np.exp(rng.uniform(-700, 0, 4000)), [-2.0, -float(fi.max)]]
+        xs += [np.array(_neighbours(s * e, dtype)) for e in edges for s in (1, -1)]
     with np.errstate(over="ignore"):
         return np.concatenate([np.asarray(a, dtype=dtype).ravel() for a in xs])
 
@@ -120,7 +135,7 @@ def test_inline_intrinsic_within_documented_ulps(name, dtype):
     bound = BOUNDS[name][dtype == "float64"]
     assert err[k] <= bound, f"{name} {dtype}: {err[k]:.3g} ulps at x = {x[k]!r} (got {got[k]!r}, bound {bound})"
     zeros = x == 0  # odd functions keep the sign of zero
-    if name in ("sin", "erf"):
+    if name in ("sin", "erf", "log1p", "expm1"):
         np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(x[zeros]))
 
 
