@@ -1,4 +1,4 @@
-"""Vectorizable math (float32 tanh, sin, cos; exp, sigmoid, erf, log, log1p, expm1 in float32 and float64), emitted inline as LLVM IR.
+"""Vectorizable math (float32 tanh, sin, cos; exp, sigmoid, erf, log, log1p, expm1 in float32 and float64; float32 pow), emitted inline as LLVM IR.
 
 libm's ``expf``/``tanhf``/``erf`` are opaque calls that stop LLVM's loop vectorizer
 (and register blocking); these are plain branch-free arithmetic (both sides of a
@@ -20,6 +20,7 @@ sin, cos      1 (0.50)   (libm)     every float32 up to the largest, exactly
                                     reduced; NaN at +-inf
 log1p         1 (0.50)   1.5 (1.11) -inf at -1, NaN below
 expm1         1 (0.50)   1 (0.81)   -1 below -45, inf above 709.78
+pow           1 (0.50)   (libm)     IEEE pow's special cases (C99 Annex F)
 ============  =========  =========  ==========================================
 
 - ``exp``: ``x = n ln2 + r`` with ``n = roundeven(x / ln2)``, ``|r| <= ln2/2``
@@ -54,6 +55,10 @@ expm1         1 (0.50)   1 (0.81)   -1 below -45, inf above 709.78
 - ``expm1``: ``x = n ln2 + r`` (``r`` double-double; ``n = 0`` up to ``|x| = 1/2``), Taylor to
   ``r^16``, then ``2^n expm1(r) + (2^n - 1)`` in one fused multiply-add (for ``n > 53``:
   ``2^n (expm1(r) - 2^-n) + 2^n``). float32 computes in float64.
+- ``pow`` (float32): ``exp_f64(y log_f64(|x|))`` in float64 (the exponent's error stays under
+  ``2^-44`` where the float32 result is finite and nonzero), the sign and IEEE's special cases
+  by selects. float64 pow stays the C library's (its bound needs a double-word log); it is not
+  vectorizable, so stages computing it lose register blocking like any libm call.
 """
 from __future__ import annotations
 
@@ -492,3 +497,28 @@ def expm1_f64(b: ir.IRBuilder, module: ir.Module, x):
 def expm1_f32(b: ir.IRBuilder, module: ir.Module, x):
     """e^x - 1 for a float32 scalar or vector ``x``: :func:`expm1_f64` rounded to float32."""
     return b.fptrunc(expm1_f64(b, module, _widen(b, x)), x.type)
+
+
+def pow_f32(b: ir.IRBuilder, module: ir.Module, x, y):
+    """x^y for float32 scalars or vectors, IEEE pow's special cases included: computed in
+    float64 as ``exp_f64(y log_f64(|x|))`` (the exponent's error, under ``2^-44`` wherever the
+    float32 result is finite and nonzero, is far below a float32 ulp), the sign from ``x < 0``
+    with an odd integer ``y``; NaN for ``x < 0`` finite with ``y`` not an integer; 1 for
+    ``y = +-0`` (even with a NaN ``x``), ``x = 1`` (even with a NaN ``y``) and ``x = -1``,
+    ``y = +-inf``."""
+    X, Y = _widen(b, x), _widen(b, y)
+    c = lambda v: _like(X, v)  # noqa: E731
+    fabs = lambda v: b.call(_fn(module, "llvm.fabs", v, 1), [v])  # noqa: E731
+    floor = lambda v: b.call(_fn(module, "llvm.floor", v, 1), [v])  # noqa: E731
+    ax = fabs(X)
+    r = exp_f64(b, module, b.fmul(Y, _log(b, module, ax, True)))
+    integer = b.fcmp_ordered("==", floor(Y), Y)                  # +-inf count as even integers
+    half = b.fmul(Y, c(0.5))
+    odd = b.and_(integer, b.fcmp_ordered("!=", floor(half), half))
+    negative = b.icmp_signed("<", b.bitcast(X, _int_type(X)), _int_like(X, 0))   # -0 and -inf too
+    r = b.select(b.and_(negative, odd), b.fneg(r), r)
+    finite_neg = b.and_(b.fcmp_ordered("<", X, c(0.0)), b.fcmp_ordered("!=", X, c(float("-inf"))))
+    r = b.select(b.and_(finite_neg, b.fcmp_unordered("!=", floor(Y), Y)), c(float("nan")), r)
+    one = b.or_(b.fcmp_ordered("==", X, c(1.0)), b.fcmp_ordered("==", Y, c(0.0)))
+    one = b.or_(one, b.and_(b.fcmp_ordered("==", ax, c(1.0)), b.fcmp_ordered("==", fabs(Y), c(float("inf")))))
+    return b.fptrunc(b.select(one, c(1.0), r), x.type)
