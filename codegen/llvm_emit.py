@@ -48,8 +48,9 @@ from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, St
                      ragged_loop_vars, stmt_exprs, stmt_stores, tensors_of)
 from .ragged_split import balanced_range
 from .symbolic_bounds import speculatable_within, stage_size_vars, symbolic_inside
-from .vecmath import (cos_f32, erf_f32, erf_f64, exp_f32, exp_f64, expm1_f32, expm1_f64, intrinsic, log1p_f32,
-                      log1p_f64, log_f32, log_f64, pow_f32, sigmoid_f32, sigmoid_f64, sin_f32, tanh_f32)
+from .vecmath import (acos_f32, acos_f64, asin_f32, asin_f64, atan2_f32, atan2_f64, atan_f32, atan_f64, cos_f32,
+                      erf_f32, erf_f64, exp_f32, exp_f64, expm1_f32, expm1_f64, intrinsic, log1p_f32, log1p_f64,
+                      log_f32, log_f64, pow_f32, sigmoid_f32, sigmoid_f64, sin_f32, tanh_f32)
 
 _VECMATH = {("exp", "float32"): exp_f32, ("tanh", "float32"): tanh_f32, ("sigmoid", "float32"): sigmoid_f32,
             ("erf", "float32"): erf_f32, ("erf", "float64"): erf_f64,
@@ -57,7 +58,11 @@ _VECMATH = {("exp", "float32"): exp_f32, ("tanh", "float32"): tanh_f32, ("sigmoi
             ("sin", "float32"): sin_f32, ("cos", "float32"): cos_f32,
             ("exp", "float64"): exp_f64, ("sigmoid", "float64"): sigmoid_f64,
             ("log1p", "float32"): log1p_f32, ("log1p", "float64"): log1p_f64,
-            ("expm1", "float32"): expm1_f32, ("expm1", "float64"): expm1_f64}
+            ("expm1", "float32"): expm1_f32, ("expm1", "float64"): expm1_f64,
+            ("atan", "float32"): atan_f32, ("atan", "float64"): atan_f64,
+            ("atan2", "float32"): atan2_f32, ("atan2", "float64"): atan2_f64,
+            ("asin", "float32"): asin_f32, ("asin", "float64"): asin_f64,
+            ("acos", "float32"): acos_f32, ("acos", "float64"): acos_f64}
 
 def _names(e: Expr) -> dict:
     return {id(v): f"v{n}" for n, v in enumerate(free_vars(e))}
@@ -633,7 +638,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         if e.name == "stop_gradient":
             return x
         if how == "inline":
-            return _VECMATH[e.name, dt](self.b, self.module, x)
+            return _VECMATH[e.name, dt](self.b, self.module, *args)
         if how == "libm":
             if isinstance(x.type, ir.VectorType):
                 return self.lanewise_call(what, args)

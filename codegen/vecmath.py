@@ -1,4 +1,5 @@
-"""Vectorizable math (float32 tanh, sin, cos; exp, sigmoid, erf, log, log1p, expm1 in float32 and float64; float32 pow), emitted inline as LLVM IR.
+"""Vectorizable math (float32 tanh, sin, cos, pow; exp, sigmoid, erf, log, log1p, expm1, atan, atan2, asin,
+acos in float32 and float64), emitted inline as LLVM IR.
 
 libm's ``expf``/``tanhf``/``erf`` are opaque calls that stop LLVM's loop vectorizer
 (and register blocking); these are plain branch-free arithmetic (both sides of a
@@ -21,6 +22,10 @@ sin, cos      1 (0.50)   (libm)     every float32 up to the largest, exactly
 log1p         1 (0.50)   1.5 (1.11) -inf at -1, NaN below
 expm1         1 (0.50)   1 (0.81)   -1 below -45, inf above 709.78
 pow           1 (0.50)   (libm)     IEEE pow's special cases (C99 Annex F)
+atan          1 (0.50)   1 (0.74)   +-pi/2 at +-inf
+atan2         1 (0.50)   2 (1.27)   C99's special cases (zeros, infinities)
+asin          1 (0.50)   1 (0.78)   NaN outside [-1, 1]
+acos          1 (0.50)   1 (0.87)   NaN outside [-1, 1]
 ============  =========  =========  ==========================================
 
 - ``exp``: ``x = n ln2 + r`` with ``n = roundeven(x / ln2)``, ``|r| <= ln2/2``
@@ -59,6 +64,11 @@ pow           1 (0.50)   (libm)     IEEE pow's special cases (C99 Annex F)
   ``2^-44`` where the float32 result is finite and nonzero), the sign and IEEE's special cases
   by selects. float64 pow stays the C library's (its bound needs a double-word log); it is not
   vectorizable, so stages computing it lose register blocking like any libm call.
+- ``atan``: fdlibm's reduction ``atan(x) = atan(c) + atan((x - c) / (1 + c x))`` with ``c`` in
+  0, 1/2, 1, 3/2 by interval (selected per lane), ``-1/x`` and ``pi/2`` above 39/16; an odd
+  polynomial on ``|t| <= 7/16``. ``atan2``: ``atan(|y| / |x|)``, ``pi - z`` (pi in two parts) for a
+  negative x, y's sign. ``asin``, ``acos``: fdlibm's arrangements, ``sqrt((1 - |x|) / 2)`` in two
+  parts above 1/2. float32 forms compute in float64.
 """
 from __future__ import annotations
 
@@ -522,3 +532,124 @@ def pow_f32(b: ir.IRBuilder, module: ir.Module, x, y):
     one = b.or_(b.fcmp_ordered("==", X, c(1.0)), b.fcmp_ordered("==", Y, c(0.0)))
     one = b.or_(one, b.and_(b.fcmp_ordered("==", ax, c(1.0)), b.fcmp_ordered("==", fabs(Y), c(float("inf")))))
     return b.fptrunc(b.select(one, c(1.0), r), x.type)
+
+
+# atan, atan2, asin, acos (fdlibm's reductions). Chebyshev fits (mpmath.chebyfit): atan(t) =
+# t + t z P(z), z = t^2 <= (7/16)^2 (fit error 4e-18); asin(s) = s + s z R(z), z = s^2 <= 1/4
+# (fit error 2e-17)
+_ATAN_P = (0.014773184616983806, -0.033128134256069586, 0.04492259293193656, -0.05216679739313656,
+           0.05876946456755061, -0.06666241923359964, 0.07692285554889286, -0.09090908355602592,
+           0.11111111096645038, -0.14285714285566806, 0.1999999999999941, -0.3333333333333333)
+_ASIN_R = (0.028757851367421566, -0.014851887071247204, 0.01740087944269402, 0.005457506718640358,
+           0.01032281435018578, 0.011479177415184906, 0.013971212973552933, 0.017352392720869973,
+           0.02237217294214989, 0.030381944138531247, 0.04464285714635543, 0.07499999999998433,
+           0.16666666666666669)
+#: (upper end of |x|'s interval, c, atan(c) in two parts): atan(x) = atan(c) + atan((x - c) / (1 + c x))
+_ATAN_STEPS = ((7 / 16, 0.0, 0.0, 0.0), (11 / 16, 0.5, 0.4636476090008061, 2.2698777452961687e-17),
+               (19 / 16, 1.0, 0.7853981633974483, 3.061616997868383e-17),
+               (39 / 16, 1.5, 0.982793723247329, 1.3903311031230998e-17))
+_PIO2_HI, _PIO2_LO = 1.5707963267948966, 6.123233995736766e-17
+_PI_HI, _PI_LO = 3.141592653589793, 1.2246467991473532e-16
+_PIO4_HI = 0.7853981633974483
+
+
+def _atan_abs(b, module, a):
+    """atan(a) for float64 ``a >= 0`` (or NaN): the interval of ``a`` picks ``c``, ``t = (a - c) /
+    (1 + c a)`` (``a - c`` exact), ``-1 / a`` above 39/16 with ``atan(c) = pi/2``."""
+    c = lambda v: _like(a, v)  # noqa: E731
+    cc, hi, lo = c(0.0), c(_PIO2_HI), c(_PIO2_LO)
+    for top, cv, h, low in reversed(_ATAN_STEPS):
+        inside = b.fcmp_ordered("<", a, c(top))
+        cc, hi, lo = b.select(inside, c(cv), cc), b.select(inside, c(h), hi), b.select(inside, c(low), lo)
+    large = b.fcmp_ordered(">=", a, c(_ATAN_STEPS[-1][0]))
+    num = b.select(large, c(-1.0), b.fsub(a, cc))
+    den = b.select(large, a, _fma(b, module, cc, a, c(1.0)))
+    t = b.fdiv(num, den)
+    z = b.fmul(t, t)
+    return b.fadd(hi, b.fadd(t, _fma(b, module, b.fmul(t, z), _poly(b, z, _ATAN_P), lo)))
+
+
+def atan_f64(b: ir.IRBuilder, module: ir.Module, x):
+    """atan(x) for a float64 scalar or vector ``x`` (odd; +-pi/2 at +-inf)."""
+    ax = b.call(_fn(module, "llvm.fabs", x, 1), [x])
+    y = b.call(_fn(module, "llvm.copysign", x, 2), [_atan_abs(b, module, ax), x])
+    return b.select(b.fcmp_unordered("uno", x, x), x, y)
+
+
+def atan2_f64(b: ir.IRBuilder, module: ir.Module, y, x):
+    """atan2(y, x) for float64 scalars or vectors: ``z = atan(|y| / |x|)`` (``pi/4`` for two
+    infinities, 0 for two zeros), ``pi - z`` where x's sign bit is set (pi/2 itself where
+    x is +-0 or y infinite), y's sign copied; NaN in, NaN out."""
+    c = lambda v: _like(x, v)  # noqa: E731
+    fabs = lambda v: b.call(_fn(module, "llvm.fabs", v, 1), [v])  # noqa: E731
+    ax, ay = fabs(x), fabs(y)
+    z = _atan_abs(b, module, b.fdiv(ay, ax))
+    inf = c(float("inf"))
+    z = b.select(b.and_(b.fcmp_ordered("==", ax, inf), b.fcmp_ordered("==", ay, inf)), c(_PIO4_HI), z)
+    z = b.select(b.and_(b.fcmp_ordered("==", ax, c(0.0)), b.fcmp_ordered("==", ay, c(0.0))), c(0.0), z)
+    negative = b.icmp_signed("<", b.bitcast(x, _int_type(x)), _int_like(x, 0))
+    z = b.select(negative, b.fsub(c(_PI_HI), b.fsub(z, c(_PI_LO))), z)
+    vertical = b.or_(b.and_(b.fcmp_ordered("==", ay, inf), b.fcmp_ordered("!=", ax, inf)),
+                     b.and_(b.fcmp_ordered("==", ax, c(0.0)), b.fcmp_ordered("!=", ay, c(0.0))))
+    z = b.select(vertical, c(_PIO2_HI), z)                # pi/2 rounded, on either side of x = 0
+    r = b.call(_fn(module, "llvm.copysign", x, 2), [z, y])
+    nan = b.or_(b.fcmp_unordered("uno", x, x), b.fcmp_unordered("uno", y, y))
+    return b.select(nan, c(float("nan")), r)
+
+
+def _sqrt_split(b, module, z, s):
+    """``(df, cc)`` with ``df`` = ``s = sqrt(z)`` with its low 32 bits cleared and ``df + cc =
+    sqrt(z)`` to about ``2^-80`` (fdlibm: ``cc = (z - df^2) / (s + df)``, ``df^2`` exact)."""
+    df = b.bitcast(b.and_(b.bitcast(s, _int_type(s)), _int_like(s, -(1 << 32))), s.type)
+    cc = b.fdiv(b.fsub(z, b.fmul(df, df)), b.fadd(s, df))
+    return df, b.select(b.fcmp_ordered("==", s, _like(s, 0.0)), s, cc)        # |x| = 1: 0, not 0/0
+
+
+def asin_f64(b: ir.IRBuilder, module: ir.Module, x):
+    """asin(x) for a float64 scalar or vector ``x``: ``x + x z R(z)`` for ``|x| < 1/2``; above,
+    ``pi/2 - 2 asin(sqrt((1 - |x|) / 2))`` with the square root in two parts (fdlibm); NaN
+    outside [-1, 1]."""
+    c = lambda v: _like(x, v)  # noqa: E731
+    ax = b.call(_fn(module, "llvm.fabs", x, 1), [x])
+    z0 = b.fmul(x, x)
+    near = b.fadd(x, b.fmul(b.fmul(x, z0), _poly(b, z0, _ASIN_R)))
+    z = b.fmul(b.fsub(c(1.0), ax), c(0.5))
+    s = b.call(_fn(module, "llvm.sqrt", x, 1), [z])
+    r = b.fmul(z, _poly(b, z, _ASIN_R))
+    df, cc = _sqrt_split(b, module, z, s)
+    p = b.fsub(b.fmul(b.fmul(c(2.0), s), r), b.fsub(c(_PIO2_LO), b.fmul(c(2.0), cc)))
+    q = b.fsub(c(_PIO4_HI), b.fmul(c(2.0), df))
+    far = b.call(_fn(module, "llvm.copysign", x, 2), [b.fsub(c(_PIO4_HI), b.fsub(p, q)), x])
+    y = b.select(b.fcmp_ordered("<", ax, c(0.5)), near, far)
+    return b.select(b.fcmp_ordered(">", ax, c(1.0)), c(float("nan")), y)
+
+
+def acos_f64(b: ir.IRBuilder, module: ir.Module, x):
+    """acos(x) for a float64 scalar or vector ``x`` (fdlibm): ``pi/2 - asin(x)`` for ``|x| < 1/2``,
+    ``pi - 2 asin(sqrt((1 + x) / 2))`` below, ``2 asin(sqrt((1 - x) / 2))`` above (the square
+    root in two parts); NaN outside [-1, 1]."""
+    c = lambda v: _like(x, v)  # noqa: E731
+    ax = b.call(_fn(module, "llvm.fabs", x, 1), [x])
+    z0 = b.fmul(x, x)
+    r0 = b.fmul(z0, _poly(b, z0, _ASIN_R))
+    mid = b.fsub(c(_PIO2_HI), b.fsub(x, b.fsub(c(_PIO2_LO), b.fmul(x, r0))))
+    pos = b.fcmp_ordered(">", x, c(0.0))
+    z = b.fmul(b.fsub(c(1.0), ax), c(0.5))
+    s = b.call(_fn(module, "llvm.sqrt", x, 1), [z])
+    r = b.fmul(z, _poly(b, z, _ASIN_R))
+    low = b.fsub(c(_PI_HI), b.fmul(c(2.0), b.fadd(s, b.fsub(b.fmul(r, s), c(_PIO2_LO)))))
+    df, cc = _sqrt_split(b, module, z, s)
+    high = b.fmul(c(2.0), b.fadd(df, b.fadd(b.fmul(r, s), cc)))
+    y = b.select(b.fcmp_ordered("<", ax, c(0.5)), mid, b.select(pos, high, low))
+    return b.select(b.fcmp_ordered(">", ax, c(1.0)), c(float("nan")), y)
+
+
+def _via_f64(fn):
+    def f32(b: ir.IRBuilder, module: ir.Module, *args):
+        return b.fptrunc(fn(b, module, *[_widen(b, a) for a in args]), args[0].type)
+    f32.__doc__ = f"{fn.__name__[:-4]} for float32 scalars or vectors: :func:`{fn.__name__}` rounded to float32."
+    f32.__name__ = fn.__name__[:-4] + "_f32"
+    return f32
+
+
+atan_f32, atan2_f32, asin_f32, acos_f32 = (_via_f64(f) for f in (atan_f64, atan2_f64, asin_f64, acos_f64))

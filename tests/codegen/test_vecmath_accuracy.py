@@ -17,12 +17,14 @@ from codegen.llvm_types import lowering
 #: the documented maximum error in ulps, (float32, float64): codegen/vecmath.py's docstring
 #: (None: the C library's function, not tested here)
 BOUNDS = {"erf": (1.5, 1.5), "log": (1.0, 1.0), "sin": (1.0, None), "cos": (1.0, None),
-          "exp": (None, 1.0), "sigmoid": (None, 2.0), "log1p": (1.0, 1.5), "expm1": (1.0, 1.0)}
+          "exp": (None, 1.0), "sigmoid": (None, 2.0), "log1p": (1.0, 1.5), "expm1": (1.0, 1.0),
+          "atan": (1.0, 1.0), "asin": (1.0, 1.0), "acos": (1.0, 1.0)}
 _CASES = [(n, d) for n in sorted(BOUNDS) for d, bound in zip(("float32", "float64"), BOUNDS[n]) if bound is not None]
 
 _REF = {"erf": mp.erf, "log": lambda v: mp.log(v) if v >= 0 else mp.nan, "sin": mp.sin, "cos": mp.cos,
         "exp": mp.exp, "sigmoid": lambda v: 1 / (1 + mp.exp(-v)), "expm1": mp.expm1,
-        "log1p": lambda v: mp.log1p(v) if v >= -1 else mp.nan}
+        "log1p": lambda v: mp.log1p(v) if v >= -1 else mp.nan, "atan": mp.atan,
+        "asin": lambda v: mp.asin(v) if abs(v) <= 1 else mp.nan, "acos": lambda v: mp.acos(v) if abs(v) <= 1 else mp.nan}
 
 
 def _near_multiples_of_half_pi(dtype):
@@ -94,6 +96,15 @@ def _sample(name, dtype):
         xs += [np.linspace(-1, 4, 20001), rng.uniform(-0.5, 0.5, 4000), np.exp(rng.uniform(-700, 700, 4000)),
                -np.exp(rng.uniform(-700, 0, 4000)), [-2.0, -float(fi.max)]]
         xs += [np.array(_neighbours(s * e, dtype)) for e in edges for s in (1, -1)]
+    if name == "atan":
+        edges = [7 / 16, 11 / 16, 19 / 16, 39 / 16, 1.0, 2.0 ** 27, 2.0 ** 60]
+        xs += [np.linspace(-5, 5, 20001), rng.uniform(-1e3, 1e3, 4000)]
+        xs += [np.array(_neighbours(s * e, dtype)) for e in edges for s in (1, -1)]
+    if name in ("asin", "acos"):
+        edges = [0.5, 1.0, 2.0 ** -26, 0.99, 1e-3]
+        xs += [np.linspace(-1, 1, 20001), rng.uniform(-1, 1, 4000), 1 - np.exp(rng.uniform(-36, 0, 4000)),
+               -1 + np.exp(rng.uniform(-36, 0, 4000))]
+        xs += [np.array(_neighbours(s * e, dtype)) for e in edges for s in (1, -1)]
     with np.errstate(over="ignore"):
         return np.concatenate([np.asarray(a, dtype=dtype).ravel() for a in xs])
 
@@ -135,7 +146,7 @@ def test_inline_intrinsic_within_documented_ulps(name, dtype):
     bound = BOUNDS[name][dtype == "float64"]
     assert err[k] <= bound, f"{name} {dtype}: {err[k]:.3g} ulps at x = {x[k]!r} (got {got[k]!r}, bound {bound})"
     zeros = x == 0  # odd functions keep the sign of zero
-    if name in ("sin", "erf", "log1p", "expm1"):
+    if name in ("sin", "erf", "log1p", "expm1", "atan", "asin"):
         np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(x[zeros]))
 
 
@@ -248,3 +259,43 @@ def test_pow_register_blocks_follow_its_lowering(dtype):
     rng = np.random.default_rng(4)
     a, w = rng.uniform(0.5, 2, A.shape).astype(dtype), rng.uniform(-2, 2, W.shape).astype(dtype)
     np.testing.assert_allclose(kern(a, w), (a[:, :, None] ** w[None]).sum(1), rtol=1e-5)
+
+
+def test_inline_atan2_within_documented_ulps_and_special_cases():
+    """atan2 in float32 and float64 against mpmath (mp.atan2) over pairs covering every binade,
+    both signs, zeros, infinities and NaN, and the quadrant boundaries; exact results (signed
+    zeros, +-pi, +-pi/2, +-pi/4, +-3pi/4) compared with their sign bits."""
+    for dtype, bound in (("float32", 1.0), ("float64", 2.0)):
+        fi = np.finfo(dtype)
+        with np.errstate(over="ignore"):
+            mags = np.geomspace(float(fi.smallest_subnormal), float(fi.max), 60)
+        vals = np.concatenate([mags, -mags, [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0]])
+        Yg, Xg = np.meshgrid(vals, vals)
+        rng = np.random.default_rng(9)
+        ang = rng.uniform(-np.pi, np.pi, 20000)
+        rad = np.exp(rng.uniform(-20, 20, 20000))
+        y = np.concatenate([Yg.ravel(), rad * np.sin(ang), rng.uniform(-1, 1, 3000)]).astype(dtype)
+        x = np.concatenate([Xg.ravel(), rad * np.cos(ang), rng.choice([-1.0, 1.0], 3000)]).astype(dtype)
+        Y = tg.placeholder((len(x),), name="Y", dtype=dtype)
+        X = tg.placeholder((len(x),), name="X", dtype=dtype)
+        Z = tg.compute(X.shape, lambda i: tg.atan2(Y[i], X[i]), name="Z")
+        assert lowering("atan2", dtype)[0] == "inline"
+        with np.errstate(all="ignore"):
+            got = tg.build([Z], [Y, X])(y, x)
+            special = np.arctan2(y.astype(np.float64), x.astype(np.float64)).astype(dtype)
+        worst = (0.0, None)
+        with mp.workdps(60):
+            for k, (a, e, g) in enumerate(zip(y.tolist(), x.tolist(), got.tolist())):
+                if not (np.isfinite(a) and np.isfinite(e)) or a == 0 or e == 0:
+                    s = special[k]
+                    assert (np.isnan(g) and np.isnan(s)) or (g == s and np.signbit(g) == np.signbit(s)), \
+                        f"{dtype} atan2({a!r}, {e!r}) = {g!r}, want {s!r}"
+                    continue
+                w = mp.atan2(mp.mpf(a), mp.mpf(e))
+                r = np.array(float(w), dtype)
+                ulp = float(np.spacing(np.abs(r)))
+                err = float(abs(mp.mpf(g) - w) / ulp)
+                if err > worst[0]:
+                    worst = (err, (a, e, g))
+        print(f"atan2 {dtype}: {worst[0]:.3g} ulps at (y, x, got) = {worst[1]}")
+        assert worst[0] <= bound, f"atan2 {dtype}: {worst[0]:.3g} ulps at (y, x, got) = {worst[1]}"
