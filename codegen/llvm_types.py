@@ -6,7 +6,7 @@ from typing import List, Sequence
 from te_grad import ops
 from te_grad.errors import InternalError
 from te_grad.graph import reads_in
-from te_grad.ir import Binary, Call, Expr, Read
+from te_grad.ir import Call, Expr, Read
 
 from .llvm import ir
 
@@ -45,8 +45,6 @@ def vectorizable(e: Expr, dtype: str) -> bool:
     """True if ``e`` has a lane-wise vector form: no opaque library calls, no data-dependent
     or boolean reads."""
     if isinstance(e, Call) and lowering(e.name, e.dtype)[0] == "libm":
-        return False
-    if isinstance(e, Binary) and e.op == "pow" and e.dtype != "float32":  # llvm.pow: the C library's pow
         return False
     if isinstance(e, Read):
         if e.tensor.dtype == "bool" or any(reads_in(i) for i in e.indices):

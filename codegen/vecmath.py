@@ -1,4 +1,4 @@
-"""Vectorizable math (float32 tanh, sin, cos, pow; exp, sigmoid, erf, log, log1p, expm1, atan, atan2, asin,
+"""Vectorizable math (float32 tanh, sin, cos; exp, sigmoid, erf, log, log1p, expm1, pow, atan, atan2, asin,
 acos in float32 and float64), emitted inline as LLVM IR.
 
 libm's ``expf``/``tanhf``/``erf`` are opaque calls that stop LLVM's loop vectorizer
@@ -21,7 +21,7 @@ sin, cos      1 (0.50)   (libm)     every float32 up to the largest, exactly
                                     reduced; NaN at +-inf
 log1p         1 (0.50)   1.5 (1.11) -inf at -1, NaN below
 expm1         1 (0.50)   1 (0.81)   -1 below -45, inf above 709.78
-pow           1 (0.50)   (libm)     IEEE pow's special cases (C99 Annex F)
+pow           1 (0.50)   1.5 (1.25) IEEE pow's special cases (C99 Annex F)
 atan          1 (0.50)   1 (0.74)   +-pi/2 at +-inf
 atan2         1 (0.50)   2 (1.27)   C99's special cases (zeros, infinities)
 asin          1 (0.50)   1 (0.78)   NaN outside [-1, 1]
@@ -60,10 +60,11 @@ acos          1 (0.50)   1 (0.87)   NaN outside [-1, 1]
 - ``expm1``: ``x = n ln2 + r`` (``r`` double-double; ``n = 0`` up to ``|x| = 1/2``), Taylor to
   ``r^16``, then ``2^n expm1(r) + (2^n - 1)`` in one fused multiply-add (for ``n > 53``:
   ``2^n (expm1(r) - 2^-n) + 2^n``). float32 computes in float64.
-- ``pow`` (float32): ``exp_f64(y log_f64(|x|))`` in float64 (the exponent's error stays under
-  ``2^-44`` where the float32 result is finite and nonzero), the sign and IEEE's special cases
-  by selects. float64 pow stays the C library's (its bound needs a double-word log); it is not
-  vectorizable, so stages computing it lose register blocking like any libm call.
+- ``pow``: float32 ``exp_f64(y log_f64(|x|))`` in float64 (the exponent's error stays under
+  ``2^-44`` where the float32 result is finite and nonzero); float64 ``t = y log|x|`` in
+  double-double (``_log_dd``: fdlibm's reduction, ``2 atanh(s)`` with ``s`` and its leading
+  series terms in double-double, about ``2^-75`` relative), then ``exp_f64(t_hi) (1 + t_lo)``.
+  The sign and IEEE's special cases by selects.
 - ``atan``: fdlibm's reduction ``atan(x) = atan(c) + atan((x - c) / (1 + c x))`` with ``c`` in
   0, 1/2, 1, 3/2 by interval (selected per lane), ``-1/x`` and ``pi/2`` above 39/16; an odd
   polynomial on ``|t| <= 7/16``. ``atan2``: ``atan(|y| / |x|)``, ``pi - z`` (pi in two parts) for a
@@ -509,19 +510,14 @@ def expm1_f32(b: ir.IRBuilder, module: ir.Module, x):
     return b.fptrunc(expm1_f64(b, module, _widen(b, x)), x.type)
 
 
-def pow_f32(b: ir.IRBuilder, module: ir.Module, x, y):
-    """x^y for float32 scalars or vectors, IEEE pow's special cases included: computed in
-    float64 as ``exp_f64(y log_f64(|x|))`` (the exponent's error, under ``2^-44`` wherever the
-    float32 result is finite and nonzero, is far below a float32 ulp), the sign from ``x < 0``
-    with an odd integer ``y``; NaN for ``x < 0`` finite with ``y`` not an integer; 1 for
-    ``y = +-0`` (even with a NaN ``x``), ``x = 1`` (even with a NaN ``y``) and ``x = -1``,
-    ``y = +-inf``."""
-    X, Y = _widen(b, x), _widen(b, y)
+def _pow_cases(b, module, X, Y, r):
+    """IEEE pow's sign and special cases around ``r = |X|^Y`` (float64): the sign from ``X < 0``
+    with an odd integer ``Y``; NaN for ``X < 0`` finite with ``Y`` not an integer; 1 for
+    ``Y = +-0`` (even with a NaN ``X``), ``X = 1`` (even with a NaN ``Y``) and ``X = -1``,
+    ``Y = +-inf``."""
     c = lambda v: _like(X, v)  # noqa: E731
     fabs = lambda v: b.call(_fn(module, "llvm.fabs", v, 1), [v])  # noqa: E731
     floor = lambda v: b.call(_fn(module, "llvm.floor", v, 1), [v])  # noqa: E731
-    ax = fabs(X)
-    r = exp_f64(b, module, b.fmul(Y, _log(b, module, ax, True)))
     integer = b.fcmp_ordered("==", floor(Y), Y)                  # +-inf count as even integers
     half = b.fmul(Y, c(0.5))
     odd = b.and_(integer, b.fcmp_ordered("!=", floor(half), half))
@@ -530,8 +526,90 @@ def pow_f32(b: ir.IRBuilder, module: ir.Module, x, y):
     finite_neg = b.and_(b.fcmp_ordered("<", X, c(0.0)), b.fcmp_ordered("!=", X, c(float("-inf"))))
     r = b.select(b.and_(finite_neg, b.fcmp_unordered("!=", floor(Y), Y)), c(float("nan")), r)
     one = b.or_(b.fcmp_ordered("==", X, c(1.0)), b.fcmp_ordered("==", Y, c(0.0)))
-    one = b.or_(one, b.and_(b.fcmp_ordered("==", ax, c(1.0)), b.fcmp_ordered("==", fabs(Y), c(float("inf")))))
-    return b.fptrunc(b.select(one, c(1.0), r), x.type)
+    one = b.or_(one, b.and_(b.fcmp_ordered("==", fabs(X), c(1.0)), b.fcmp_ordered("==", fabs(Y), c(float("inf")))))
+    return b.select(one, c(1.0), r)
+
+
+def pow_f32(b: ir.IRBuilder, module: ir.Module, x, y):
+    """x^y for float32 scalars or vectors, IEEE pow's special cases included (:func:`_pow_cases`):
+    computed in float64 as ``exp_f64(y log_f64(|x|))`` (the exponent's error, under ``2^-44``
+    wherever the float32 result is finite and nonzero, is far below a float32 ulp)."""
+    X, Y = _widen(b, x), _widen(b, y)
+    ax = b.call(_fn(module, "llvm.fabs", X, 1), [X])
+    r = exp_f64(b, module, b.fmul(Y, _log(b, module, ax, True)))
+    return b.fptrunc(_pow_cases(b, module, X, Y, r), x.type)
+
+
+def _fast_two_sum(b, a, z):
+    s = b.fadd(a, z)
+    return s, b.fsub(z, b.fsub(s, a))
+
+
+def _dd_mul(b, module, a, z):
+    """The double-double product of ``a = (hi, lo)`` and ``z = (hi, lo)`` (about 2^-104)."""
+    p = b.fmul(a[0], z[0])
+    e = _fma(b, module, a[0], z[0], b.fneg(p))
+    e = b.fadd(e, _fma(b, module, a[0], z[1], b.fmul(a[1], z[0])))
+    return _fast_two_sum(b, p, e)
+
+
+def _dd_add(b, a, z):
+    s, e = _two_sum(b, a[0], z[0])
+    return _fast_two_sum(b, s, b.fadd(e, b.fadd(a[1], z[1])))
+
+
+#: 2 / (2k + 1) for k = 1..4 in two parts (the leading terms of 2 atanh(s) / s - 2, over s^2)
+_ATANH_DD = ((0.6666666666666666, 3.700743415417188e-17), (0.4, -2.2204460492503132e-17),
+             (0.2857142857142857, 1.586032892321652e-17), (0.2222222222222222, 1.2335811384723961e-17))
+
+
+def _log_dd(b, module, x):
+    """log(x) as a double-double ``(hi, lo)`` for float64 ``x > 0`` finite (about ``2^-75``
+    relative): fdlibm's reduction ``x = 2^e m``, ``s = (m - 1) / (m + 1)`` in double-double,
+    ``log(m) = s (2 + z B(z))``, ``z = s^2``, ``B = sum 2 z^(k-1) / (2k + 1)`` (its first four
+    terms in double-double Horner), ``e ln2`` in two parts."""
+    c = lambda v: _like(x, v)  # noqa: E731
+    tiny = b.fcmp_ordered("<", x, c(2.0 ** -1022))
+    xs = b.select(tiny, b.fmul(x, c(2.0 ** 52)), x)
+    bits = b.bitcast(xs, _int_type(x))
+    e = b.sub(b.lshr(bits, _int_like(x, 52)), _int_like(x, 1023))
+    e = b.select(tiny, b.sub(e, _int_like(x, 52)), e)
+    m = b.bitcast(b.or_(b.and_(bits, _int_like(x, (1 << 52) - 1)), _int_like(x, 1023 << 52)), x.type)
+    big = b.fcmp_ordered(">", m, c(2 ** 0.5))
+    m = b.select(big, b.fmul(m, c(0.5)), m)
+    e = b.select(big, b.add(e, _int_like(x, 1)), e)
+    ef = b.sitofp(e, x.type)
+    f = b.fsub(m, c(1.0))                                       # exact
+    d = _two_sum(b, c(2.0), f)
+    s_hi = b.fdiv(f, d[0])
+    rem = b.fsub(_fma(b, module, b.fneg(s_hi), d[0], f), b.fmul(s_hi, d[1]))
+    S = _fast_two_sum(b, s_hi, b.fdiv(rem, d[0]))
+    z = _dd_mul(b, module, S, S)
+    acc = (_poly(b, z[0], [2.0 / (2 * k + 1) for k in range(13, 4, -1)]), c(0.0))
+    for hi, lo in reversed(_ATANH_DD):
+        acc = _dd_add(b, (c(hi), c(lo)), _dd_mul(b, module, z, acc))
+    logm = _dd_mul(b, module, S, _dd_add(b, (c(2.0), c(0.0)), _dd_mul(b, module, z, acc)))
+    e_hi = b.fmul(ef, c(_LN2_HI_D))                             # exact: 32-bit ln2_hi
+    e_lo = _fast_two_sum(b, b.fmul(ef, c(_LN2_LO_D)), _fma(b, module, ef, c(_LN2_LO_D),
+                                                            b.fneg(b.fmul(ef, c(_LN2_LO_D)))))
+    return _dd_add(b, _dd_add(b, (e_hi, c(0.0)), e_lo), logm)
+
+
+def pow_f64(b: ir.IRBuilder, module: ir.Module, x, y):
+    """x^y for float64 scalars or vectors, IEEE pow's special cases included (:func:`_pow_cases`):
+    ``t = y log|x|`` in double-double (:func:`_log_dd`), ``exp_f64(t_hi) (1 + t_lo)``."""
+    c = lambda v: _like(x, v)  # noqa: E731
+    ax = b.call(_fn(module, "llvm.fabs", x, 1), [x])
+    finite = b.and_(b.fcmp_ordered(">", ax, c(0.0)), b.fcmp_ordered("<", ax, c(float("inf"))))
+    L = _log_dd(b, module, b.select(finite, ax, c(1.0)))
+    l_hi = b.select(finite, L[0], b.select(b.fcmp_ordered("==", ax, c(0.0)), c(float("-inf")), ax))
+    t_hi = b.fmul(y, l_hi)
+    t_lo = b.fadd(_fma(b, module, y, L[0], b.fneg(b.fmul(y, L[0]))), b.fmul(y, L[1]))
+    ok = b.and_(finite, b.fcmp_ordered("<", b.call(_fn(module, "llvm.fabs", x, 1), [t_hi]), c(float("inf"))))
+    t_hi, t_lo = _fast_two_sum(b, t_hi, b.select(ok, t_lo, c(0.0)))
+    E = exp_f64(b, module, t_hi)
+    ok = b.and_(ok, b.fcmp_ordered("<", E, c(float("inf"))))
+    return _pow_cases(b, module, x, y, b.select(ok, _fma(b, module, E, t_lo, E), E))
 
 
 # atan, atan2, asin, acos (fdlibm's reductions). Chebyshev fits (mpmath.chebyfit): atan(t) =
