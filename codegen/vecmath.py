@@ -438,7 +438,8 @@ def _widen(b, x):
 
 def sigmoid_f64(b: ir.IRBuilder, module: ir.Module, x):
     """1 / (1 + e^-x) for a float64 scalar or vector ``x``: with ``e = exp(-|x|)`` in (0, 1],
-    ``1 / (1 + e)`` for ``x >= 0`` and ``e / (1 + e)`` below (no overflow in either tail); NaN fails ``x >= 0`` and stays NaN."""
+    ``1 / (1 + e)`` for ``x >= 0`` and ``e / (1 + e)`` below (no overflow in either tail);
+    NaN fails ``x >= 0`` and stays NaN."""
     one = _like(x, 1.0)
     e = exp_f64(b, module, b.fneg(b.call(_fn(module, "llvm.fabs", x, 1), [x])))
     d = b.fadd(one, e)

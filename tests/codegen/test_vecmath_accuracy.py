@@ -24,7 +24,8 @@ _CASES = [(n, d) for n in sorted(BOUNDS) for d, bound in zip(("float32", "float6
 _REF = {"erf": mp.erf, "log": lambda v: mp.log(v) if v >= 0 else mp.nan, "sin": mp.sin, "cos": mp.cos,
         "exp": mp.exp, "sigmoid": lambda v: 1 / (1 + mp.exp(-v)), "expm1": mp.expm1,
         "log1p": lambda v: mp.log1p(v) if v >= -1 else mp.nan, "atan": mp.atan,
-        "asin": lambda v: mp.asin(v) if abs(v) <= 1 else mp.nan, "acos": lambda v: mp.acos(v) if abs(v) <= 1 else mp.nan}
+        "asin": lambda v: mp.asin(v) if abs(v) <= 1 else mp.nan,
+        "acos": lambda v: mp.acos(v) if abs(v) <= 1 else mp.nan}
 
 
 def _near_multiples_of_half_pi(dtype):
