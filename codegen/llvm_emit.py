@@ -48,11 +48,21 @@ from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, St
                      ragged_loop_vars, stmt_exprs, stmt_stores, tensors_of)
 from .ragged_split import balanced_range
 from .symbolic_bounds import speculatable_within, stage_size_vars, symbolic_inside
-from .vecmath import erf_f32, erf_f64, exp_f32, intrinsic, log_f32, log_f64, sigmoid_f32, tanh_f32
+from .vecmath import (acos_f32, acos_f64, asin_f32, asin_f64, atan2_f32, atan2_f64, atan_f32, atan_f64, cos_f32,
+                      erf_f32, erf_f64, exp_f32, exp_f64, expm1_f32, expm1_f64, intrinsic, log1p_f32, log1p_f64,
+                      log_f32, log_f64, pow_f32, pow_f64, sigmoid_f32, sigmoid_f64, sin_f32, tanh_f32)
 
 _VECMATH = {("exp", "float32"): exp_f32, ("tanh", "float32"): tanh_f32, ("sigmoid", "float32"): sigmoid_f32,
             ("erf", "float32"): erf_f32, ("erf", "float64"): erf_f64,
-            ("log", "float32"): log_f32, ("log", "float64"): log_f64}
+            ("log", "float32"): log_f32, ("log", "float64"): log_f64,
+            ("sin", "float32"): sin_f32, ("cos", "float32"): cos_f32,
+            ("exp", "float64"): exp_f64, ("sigmoid", "float64"): sigmoid_f64,
+            ("log1p", "float32"): log1p_f32, ("log1p", "float64"): log1p_f64,
+            ("expm1", "float32"): expm1_f32, ("expm1", "float64"): expm1_f64,
+            ("atan", "float32"): atan_f32, ("atan", "float64"): atan_f64,
+            ("atan2", "float32"): atan2_f32, ("atan2", "float64"): atan2_f64,
+            ("asin", "float32"): asin_f32, ("asin", "float64"): asin_f64,
+            ("acos", "float32"): acos_f32, ("acos", "float64"): acos_f64}
 
 def _names(e: Expr) -> dict:
     return {id(v): f"v{n}" for n, v in enumerate(free_vars(e))}
@@ -522,7 +532,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
             if e.op == "div":  # arcp: x / d with d loop-invariant becomes x * (1 / d) (LICM)
                 return self.b.fdiv(a, b, flags=("arcp",) if self.reciprocals and not self.exact else ())
             if e.op == "pow":
-                return self.call_intrinsic("llvm.pow", dt, [a, b])
+                return (pow_f32 if dt == "float32" else pow_f64)(self.b, self.module, a, b)
             return self.call_intrinsic("llvm.maximum" if e.op == "max" else "llvm.minimum", dt, [a, b])
         if e.op == "add":
             return self.b.add(a, b)
@@ -626,16 +636,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         if e.name == "stop_gradient":
             return x
         if how == "inline":
-            return _VECMATH[e.name, dt](self.b, self.module, x)
-        if e.name == "sigmoid":
-            # e = exp(-|x|) in (0, 1]: sigmoid(|x|) = 1 / (1 + e), sigmoid(-|x|) = e / (1 + e),
-            # a few ulps in both tails (1 / (1 + exp(-x)) overflows to 0 where the result is
-            # still a subnormal, from x = -709.8 in float64); NaN fails x >= 0 and stays NaN
-            one = self.const(x, 1.0)
-            ax = self.call_intrinsic("llvm.fabs", dt, [x])
-            ex = self.call_intrinsic("llvm.exp", dt, [self.b.fneg(ax)])
-            r = self.b.fdiv(one, self.b.fadd(one, ex))
-            return self.b.select(self.b.fcmp_ordered(">=", x, self.const(x, 0.0)), r, self.b.fmul(ex, r))
+            return _VECMATH[e.name, dt](self.b, self.module, *args)
         if how == "libm":
             if isinstance(x.type, ir.VectorType):
                 return self.lanewise_call(what, args)

@@ -15,7 +15,9 @@ SCALAR = {"float32": ir.FloatType(), "float64": ir.DoubleType(), "int32": I32, "
 MEMORY = dict(SCALAR, bool=I8)
 FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 #: intrinsics with an inline vector form (:mod:`.vecmath`), by dtype
-INLINE = {"float32": ("exp", "tanh", "sigmoid", "erf", "log"), "float64": ("erf", "log")}
+_ARC = ("atan", "atan2", "asin", "acos")
+INLINE = {"float32": ("exp", "tanh", "sigmoid", "erf", "log", "sin", "cos", "log1p", "expm1") + _ARC,
+          "float64": ("exp", "sigmoid", "erf", "log", "log1p", "expm1") + _ARC}
 #: intrinsics lowered to other operations (no call at all)
 EXPANDED = ("sigmoid", "stop_gradient")
 

@@ -296,7 +296,9 @@ class Backend:
         if self.make_op is None:
             raise UserError("te_grad backend: use te_grad.torch.backend (or te_grad.torch.Backend())")
         fake_mode = detect_fake_mode(example_inputs)
-        with (fake_mode if fake_mode is not None else nullcontext()):
+        # mkldnn off while tracing: a recurrent layer then decomposes into its cells instead of
+        # the CPU's fused mkldnn_rnn_layer, which te_grad does not translate
+        with (fake_mode if fake_mode is not None else nullcontext()), torch.backends.mkldnn.flags(enabled=False):
             g, sig = aot_export_module(gm, list(example_inputs), trace_joint=False,
                                        decompositions=decompositions())
         if sig.input_tokens or sig.output_tokens:
