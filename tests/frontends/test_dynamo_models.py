@@ -92,10 +92,13 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_five_steps_through_the_backend_are_eager_pytorchs(name, monkeypatch):
-    # Dynamo leaves nn.LSTM to eager mode unless told to trace it
-    monkeypatch.setattr(torch._dynamo.config, "allow_rnn", True)
+def test_five_steps_through_the_backend_are_eager_pytorchs(name):
     torch._dynamo.reset()
+    with torch._dynamo.config.patch(allow_rnn=True):  # Dynamo leaves nn.LSTM to eager mode otherwise
+        _train_and_compare(name)
+
+
+def _train_and_compare(name):
     make, inputs, labels = CASES[name]
     torch.manual_seed(0)
     net = make()
