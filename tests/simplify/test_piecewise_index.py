@@ -166,3 +166,21 @@ def test_longformer_with_a_conditional_window_gathers_like_the_split_one():
     # dQ, dK and dV: the same pieces as the split form's (which also has two copies of the
     # head and of the scores' adjoint, one per term, that the conditional form does not)
     assert tg.iterations(grads) <= tg.iterations(hand)
+
+
+def test_the_fuzzer_draws_conditional_indices():
+    """The fuzzer's window stages read at ``i0 + if_then_else(c, a, b)``: conditions on the
+    loop variables (piecewise affine) and on data, nested offsets, summed or not; they pass
+    every check (compiled, simplified, raw, finite differences)."""
+    from te_grad.tools.fuzz import Program, check, from_seed
+    sources = [(s, from_seed(s).source) for s in range(300)]
+    window = [(s, src) for s, src in sources if "i0 + tg.if_then_else(" in src]
+    assert len(window) > 10
+    texts = [src for _, src in window]
+    assert any("i0 + tg.if_then_else(i1 < " in src for src in texts)
+    assert any("] > 0.0, " in src.split("def _S")[-1] for src in texts)  # a condition on data
+    assert any("tg.sum(" in src.split("def _S")[-1] for src in texts)
+    for seed, src in window[:4]:
+        outcome = check(Program(src), seed=seed)
+        assert not outcome.failed, f"{outcome.kind}: {outcome.detail}\n{src}"
+        assert "a conditional index (if_then_else inside an index)" in outcome.notes
