@@ -10,7 +10,9 @@ through ``te_grad.torch`` runs) are timed next to PyTorch's equivalent (forward 
 no_grad; backward ``autograd.grad`` on a retained graph, which reuses what its forward
 saved, so it is compared with the backward from residuals), in one process at the same
 thread count, and the ratio of each formulation to the best te_grad formulation of the
-same op is printed: equivalent formulations should run at about the same speed.
+same op is printed: equivalent formulations should run at about the same speed (a
+sliding-window attention whose window offset is an ``if_then_else`` on the head next to the
+same window split by hand into one term per branch, ``--ops sliding_window_attention``).
 """
 import math
 import time
@@ -18,13 +20,32 @@ import time
 import numpy as np
 
 import te_grad as tg
-from te_grad.formulations import FORMULATIONS
+from te_grad.formulations import FORMULATIONS, _window_sizes
 from te_grad.tools.benchmark import Timer, cpu_name, script_options
+
+
+def sliding_window_torch(torch):
+    """The Longformer formulations' attention in PyTorch: the keys of each window gathered by
+    advanced indexing (clamped into the sequence, masked outside it)."""
+    _, n, heads, d, width = _window_sizes(False)
+    i, w, h = torch.arange(n), torch.arange(width), torch.arange(heads)
+    offset = torch.where(h < heads // 2, width // 2, width - 1)
+    j = i[:, None, None] + w[None, None, :] - offset[None, :, None]  # (N, H, W)
+    valid = (j >= 0) & (j < n)
+    jc, hh = j.clamp(0, n - 1), h[None, :, None].expand_as(j)
+
+    def attend(q, k, v):
+        s = (q[:, :, :, None, :] * k[:, jc, hh]).sum(-1) / d ** 0.5
+        p = torch.softmax(torch.where(valid, s, torch.tensor(-1e4, dtype=s.dtype)), -1)
+        return (p[..., None] * torch.where(valid[..., None], v[:, jc, hh], 0.0)).sum(-2)
+    return attend
 
 
 def torch_fns(torch):
     F = torch.nn.functional
     return {
+        "longformer_conditional": sliding_window_torch(torch),
+        "longformer_split": sliding_window_torch(torch),
         "conv_guards": lambda x, w: F.conv2d(x, w, padding=1),
         "conv_pad_stage": lambda x, w: F.conv2d(F.pad(x, (1, 1, 1, 1)), w),
         "conv_guards_s2": lambda x, w: F.conv2d(x, w, stride=2, padding=1),
@@ -80,7 +101,7 @@ def measure(name, threads, timer, torch):
 def main(argv=None):
     args, torch, timer = script_options(argv, __doc__.split("\n\n")[0], FORMULATIONS, Timer(2, 10, 1.0))
     print(f"# formulations, {args.threads} threads, {cpu_name()}")
-    print(f"{'op':17s} {'formulation':18s} {'tg fwd ms':>9s} {'tg bwd ms':>9s} {'tg res ms':>9s} {'fwd/best':>8s} "
+    print(f"{'op':24s} {'formulation':22s} {'tg fwd ms':>9s} {'tg bwd ms':>9s} {'tg res ms':>9s} {'fwd/best':>8s} "
           f"{'bwd/best':>8s} {'res/best':>8s} {'fwd/torch':>9s} {'res/torch':>9s} {'build s':>7s}")
     for op, names in FORMULATIONS.items():
         if args.ops and op not in args.ops:
@@ -92,7 +113,7 @@ def main(argv=None):
         for n, r in rows.items():
             tf = r["tg_fwd"] / r["torch_fwd"] if "torch_fwd" in r else math.nan
             tr = r["tg_res"] / r["torch_bwd"] if "torch_bwd" in r else math.nan
-            print(f"{op:17s} {n:18s} {r['tg_fwd']:9.3f} {r['tg_bwd']:9.3f} {r['tg_res']:9.3f} "
+            print(f"{op:24s} {n:22s} {r['tg_fwd']:9.3f} {r['tg_bwd']:9.3f} {r['tg_res']:9.3f} "
                   f"{r['tg_fwd'] / best_f:8.2f} {r['tg_bwd'] / best_b:8.2f} {r['tg_res'] / best_r:8.2f} "
                   f"{tf:9.2f} {tr:9.2f} {r['build_s']:7.2f}", flush=True)
 

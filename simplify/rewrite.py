@@ -1,9 +1,11 @@
 """Rewrite a tensor graph into its simplified form.
 
 Tensors are processed producers first. For each compute:
-1. reads of tensors already rewritten are redirected to their new versions, and
+1. reads of tensors already rewritten are redirected to their new versions,
    reduce axes pinned by a data equality (``dst[e] == i``) are solved away
-   (:mod:`.solve`);
+   (:mod:`.solve`), and sums whose conditions hold a piecewise-affine index
+   (``i + if_then_else(h < 4, w - 4, w)``) are split into their affine pieces
+   (:mod:`.piecewise`);
 2. each top-level reduction (a summand, possibly under guards) is simplified
    by :mod:`.gather`, or turned into a scatter by :mod:`.scatter`;
 3. producers that are cheap to fold in are inlined: constant tensors (the
@@ -40,6 +42,7 @@ from .fold import fold
 from .gather import simplify_reduction
 from .inline import Redirect
 from .isl_bridge import Unsupported
+from .piecewise import split_pieces
 from .scatter import scatter_term, try_scatter
 from .solve import solve_reductions
 
@@ -170,6 +173,8 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset(),
             new[id(t)] = replace_tensors([t], {k: v for k, v in new.items() if v is not None})[id(t)]
             continue
         redirected = solve_reductions(Redirect(new, {}).visit(t.op.body))
+        redirected = split_pieces(redirected, t.op.axes, lambda piece, t=t: try_scatter(
+            Tensor(t.name, t.shape, t.dtype, ComputeOp(t.op.axes, piece))) is not None)
         if redirected is not t.op.body:
             t_read = Tensor(t.name, t.shape, t.dtype, ComputeOp(t.op.axes, redirected))
         else:

@@ -194,6 +194,64 @@ def jacobi_steps(u, steps: int):
     return out
 
 
+def _window_sizes(small):
+    return (1, 12, 4, 3, 5) if small else (2, 512, 8, 32, 32)  # batch, tokens, heads, head width, window
+
+
+def _sliding_window(dt, small, split):
+    """Sliding-window attention (Longformer) whose window depends on the head: token ``i`` of
+    a head in the first half attends to the ``W`` tokens around it (``i + w - W // 2``),
+    of a head in the second half to the ``W`` tokens behind it (``i + w - W + 1``), ``w < W``;
+    keys outside the sequence are masked (a score of -1e4, a value of 0). ``Q``, ``K``, ``V``
+    are (B, N, H, D). ``split``: the window written as two terms, one per half of the heads,
+    each reading at an affine index; else one read whose offset is an ``if_then_else`` on
+    the head."""
+    b_, n, heads, d, w_ = _window_sizes(small)
+    half = heads // 2
+    q, k, v = (dsl.placeholder((b_, n, heads, d), dtype=dt, name=nm) for nm in "QKV")
+    rd, rw = dsl.reduce_axis(d, "d"), dsl.reduce_axis(w_, "w")
+    scale = 1.0 / float(d) ** 0.5
+
+    def inside(j):
+        return dsl.all(j >= 0, j < n)
+
+    def read(x, b, j, h, dd):
+        return dsl.if_then_else(inside(j), x[b, j, h, dd], 0.0)
+
+    if split:
+        def window(i, h, w, term):
+            near, behind = i + w - w_ // 2, i + w - (w_ - 1)
+            return (dsl.if_then_else(h < half, term(near), 0.0)
+                    + dsl.if_then_else(h >= half, term(behind), 0.0))
+
+        def mask(i, h, w):
+            return ((h < half) & inside(i + w - w_ // 2)) | ((h >= half) & inside(i + w - (w_ - 1)))
+    else:
+        def window(i, h, w, term):
+            return term(i + w - dsl.if_then_else(h < half, w_ // 2, w_ - 1))
+
+        def mask(i, h, w):
+            return inside(i + w - dsl.if_then_else(h < half, w_ // 2, w_ - 1))
+
+    s = dsl.compute((b_, heads, n, w_), lambda b, h, i, w: dsl.if_then_else(mask(i, h, w), window(
+        i, h, w, lambda j: dsl.sum(q[b, i, h, rd] * read(k, b, j, h, rd), axis=rd)) * scale, -1e4), name="S")
+    p = nn.softmax(s)
+    o = dsl.compute((b_, n, heads, d), lambda b, i, h, dd: window(
+        i, h, rw, lambda j: dsl.sum(p[b, h, i, rw] * read(v, b, j, h, dd), axis=rw)), name="O")
+    return Workload("longformer_split" if split else "longformer_conditional", o, [q, k, v])
+
+
+def longformer_conditional(dt, small=False):
+    """Sliding-window attention, the window's offset an ``if_then_else`` on the head inside
+    the index: ``K[b, i + w - if_then_else(h < H // 2, W // 2, W - 1), h, d]``."""
+    return _sliding_window(dt, small, split=False)
+
+
+def longformer_split(dt, small=False):
+    """The same attention with the window split by hand into two sums, one per half of
+    the heads, each reading at an affine index."""
+    return _sliding_window(dt, small, split=True)
+
 FORMULATIONS: Dict[str, Dict[str, Callable[..., Workload]]] = {
     "conv3x3": {"conv_guards": conv_guards, "conv_pad_stage": conv_pad_stage, "conv_nhwc": conv_nhwc},
     "conv3x3_stride2": {"conv_guards_s2": conv_guards_s2, "conv_pad_stage_s2": conv_pad_stage_s2},
@@ -202,4 +260,6 @@ FORMULATIONS: Dict[str, Dict[str, Callable[..., Workload]]] = {
     "softmax": {"softmax_one": softmax_one, "softmax_stages": softmax_stages},
     "layer_norm": {"layer_norm_one": layer_norm_one, "layer_norm_stages": layer_norm_stages},
     "batch_matmul": {"bmm_plain": bmm_plain, "bmm_transposed": bmm_transposed},
+    "sliding_window_attention": {"longformer_conditional": longformer_conditional,
+                                 "longformer_split": longformer_split},
 }

@@ -1,6 +1,6 @@
 """The LLVM corpus: a fingerprint of the code te_grad generates, to show a refactoring changes none.
 
-``python -m te_grad.tools.corpus OUT.json`` builds 132 kernels (the 18 ops of the reference
+``python -m te_grad.tools.corpus OUT.json`` builds 140 kernels (the 18 ops of the reference
 suite in float32 and float64, forward and forward with gradients, and every formulation of
 :mod:`te_grad.formulations` at both sizes, forward and with gradients) and writes the SHA-256
 of each kernel's optimized LLVM IR. Run it on two trees (with ``TE_GRAD_CACHE=0``, so no

@@ -32,7 +32,8 @@ from ... import dsl
 from ...errors import InternalError, SimplificationWarning, UserError
 from ...graph import topo_order
 from ... import ops
-from ...ir import ComputeOp, Reduce, ScatterOp
+from ... import dtypes
+from ...ir import ComputeOp, Read, Reduce, ScatterOp, Select
 from .program import Program
 
 #: outcomes that are not failures ("rejected": an invalid program that every stage refused)
@@ -196,6 +197,8 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
             notes.append("an argmax / argmin index")
         if _pins_an_output_by_data(out):
             notes.append("a where pinning an output index by data (a COO scatter)")
+        if _conditional_index(out):
+            notes.append("a conditional index (if_then_else inside an index)")
         fallbacks = sum(1 for w in caught if issubclass(w.category, SimplificationWarning))
         return Outcome(status, fallbacks=fallbacks, notes=notes)
     except _Mismatch as m:
@@ -473,6 +476,17 @@ def _pins_an_output_by_data(out) -> bool:
             for e in _nodes(t.op.body):
                 if isinstance(e, Reduce) and any(pinned_value(c, ax) is not None
                                                  for c in conjuncts(e.where) for ax in t.op.axes):
+                    return True
+    return False
+
+
+def _conditional_index(out) -> bool:
+    """Whether a read of the program has an index holding an integer ``if_then_else``."""
+    for t in topo_order([out]):
+        if isinstance(t.op, ComputeOp):
+            for e in _nodes(t.op.body):
+                if isinstance(e, Read) and any(isinstance(n, Select) and dtypes.is_int(n.dtype)
+                                               for ix in e.indices for n in _nodes(ix)):
                     return True
     return False
 

@@ -35,7 +35,9 @@ stage*, a reduction whose ``where`` pins the first output variable by data (``I[
 either side), the form simplified into a scatter (:mod:`simplify.solve`); or in a *shift
 stage*, a softmax, log-softmax or logsumexp of the previous stage with its max shift written
 by hand, without ``stop_gradient`` (the shift's gradient is proven zero and dropped,
-:mod:`te_grad.autodiff.shift`).
+:mod:`te_grad.autodiff.shift`); or in a *window stage*, a read at a conditional index
+``i0 + if_then_else(c, a, b)`` (a sliding window whose offset depends on a condition on the
+loop variables, piecewise affine, or on data), guarded, maybe summed over the window.
 
 Conventions excluded by construction: a ``max`` / ``min`` reduction that may be
 empty (its value is -inf / inf) is combined with a finite constant, so no
@@ -308,6 +310,8 @@ class _Gen:
             stages.append(self.coo_stage(len(stages)))
         elif self.chance(3):  # a softmax / log-softmax / logsumexp with its max shift written by hand
             stages.append(self.shift_stage(len(stages), stages[-1]))
+        elif self.chance(3):  # a read at a conditional index: if_then_else(c, a, b) of affine offsets
+            stages.append(self.window_stage(len(stages)))
         self.lines.append(f"OUT = {stages[-1]}")
         self.lines.append(f"STAGES = [{', '.join(stages)}]")
         self.lines.append(f"INPUTS = [{', '.join([f'X{k}' for k in range(n_inputs)] + self.extra_inputs)}]")
@@ -500,6 +504,48 @@ class _Gen:
             out_shape, body = tuple(shape[:-1]), f"M{s}{row} + tg.log(Z{s}{row})"
         params = ap if form < 2 else lp
         self.lines.append(f"S{s} = tg.compute({out_shape!r}, lambda {params}: {body}, name='S{s}')")
+        self.sources.append((f"S{s}", out_shape))
+        return f"S{s}"
+
+    def window_stage(self, s: int) -> str:
+        """A last stage reading a source at a *conditional* index: row ``i0 + if_then_else(c,
+        a, b)`` (a sliding window whose offset depends on a condition), guarded where it leaves
+        the rows, summed over a window axis ``w`` or not. ``c`` is quasi-affine in the loop
+        variables (``i1 < 1``, ``w % 2 == 0``, ``i1 <= w``), or reads data (then the index is
+        not piecewise affine), and ``a`` may itself be conditional (nested): the gradient of a
+        piecewise-affine index is split into one gather per piece (:mod:`simplify.piecewise`),
+        that of a data condition stays a scatter."""
+        name, shape = self.pick([src for src in self.sources if src[1]] or [("X0", ())])
+        if not shape:
+            self.lines.append("XW = tg.placeholder((6, 2), dtype=DT, name='XW')")
+            self.extra_inputs.append("XW")
+            name, shape = "XW", (6, 2)
+        n, heads, width = shape[0], 1 + self.draw(3), 1 + self.draw(4)
+        out_shape = (n, heads) + tuple(shape[1:])
+        names = [f"i{d}" for d in range(len(out_shape))]
+        summed = not self.chance(2)  # the simple choice: summed over the window
+        w = f"w{self.n_axes}" if summed else "i1"
+        vars_ = [(v, 0, m) for v, m in zip(names, out_shape)]
+        if summed:
+            self.n_axes += 1
+            vars_ = vars_ + [(w, 0, width)]
+
+        def offset():
+            return self.pick([f"{w} - {self.draw(3)}", f"{self.draw(3)} - {w}", f"2 * {w} - {self.draw(3)}",
+                              f"{w} // 2", f"{self.draw(3) - 1}"])
+        cond = self.pick([f"i1 < {1 + self.draw(2)}", f"{w} % 2 == {self.draw(2)}", f"i1 <= {w}",
+                          f"{self.read(vars_, [])} > 0.0"])
+        a = offset() if not self.chance(4) else f"tg.if_then_else({w} < 1, {offset()}, {offset()})"
+        j = f"i0 + tg.if_then_else({cond}, {a}, {offset()})"
+        row = f"{name}[{', '.join([j] + names[2:])}]"
+        read = f"tg.if_then_else(tg.all({j} >= 0, {j} < {n}), {row}, {self.const()})"
+        body = self.pick([read, f"{read} * {self.expr(vars_, 1)}"])
+        self.lines.append(f"def _S{s}({', '.join(names)}):")
+        if summed:
+            self.lines.append(f"    {w} = tg.reduce_axis((0, {width}), name={w!r})")
+            body = f"tg.sum({body}, axis={w})"
+        self.lines.append(f"    return tg.cast(DT, {body})")
+        self.lines.append(f"S{s} = tg.compute({out_shape!r}, _S{s}, name='S{s}')")
         self.sources.append((f"S{s}", out_shape))
         return f"S{s}"
 
