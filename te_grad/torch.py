@@ -124,9 +124,55 @@ class TorchOp(FrontendOp):
             # now, this object keeps running its own (eagerly, as an autograd.Function)
             results = _Superseded.apply(self, *args)
             return results[0] if len(results) == 1 else results
+        if _plain_eager(args):  # nothing for torch's dispatcher to do: te_grad's kernels directly
+            spec, sizes = self.bind(*args)
+            n_out = len(spec.outputs)
+            if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+                results = _Eager.apply(self, spec, sizes, *args)
+            else:
+                results = self._run_forward(spec, sizes, args)[:n_out]
+            return results[0] if n_out == 1 else tuple(results)
         n_out = _output_count(self, *args)
         results = self.fwd(*args)
         return results[0] if n_out == 1 else tuple(results[:n_out])
+
+    def _run_forward(self, spec, sizes, args) -> list:
+        """The forward kernel of ``spec`` on ``args`` (bound to ``sizes``): the outputs, then
+        the residuals, as new torch tensors."""
+        kern = spec.vjp.forward
+        if spec.symbolic and not spec.plain_outputs:  # one kernel for every size: it binds them
+            results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
+            kern(*[_numpy(a) for a in args], out=[r.numpy() for r in results])
+            return results
+        if not spec.plain_outputs:  # an output that is an input, or twice the same tensor
+            got = kern(*[_numpy(a) for a in args])
+            got = got if isinstance(got, tuple) else (got,)
+            return [torch.from_numpy(np.array(g)) for g in got]
+        args = [a if a.is_contiguous() else a.contiguous() for a in args]
+        if spec.symbolic:  # the sizes bound from the arguments' shapes, by variable name
+            results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
+            kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results], sizes=sizes.by_name)
+            return results
+        results = [torch.empty(shape, dtype=dt) for shape, dt in _torch_results(spec, kern)]
+        kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
+        return results
+
+    def _run_backward(self, spec, sizes, inputs, residuals, grads, needs) -> list:
+        """The gradients of the inputs in ``needs`` (a tuple of bools, one per input), from
+        the inputs, the residuals of ``spec``'s forward and the outputs' gradients."""
+        vjp = spec.backward_for(needs)
+        if vjp.backward is None:
+            return []
+        args = spec.backward_arguments(vjp, inputs, residuals, grads)
+        kern = vjp.backward
+        args = [a if a.is_contiguous() else a.contiguous() for a in args]
+        if spec.symbolic:
+            results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
+            kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results], sizes=sizes.by_name)
+            return results
+        results = [torch.empty(shape, dtype=dt) for shape, dt in _torch_results(spec, kern)]
+        kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
+        return results
 
     # -- registration ------------------------------------------------------------------------
     def _register(self):
@@ -137,23 +183,7 @@ class TorchOp(FrontendOp):
 
         def forward_impl(*args):
             spec, sizes = op.bind(*args)
-            kern = spec.vjp.forward
-            if spec.symbolic and not spec.plain_outputs:  # one kernel for every size: it binds them
-                results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
-                kern(*[_numpy(a) for a in args], out=[r.numpy() for r in results])
-                return results
-            if not spec.plain_outputs:  # an output that is an input, or twice the same tensor
-                got = kern(*[_numpy(a) for a in args])
-                got = got if isinstance(got, tuple) else (got,)
-                return [torch.from_numpy(np.array(g)) for g in got]
-            args = [a if a.is_contiguous() else a.contiguous() for a in args]
-            results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
-            if spec.symbolic:  # the sizes bound from the arguments' shapes, by variable name
-                kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results],
-                                  sizes=sizes.by_name)
-            else:
-                kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
-            return results
+            return op._run_forward(spec, sizes, args)
 
         def forward_fake(*args):
             spec, sizes = op.bind(*args)  # symbolic sizes give symbolic output shapes
@@ -166,19 +196,7 @@ class TorchOp(FrontendOp):
         def backward_impl(inputs: List[torch.Tensor], residuals: List[torch.Tensor], grads: List[torch.Tensor],
                           needs: List[bool]):
             spec, sizes = op.bind(*inputs)
-            vjp = spec.backward_for(tuple(needs))
-            if vjp.backward is None:
-                return []
-            args = spec.backward_arguments(vjp, inputs, residuals, grads)
-            kern = vjp.backward
-            results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
-            args = [a if a.is_contiguous() else a.contiguous() for a in args]
-            if spec.symbolic:
-                kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results],
-                                  sizes=sizes.by_name)
-                return results
-            kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
-            return results
+            return op._run_backward(spec, sizes, inputs, residuals, grads, tuple(needs))
 
         def backward_fake(inputs, residuals, grads, needs):
             spec, sizes = op.bind(*inputs)
@@ -209,12 +227,14 @@ class TorchOp(FrontendOp):
 _REGISTERED: Dict[str, "TorchOp"] = {}
 
 
-def _input_gradients(op: "TorchOp", ctx, needs_input_grad, grads, run_backward):
+def _input_gradients(op: "TorchOp", ctx, needs_input_grad, grads, run_backward, spec=None, sizes=None):
     """The gradients of the inputs saved in ``ctx`` from those of the outputs, by
-    ``run_backward(inputs, residuals, output gradients, needs)``."""
+    ``run_backward(inputs, residuals, output gradients, needs)``; ``spec`` and ``sizes``
+    those of the forward call (bound again from the inputs when not given)."""
     tensors = ctx.saved_tensors
     inputs, saved = list(tensors[:ctx.n_in]), list(tensors[ctx.n_in:])
-    spec, sizes = op.bind(*inputs)
+    if spec is None:
+        spec, sizes = op.bind(*inputs)
     needs = spec.needs(needs_input_grad)
     if not any(needs):
         return tuple([None] * ctx.n_in)
@@ -222,6 +242,63 @@ def _input_gradients(op: "TorchOp", ctx, needs_input_grad, grads, run_backward):
     for g, y in zip(list(grads)[:ctx.n_out], spec.outputs):
         heads.append(g if g is not None else torch.zeros(sizes.shape(y.shape), dtype=_TO_TORCH[y.dtype]))
     return spec.spread(run_backward(inputs, saved, heads, list(needs)), needs)
+
+
+def _torch_results(spec, kern) -> list:
+    """``(shape, torch dtype)`` of the outputs of ``kern``, a kernel of the exact (not
+    symbolic) ``spec``: worked out once per kernel and kept with the spec."""
+    got = spec.frontend_cache.get(id(kern))
+    if got is None or got[0] is not kern:
+        got = spec.frontend_cache[id(kern)] = (kern, [(tuple(int(n) for n in t.shape), _TO_TORCH[t.dtype])
+                                                     for t in kern.outputs])
+    return got[1]
+
+
+#: the argument types a call can hand to te_grad's kernels without torch's dispatcher
+#: (a ``Parameter`` disables ``__torch_function__``); any other type goes through it
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_C = torch._C
+
+
+def _plain_eager(args) -> bool:
+    """Whether a call is plain eager PyTorch on plain CPU tensors, so that running the kernels
+    directly (:class:`_Eager`) does what torch's dispatcher would: not traced by
+    ``torch.compile`` or ``torch.jit``, no ``TorchDispatchMode`` / ``TorchFunctionMode`` and no
+    ``torch.func`` transform (vmap, grad) active, every argument a strided CPU tensor whose
+    type is ``torch.Tensor`` (or ``Parameter``: no subclass, ``FakeTensor``, meta tensor).
+    Anything else goes through ``torch.ops`` as before."""
+    if torch.compiler.is_compiling():  # first: Dynamo reads it as True and traces nothing below
+        return False
+    for a in args:
+        if type(a) not in _PLAIN_TYPES or not a.is_cpu or a.layout is not torch.strided:
+            return False
+    return not (_C._len_torch_dispatch_stack() or _C._len_torch_function_stack()
+                or _C._are_functorch_transforms_active() or _C._get_tracing_state() is not None)
+
+
+class _Eager(torch.autograd.Function):
+    """A plain eager call (:func:`_plain_eager`) that needs gradients: the forward kernel run
+    directly (the spec and sizes bound once, by the call), and the backward kernel from the
+    residuals it saved, with the same spec. A backward that builds a graph itself
+    (``create_graph=True``) goes through ``NAME_bwd``, as a call through the dispatcher does."""
+
+    @staticmethod
+    def forward(ctx, op, spec, sizes, *args):
+        results = op._run_forward(spec, sizes, args)
+        n_out = len(spec.outputs)
+        ctx.save_for_backward(*args, *spec.saved_from(results[:n_out], results[n_out:]))
+        ctx.op, ctx.spec, ctx.sizes, ctx.n_in, ctx.n_out = op, spec, sizes, len(args), n_out
+        return tuple(results[:n_out])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, spec, sizes = ctx.op, ctx.spec, ctx.sizes
+        if torch.is_grad_enabled() and _REGISTERED.get(op.name) is op:  # create_graph: as the dispatcher does
+            run = op.bwd
+        else:
+            def run(inputs, residuals, heads, needs):
+                return op._run_backward(spec, sizes, inputs, residuals, heads, tuple(needs))
+        return (None, None, None) + _input_gradients(op, ctx, ctx.needs_input_grad[3:], grads, run, spec, sizes)
 
 
 class _Superseded(torch.autograd.Function):

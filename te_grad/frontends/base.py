@@ -244,6 +244,8 @@ class Spec:
         self._vjp = None
         self._backward: Dict[tuple, object] = {}
         self._lock = threading.Lock()
+        #: what a frontend works out once per spec and keeps with it (its own keys)
+        self.frontend_cache: Dict[Hashable, object] = {}
 
     def _build_vjp(self, wrt, save):
         from ..residuals import build_vjp
