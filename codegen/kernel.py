@@ -116,6 +116,7 @@ class Kernel:
         self._launch: Dict[object, tuple] = {}  # plan key -> (records, their address, count, shared)
         given = {id(t) for t in self.inputs} | {id(t) for t in self.outputs}
         self._intermediates = [n for n, t in enumerate(self.buffers) if id(t) not in given]
+        self._table_type = ctypes.c_void_p * len(self.buffers)  # the address table of a kernel without sizes
         self._scratch: List[Dict[int, np.ndarray]] = []
         self._lock = threading.Lock()
         self._run_stages = None
@@ -354,6 +355,16 @@ class Kernel:
             missing = [v.name for v in self.size_vars if v not in sizes]
             if missing:
                 raise UserError(f"run_pointers needs sizes= for {', '.join(missing)}")
+        else:
+            sizes = None
+            if not self._intermediates:  # nothing of the kernel's own: a table of the call's addresses
+                table = self._table_type()
+                for n, p in zip(self._input_slots, inputs):
+                    table[n] = p
+                for n, p in zip(self._output_slots, outputs):
+                    table[n] = p
+                self._run_plan(table)
+                return
         scratch = self._take_scratch(sizes)
         table = scratch[_TABLE]
         try:
@@ -412,13 +423,13 @@ class Kernel:
         set also holds its table of buffer addresses (:data:`_TABLE`), intermediates filled in,
         followed by the values of the sizes (a symbolic kernel's intermediates are allocated
         at the sizes of the call, :data:`_SIZES`, whose values ``key`` may give)."""
-        from te_grad.sizes import check_extents
         if key is None:
             key = self._size_values(sizes) if self.size_vars else ()
         with self._lock:
             for k in range(len(self._scratch) - 1, -1, -1):
                 if self._scratch[k][_SIZES] == key:
                     return self._scratch.pop(k)
+        from te_grad.sizes import check_extents
         scratch = {n: np.empty(check_extents(t, sizes) if key else t.shape,  # new sizes: a negative extent named
                                dtype=np.bool_ if t.dtype == "bool" else t.dtype)
                    for n in self._intermediates for t in [self.buffers[n]]}

@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 from .errors import UserError
-from .frontends.base import MAX_SHAPES, FrontendOp, dtype_table
+from .frontends.base import MAX_SHAPES, NO_SIZES, FrontendOp, dtype_table
 
 _TO_TE = dtype_table(lambda name: getattr(torch, name))
 _TO_TORCH = {v: k for k, v in _TO_TE.items()}
@@ -109,7 +109,7 @@ class TorchOp(FrontendOp):
         return a.shape, a.dtype
 
     def fast_key(self, args):
-        return tuple((a.shape, a.dtype, a.device) for a in args)  # torch's own shapes, dtypes and device
+        return tuple([(a.shape, a.dtype, a.device) for a in args])  # torch's own shapes, dtypes and device
 
     def symbolic_size(self, n):
         if isinstance(n, torch.SymInt):
@@ -125,10 +125,17 @@ class TorchOp(FrontendOp):
             results = _Superseded.apply(self, *args)
             return results[0] if len(results) == 1 else results
         if _plain_eager(args):  # nothing for torch's dispatcher to do: te_grad's kernels directly
-            spec, sizes = self.bind(*args)
+            spec = self.recent(args)
+            if spec is None:
+                spec, sizes = self.bind(*args)
+            else:
+                sizes = NO_SIZES
             n_out = len(spec.outputs)
+            lean = _lean(spec)
             if torch.is_grad_enabled() and any(a.requires_grad for a in args):
-                results = _Eager.apply(self, spec, sizes, *args)
+                results = _Eager.apply(self, spec, sizes, lean, *args)
+            elif lean is not None:
+                results = lean.run_forward(args)[:n_out]
             else:
                 results = self._run_forward(spec, sizes, args)[:n_out]
             return results[0] if n_out == 1 else tuple(results)
@@ -276,6 +283,71 @@ def _plain_eager(args) -> bool:
                 or _C._are_functorch_transforms_active() or _C._get_tracing_state() is not None)
 
 
+class _Lean:
+    """What an eager call of an exact spec whose forward kernel writes distinct outputs
+    (``Spec.plain_outputs``) works out once and reuses: the kernels, the shapes and torch dtypes
+    of their results, where each saved value sits among the forward's results and, per
+    backward mask, where each argument of the backward kernel comes from."""
+
+    def __init__(self, spec):  # kept by the spec: holds no reference to it (no cycle through the kernels)
+        self.forward = spec.vjp.forward
+        self.results = _torch_results(spec, self.forward)
+        self.n_out = len(spec.outputs)
+        self.n_saved = len(spec.vjp.saved)
+        n_res = len(self.results) - self.n_out
+        self.saved = spec.saved_from(range(self.n_out), range(self.n_out, self.n_out + n_res))
+        self._backward = {}  # ctx.needs_input_grad -> (needs, kernel, argument positions, results)
+
+    def run_forward(self, args) -> list:
+        args = [a if a.is_contiguous() else a.contiguous() for a in args]
+        results = [torch.empty(shape, dtype=dt) for shape, dt in self.results]
+        self.forward.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
+        return results
+
+    def backward_plan(self, spec, requested: tuple) -> tuple:
+        got = self._backward.get(requested)
+        if got is None:
+            needs = spec.needs(requested)
+            vjp = spec.backward_for(needs) if any(needs) else None
+            kern = None if vjp is None else vjp.backward
+            if kern is None:
+                got = (needs, None, (), ())
+            else:
+                n_in = len(spec.inputs)
+                positions = spec.backward_arguments(vjp, range(self.n_saved, self.n_saved + n_in),
+                                                    range(self.n_saved),
+                                                    range(self.n_saved + n_in, self.n_saved + n_in + self.n_out))
+                got = (needs, kern, positions, _torch_results(spec, kern))
+            self._backward[requested] = got
+        return got
+
+    def run_backward(self, spec, ctx, grads) -> tuple:
+        """The input gradients of :meth:`torch.autograd.Function.backward` (``None`` for the
+        inputs that need none), from the tensors saved in ``ctx`` (inputs, then residuals)."""
+        needs, kern, positions, shapes = self.backward_plan(spec, ctx.needs_input_grad[4:])
+        if kern is None:
+            return tuple([None] * len(needs))
+        tensors = ctx.saved_tensors
+        n_in = len(needs)
+        values = list(tensors[n_in:]) + list(tensors[:n_in])
+        for g, (shape, dt) in zip(grads[:self.n_out], self.results):
+            values.append(g if g is not None else torch.zeros(shape, dtype=dt))
+        args = [values[k] for k in positions]
+        args = [a if a.is_contiguous() else a.contiguous() for a in args]
+        results = [torch.empty(shape, dtype=dt) for shape, dt in shapes]
+        kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
+        return spec.spread(results, needs)
+
+
+def _lean(spec):
+    """The :class:`_Lean` of ``spec`` (made once), or ``None`` when it has size variables or
+    a forward kernel whose outputs are not distinct new tensors."""
+    got = spec.frontend_cache.get(_Lean)
+    if got is None:
+        got = spec.frontend_cache[_Lean] = _Lean(spec) if not spec.symbolic and spec.plain_outputs else False
+    return got or None
+
+
 class _Eager(torch.autograd.Function):
     """A plain eager call (:func:`_plain_eager`) that needs gradients: the forward kernel run
     directly (the spec and sizes bound once, by the call), and the backward kernel from the
@@ -283,22 +355,28 @@ class _Eager(torch.autograd.Function):
     (``create_graph=True``) goes through ``NAME_bwd``, as a call through the dispatcher does."""
 
     @staticmethod
-    def forward(ctx, op, spec, sizes, *args):
-        results = op._run_forward(spec, sizes, args)
+    def forward(ctx, op, spec, sizes, lean, *args):
+        results = op._run_forward(spec, sizes, args) if lean is None else lean.run_forward(args)
         n_out = len(spec.outputs)
-        ctx.save_for_backward(*args, *spec.saved_from(results[:n_out], results[n_out:]))
-        ctx.op, ctx.spec, ctx.sizes, ctx.n_in, ctx.n_out = op, spec, sizes, len(args), n_out
+        if lean is None:
+            ctx.save_for_backward(*args, *spec.saved_from(results[:n_out], results[n_out:]))
+        else:
+            ctx.save_for_backward(*args, *[results[k] for k in lean.saved])
+        ctx.op, ctx.spec, ctx.sizes, ctx.lean, ctx.n_in, ctx.n_out = op, spec, sizes, lean, len(args), n_out
         return tuple(results[:n_out])
 
     @staticmethod
     def backward(ctx, *grads):
-        op, spec, sizes = ctx.op, ctx.spec, ctx.sizes
+        op, spec, sizes, lean = ctx.op, ctx.spec, ctx.sizes, ctx.lean
         if torch.is_grad_enabled() and _REGISTERED.get(op.name) is op:  # create_graph: as the dispatcher does
             run = op.bwd
+        elif lean is not None:
+            return (None, None, None, None) + lean.run_backward(spec, ctx, grads)
         else:
             def run(inputs, residuals, heads, needs):
                 return op._run_backward(spec, sizes, inputs, residuals, heads, tuple(needs))
-        return (None, None, None) + _input_gradients(op, ctx, ctx.needs_input_grad[3:], grads, run, spec, sizes)
+        return (None, None, None, None) + _input_gradients(op, ctx, ctx.needs_input_grad[4:], grads, run, spec,
+                                                           sizes)
 
 
 class _Superseded(torch.autograd.Function):
