@@ -133,7 +133,7 @@ class TorchOp(FrontendOp):
             n_out = len(spec.outputs)
             lean = _lean(spec)
             if torch.is_grad_enabled() and any(a.requires_grad for a in args):
-                results = _Eager.apply(self, spec, sizes, lean, *args)
+                results = _Eager.apply((self, spec, sizes, lean), *args)
             elif lean is not None:
                 results = lean.run_forward(args)[:n_out]
             else:
@@ -324,7 +324,7 @@ class _Lean:
     def run_backward(self, spec, ctx, grads) -> tuple:
         """The input gradients of :meth:`torch.autograd.Function.backward` (``None`` for the
         inputs that need none), from the tensors saved in ``ctx`` (inputs, then residuals)."""
-        needs, kern, positions, shapes = self.backward_plan(spec, ctx.needs_input_grad[4:])
+        needs, kern, positions, shapes = self.backward_plan(spec, ctx.needs_input_grad[1:])
         if kern is None:
             return tuple([None] * len(needs))
         tensors = ctx.saved_tensors
@@ -355,28 +355,28 @@ class _Eager(torch.autograd.Function):
     (``create_graph=True``) goes through ``NAME_bwd``, as a call through the dispatcher does."""
 
     @staticmethod
-    def forward(ctx, op, spec, sizes, lean, *args):
+    def forward(ctx, call, *args):
+        op, spec, sizes, lean = call
         results = op._run_forward(spec, sizes, args) if lean is None else lean.run_forward(args)
         n_out = len(spec.outputs)
         if lean is None:
             ctx.save_for_backward(*args, *spec.saved_from(results[:n_out], results[n_out:]))
         else:
             ctx.save_for_backward(*args, *[results[k] for k in lean.saved])
-        ctx.op, ctx.spec, ctx.sizes, ctx.lean, ctx.n_in, ctx.n_out = op, spec, sizes, lean, len(args), n_out
+        ctx.call, ctx.n_in, ctx.n_out = call, len(args), n_out
         return tuple(results[:n_out])
 
     @staticmethod
     def backward(ctx, *grads):
-        op, spec, sizes, lean = ctx.op, ctx.spec, ctx.sizes, ctx.lean
+        op, spec, sizes, lean = ctx.call
         if torch.is_grad_enabled() and _REGISTERED.get(op.name) is op:  # create_graph: as the dispatcher does
             run = op.bwd
         elif lean is not None:
-            return (None, None, None, None) + lean.run_backward(spec, ctx, grads)
+            return (None,) + lean.run_backward(spec, ctx, grads)
         else:
             def run(inputs, residuals, heads, needs):
                 return op._run_backward(spec, sizes, inputs, residuals, heads, tuple(needs))
-        return (None, None, None, None) + _input_gradients(op, ctx, ctx.needs_input_grad[4:], grads, run, spec,
-                                                           sizes)
+        return (None,) + _input_gradients(op, ctx, ctx.needs_input_grad[1:], grads, run, spec, sizes)
 
 
 class _Superseded(torch.autograd.Function):

@@ -39,7 +39,8 @@ class _Counts:
         monkeypatch.setattr(op, "signature", counting("signature", op.signature))
         monkeypatch.setattr(op, "make_spec", counting("make_spec", op.make_spec))
         monkeypatch.setattr(Kernel, "_plan_records", counting("plan", Kernel._plan_records))
-        monkeypatch.setattr(mod._Lean, "__init__", counting("lean", mod._Lean.__init__))
+        if hasattr(mod, "_Lean"):  # the eager call plan, made once per spec
+            monkeypatch.setattr(mod._Lean, "__init__", counting("lean", mod._Lean.__init__))
 
 
 def test_a_tiny_op_keys_builds_and_plans_once(monkeypatch):
@@ -49,7 +50,7 @@ def test_a_tiny_op_keys_builds_and_plans_once(monkeypatch):
     w = torch.randn(4, requires_grad=True)
     h = torch.randn(4)
     first = torch.autograd.grad(op(x, w), (x, w), h)  # the first call of the shape: built once
-    assert counts.n["signature"] == 1 and counts.n["make_spec"] == 1 and counts.n["lean"] == 1
+    assert counts.n["signature"] == 1 and counts.n["make_spec"] == 1 and counts.n["lean"] <= 1
     before = dict(counts.n)
     for _ in range(20):
         gx, gw = torch.autograd.grad(op(x, w), (x, w), h)
@@ -149,8 +150,8 @@ def test_a_kernel_run_on_the_calling_thread_wakes_no_worker(monkeypatch):
     big = tg.build([tg.compute((1 << 18,), lambda i: tg.exp(big_x[i]), name="y")], [big_x], threads=2)
     a = np.arange(4, dtype=np.float32)
     np.testing.assert_allclose(tiny(a), a * 2)
-    assert not tiny._launch[2][3] and wakes == []
+    assert not any(r.chunks for r in tiny.plan()) and wakes == []
     b = np.linspace(-1, 1, 1 << 18, dtype=np.float32)
     np.testing.assert_allclose(big(b), np.exp(b), rtol=1e-6)
-    if big._launch[2][3]:  # shared among the threads: the sleeping worker is woken
+    if any(r.chunks for r in big.plan()):  # shared among the threads: the sleeping worker is woken
         assert wakes == [1]
