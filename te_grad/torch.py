@@ -133,7 +133,7 @@ class TorchOp(FrontendOp):
             n_out = len(spec.outputs)
             lean = _lean(spec)
             if torch.is_grad_enabled() and any(a.requires_grad for a in args):
-                results = _Eager.apply((self, spec, sizes, lean), *args)
+                results = _apply_eager((self, spec, sizes, lean), *args)
             elif lean is not None:
                 results = lean.run_forward(args)[:n_out]
             else:
@@ -377,6 +377,21 @@ class _Eager(torch.autograd.Function):
             def run(inputs, residuals, heads, needs):
                 return op._run_backward(spec, sizes, inputs, residuals, heads, tuple(needs))
         return (None,) + _input_gradients(op, ctx, ctx.needs_input_grad[1:], grads, run, spec, sizes)
+
+
+def _apply_eager(call, *args):
+    """``_Eager.apply(call, *args)``. ``Function.apply`` binds default arguments for a
+    ``setup_context`` (``_Eager`` has none), hands over to ``torch.func`` when a transform is
+    active (:func:`_plain_eager` saw none) and otherwise unwraps dead ``torch.func`` wrappers
+    and calls the C++ ``apply``: that last step is all that is left to do here."""
+    return _C_APPLY(call, *[_UNWRAP(a) for a in args])
+
+
+try:
+    _C_APPLY = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Eager)
+    _UNWRAP = torch._C._functorch.unwrap_if_dead
+except (AttributeError, KeyError):  # a PyTorch without them: the public path
+    _apply_eager = _Eager.apply  # noqa: F811
 
 
 class _Superseded(torch.autograd.Function):
