@@ -23,7 +23,15 @@ Two operators are registered: ``NAME_fwd`` (inputs -> outputs + residuals) and
 ``NAME_bwd`` (inputs, residuals, output gradients -> input gradients), each with a
 fake implementation from te_grad's shape inference, so the op works under
 ``torch.compile(fullgraph=True)``; the autograd formula of ``NAME_fwd`` calls
-``NAME_bwd``. Calling ``op(...)`` runs ``NAME_fwd`` and returns the outputs.
+``NAME_bwd``. Calling ``op(...)`` runs ``NAME_fwd`` and returns the outputs; a plain
+eager call (strided CPU tensors, no subclass, no dispatch or function mode, no
+``torch.func`` transform, no tracing) skips torch's dispatcher and does the same work
+directly: the forward kernel, and an ``autograd.Function`` whose backward runs the backward
+kernel from the saved residuals with the spec its forward used (a backward that builds a
+graph, ``create_graph=True``, still runs ``NAME_bwd``). The key, the shapes of the results
+and where each kernel argument comes from are worked out on the first call of a shape; a
+call with the shapes, dtypes and device of the op's previous call reuses its spec without
+re-keying: the fixed cost of a call is what ``benchmarks/bridge_overhead.py`` measures.
 
 Registering a name again (re-running a notebook cell) works as it does with
 ``torch.library``: the newer op takes the name, and ``torch.ops.NS.NAME_fwd`` runs its

@@ -9,7 +9,8 @@ not depend on the framework lives here:
   te_grad dtypes, with the framework's dtypes read through the table :attr:`FrontendOp.dtypes`)
   and the :class:`Spec` of that key, from a bounded :class:`SpecCache` (``max_shapes``,
   least recently used dropped first) behind an optional fast path keyed by the
-  framework's own shape objects;
+  framework's own shape objects (and :meth:`FrontendOp.recent`: the spec of the op's
+  previous call, when a call has its fast key and it was exact);
 - :class:`Spec`: the te_grad graph of one key (placeholders of those shapes and dtypes,
   ``fn``), its VJP kernels built on first use (:func:`te_grad.build_vjp`), the backward
   kernels for each subset of inputs that need a gradient (the backward mask), the order of
