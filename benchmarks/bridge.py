@@ -11,8 +11,9 @@ For every op of the reference suite, in one process, at the same thread count:
 - ``tg bwd (residuals)``: te_grad's backward kernel from the residuals its forward saved
   (``tg.build_vjp``, default policy), and ``tg bwd (recompute)`` with ``save=[]``.
 
-It prints the ratios and the geometric means, and the per-call overhead of the bridge (a
-one-element op: te_grad custom op vs ``torch.mul``). Timings are medians of interleaved
+It prints the ratios and the geometric means, the per-call overhead of the bridge (a
+one-element op: te_grad custom op vs ``torch.mul``) and a 4-element op's forward and
+forward+backward against ``torch.mul``'s (:mod:`bridge_overhead`). Timings are medians of interleaved
 runs (te_grad.tools.benchmark.Timer).
 """
 import argparse
@@ -26,6 +27,7 @@ import te_grad as tg
 import te_grad.torch as tgt
 from te_grad.tools.benchmark import Timer, cpu_name, pin_threads, torch_table
 from te_grad.suite import SUITE, workload
+from bridge_overhead import measure as tiny_op
 
 
 def _suite_fn(name):
@@ -128,6 +130,11 @@ def main(argv=None):
     o = overhead(args.threads)
     print(f"per-call cost of a one-element op: te_grad op {o['te_grad op']:.1f} us, torch.mul "
           f"{o['torch.mul']:.1f} us")
+    t = tiny_op(4, args.threads, Timer(200, 200, 0.2) if args.quick else Timer(2000, 2000, 1.0))
+    print(f"a 4-element op (x * w) vs torch.mul, inputs requiring grad: fwd {t['tg fwd']:.1f} us vs "
+          f"{t['torch fwd']:.1f} us ({t['tg fwd'] / t['torch fwd']:.2f}x), fwd+bwd {t['tg fwd+bwd']:.1f} us vs "
+          f"{t['torch fwd+bwd']:.1f} us ({t['tg fwd+bwd'] / t['torch fwd+bwd']:.2f}x) "
+          f"({args.threads} thread(s); benchmarks/bridge_overhead.py)")
 
 
 if __name__ == "__main__":

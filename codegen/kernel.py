@@ -28,6 +28,8 @@ _TABLE = -1
 _SIZES = -2
 #: scratch sets a symbolic kernel keeps for other sizes than the current call's
 _KEPT_SCRATCH = 4
+#: the error record a run of stages fills in (tensor, dimension, index, stage)
+_ERR = ctypes.c_int64 * 4
 
 
 def _at_sizes(t: Tensor, sizes) -> Tensor:
@@ -111,8 +113,10 @@ class Kernel:
         self._input_slots = [self._index[id(t)] for t in self.inputs]
         self._output_slots = [self._index[id(t)] for t in self.outputs]
         self._plans: Dict[int, np.ndarray] = {}
+        self._launch: Dict[object, tuple] = {}  # plan key -> (records, their address, count, shared)
         given = {id(t) for t in self.inputs} | {id(t) for t in self.outputs}
         self._intermediates = [n for n, t in enumerate(self.buffers) if id(t) not in given]
+        self._table_type = ctypes.c_void_p * len(self.buffers)  # the address table of a kernel without sizes
         self._scratch: List[Dict[int, np.ndarray]] = []
         self._lock = threading.Lock()
         self._run_stages = None
@@ -351,6 +355,16 @@ class Kernel:
             missing = [v.name for v in self.size_vars if v not in sizes]
             if missing:
                 raise UserError(f"run_pointers needs sizes= for {', '.join(missing)}")
+        else:
+            sizes = None
+            if not self._intermediates:  # nothing of the kernel's own: a table of the call's addresses
+                table = self._table_type()
+                for n, p in zip(self._input_slots, inputs):
+                    table[n] = p
+                for n, p in zip(self._output_slots, outputs):
+                    table[n] = p
+                self._run_plan(table)
+                return
         scratch = self._take_scratch(sizes)
         table = scratch[_TABLE]
         try:
@@ -409,13 +423,13 @@ class Kernel:
         set also holds its table of buffer addresses (:data:`_TABLE`), intermediates filled in,
         followed by the values of the sizes (a symbolic kernel's intermediates are allocated
         at the sizes of the call, :data:`_SIZES`, whose values ``key`` may give)."""
-        from te_grad.sizes import check_extents
         if key is None:
             key = self._size_values(sizes) if self.size_vars else ()
         with self._lock:
             for k in range(len(self._scratch) - 1, -1, -1):
                 if self._scratch[k][_SIZES] == key:
                     return self._scratch.pop(k)
+        from te_grad.sizes import check_extents
         scratch = {n: np.empty(check_extents(t, sizes) if key else t.shape,  # new sizes: a negative extent named
                                dtype=np.bool_ if t.dtype == "bool" else t.dtype)
                    for n in self._intermediates for t in [self.buffers[n]]}
@@ -446,14 +460,22 @@ class Kernel:
             self.wait()
         if sizes and isinstance(sizes, dict):
             sizes = self._size_values(sizes)
-        records = self._plan_records(sizes)
+        key = self.threads if not sizes else (self.threads, tuple(sizes))
+        launch = self._launch.get(key)
+        if launch is None:  # the plan's records, their address and whether a run is shared, once
+            records = self._plan_records(sizes)
+            if len(self._launch) > 64:
+                self._launch.clear()
+            launch = self._launch[key] = (records, records.ctypes.data, len(records),
+                                          bool((records[:, team_ir.REC_CHUNKS] > 0).any()))
         crew = team(self.threads)
-        if crew.sleepers:
+        if launch[3] and crew.sleepers:  # a plan run whole on the calling thread wakes nobody
             crew.wake()
-        err = (ctypes.c_int64 * 4)()
-        rc = crew.run_plan(crew.address, records.ctypes.data, len(records), self._stages_fn, self._region_fn,
+        err = _ERR()
+        rc = crew.run_plan(crew.address, launch[1], launch[2], self._stages_fn, self._region_fn,
                            ctypes.addressof(table), ctypes.addressof(err))
-        self._check((rc, list(err)), sizes)
+        if rc:
+            self._check((rc, list(err)), sizes)
 
     def _out_arrays(self, out, sizes=None, outputs=None) -> List[np.ndarray]:
         if outputs is None:  # the outputs at ``sizes`` (given when already made for these sizes)

@@ -23,7 +23,15 @@ Two operators are registered: ``NAME_fwd`` (inputs -> outputs + residuals) and
 ``NAME_bwd`` (inputs, residuals, output gradients -> input gradients), each with a
 fake implementation from te_grad's shape inference, so the op works under
 ``torch.compile(fullgraph=True)``; the autograd formula of ``NAME_fwd`` calls
-``NAME_bwd``. Calling ``op(...)`` runs ``NAME_fwd`` and returns the outputs.
+``NAME_bwd``. Calling ``op(...)`` runs ``NAME_fwd`` and returns the outputs; a plain
+eager call (strided CPU tensors, no subclass, no dispatch or function mode, no
+``torch.func`` transform, no tracing) skips torch's dispatcher and does the same work
+directly: the forward kernel, and an ``autograd.Function`` whose backward runs the backward
+kernel from the saved residuals with the spec its forward used (a backward that builds a
+graph, ``create_graph=True``, still runs ``NAME_bwd``). The key, the shapes of the results
+and where each kernel argument comes from are worked out on the first call of a shape; a
+call with the shapes, dtypes and device of the op's previous call reuses its spec without
+re-keying: the fixed cost of a call is what ``benchmarks/bridge_overhead.py`` measures.
 
 Registering a name again (re-running a notebook cell) works as it does with
 ``torch.library``: the newer op takes the name, and ``torch.ops.NS.NAME_fwd`` runs its
@@ -57,7 +65,7 @@ import numpy as np
 import torch
 
 from .errors import UserError
-from .frontends.base import MAX_SHAPES, FrontendOp, dtype_table
+from .frontends.base import MAX_SHAPES, NO_SIZES, FrontendOp, dtype_table
 
 _TO_TE = dtype_table(lambda name: getattr(torch, name))
 _TO_TORCH = {v: k for k, v in _TO_TE.items()}
@@ -109,7 +117,7 @@ class TorchOp(FrontendOp):
         return a.shape, a.dtype
 
     def fast_key(self, args):
-        return tuple((a.shape, a.dtype, a.device) for a in args)  # torch's own shapes, dtypes and device
+        return tuple([(a.shape, a.dtype, a.device) for a in args])  # torch's own shapes, dtypes and device
 
     def symbolic_size(self, n):
         if isinstance(n, torch.SymInt):
@@ -124,9 +132,62 @@ class TorchOp(FrontendOp):
             # now, this object keeps running its own (eagerly, as an autograd.Function)
             results = _Superseded.apply(self, *args)
             return results[0] if len(results) == 1 else results
+        if _plain_eager(args):  # nothing for torch's dispatcher to do: te_grad's kernels directly
+            spec = self.recent(args)
+            if spec is None:
+                spec, sizes = self.bind(*args)
+            else:
+                sizes = NO_SIZES
+            n_out = len(spec.outputs)
+            lean = _lean(spec)
+            if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+                results = _apply_eager((self, spec, sizes, lean), *args)
+            elif lean is not None:
+                results = lean.run_forward(args)[:n_out]
+            else:
+                results = self._run_forward(spec, sizes, args)[:n_out]
+            return results[0] if n_out == 1 else tuple(results)
         n_out = _output_count(self, *args)
         results = self.fwd(*args)
         return results[0] if n_out == 1 else tuple(results[:n_out])
+
+    def _run_forward(self, spec, sizes, args) -> list:
+        """The forward kernel of ``spec`` on ``args`` (bound to ``sizes``): the outputs, then
+        the residuals, as new torch tensors."""
+        kern = spec.vjp.forward
+        if spec.symbolic and not spec.plain_outputs:  # one kernel for every size: it binds them
+            results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
+            kern(*[_numpy(a) for a in args], out=[r.numpy() for r in results])
+            return results
+        if not spec.plain_outputs:  # an output that is an input, or twice the same tensor
+            got = kern(*[_numpy(a) for a in args])
+            got = got if isinstance(got, tuple) else (got,)
+            return [torch.from_numpy(np.array(g)) for g in got]
+        args = [a if a.is_contiguous() else a.contiguous() for a in args]
+        if spec.symbolic:  # the sizes bound from the arguments' shapes, by variable name
+            results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
+            kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results], sizes=sizes.by_name)
+            return results
+        results = [torch.empty(shape, dtype=dt) for shape, dt in _torch_results(spec, kern)]
+        kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
+        return results
+
+    def _run_backward(self, spec, sizes, inputs, residuals, grads, needs) -> list:
+        """The gradients of the inputs in ``needs`` (a tuple of bools, one per input), from
+        the inputs, the residuals of ``spec``'s forward and the outputs' gradients."""
+        vjp = spec.backward_for(needs)
+        if vjp.backward is None:
+            return []
+        args = spec.backward_arguments(vjp, inputs, residuals, grads)
+        kern = vjp.backward
+        args = [a if a.is_contiguous() else a.contiguous() for a in args]
+        if spec.symbolic:
+            results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
+            kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results], sizes=sizes.by_name)
+            return results
+        results = [torch.empty(shape, dtype=dt) for shape, dt in _torch_results(spec, kern)]
+        kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
+        return results
 
     # -- registration ------------------------------------------------------------------------
     def _register(self):
@@ -137,23 +198,7 @@ class TorchOp(FrontendOp):
 
         def forward_impl(*args):
             spec, sizes = op.bind(*args)
-            kern = spec.vjp.forward
-            if spec.symbolic and not spec.plain_outputs:  # one kernel for every size: it binds them
-                results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
-                kern(*[_numpy(a) for a in args], out=[r.numpy() for r in results])
-                return results
-            if not spec.plain_outputs:  # an output that is an input, or twice the same tensor
-                got = kern(*[_numpy(a) for a in args])
-                got = got if isinstance(got, tuple) else (got,)
-                return [torch.from_numpy(np.array(g)) for g in got]
-            args = [a if a.is_contiguous() else a.contiguous() for a in args]
-            results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
-            if spec.symbolic:  # the sizes bound from the arguments' shapes, by variable name
-                kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results],
-                                  sizes=sizes.by_name)
-            else:
-                kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
-            return results
+            return op._run_forward(spec, sizes, args)
 
         def forward_fake(*args):
             spec, sizes = op.bind(*args)  # symbolic sizes give symbolic output shapes
@@ -166,19 +211,7 @@ class TorchOp(FrontendOp):
         def backward_impl(inputs: List[torch.Tensor], residuals: List[torch.Tensor], grads: List[torch.Tensor],
                           needs: List[bool]):
             spec, sizes = op.bind(*inputs)
-            vjp = spec.backward_for(tuple(needs))
-            if vjp.backward is None:
-                return []
-            args = spec.backward_arguments(vjp, inputs, residuals, grads)
-            kern = vjp.backward
-            results = [torch.empty(sizes.shape(t.shape), dtype=_TO_TORCH[t.dtype]) for t in kern.outputs]
-            args = [a if a.is_contiguous() else a.contiguous() for a in args]
-            if spec.symbolic:
-                kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results],
-                                  sizes=sizes.by_name)
-                return results
-            kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
-            return results
+            return op._run_backward(spec, sizes, inputs, residuals, grads, tuple(needs))
 
         def backward_fake(inputs, residuals, grads, needs):
             spec, sizes = op.bind(*inputs)
@@ -209,12 +242,14 @@ class TorchOp(FrontendOp):
 _REGISTERED: Dict[str, "TorchOp"] = {}
 
 
-def _input_gradients(op: "TorchOp", ctx, needs_input_grad, grads, run_backward):
+def _input_gradients(op: "TorchOp", ctx, needs_input_grad, grads, run_backward, spec=None, sizes=None):
     """The gradients of the inputs saved in ``ctx`` from those of the outputs, by
-    ``run_backward(inputs, residuals, output gradients, needs)``."""
+    ``run_backward(inputs, residuals, output gradients, needs)``; ``spec`` and ``sizes``
+    those of the forward call (bound again from the inputs when not given)."""
     tensors = ctx.saved_tensors
     inputs, saved = list(tensors[:ctx.n_in]), list(tensors[ctx.n_in:])
-    spec, sizes = op.bind(*inputs)
+    if spec is None:
+        spec, sizes = op.bind(*inputs)
     needs = spec.needs(needs_input_grad)
     if not any(needs):
         return tuple([None] * ctx.n_in)
@@ -222,6 +257,149 @@ def _input_gradients(op: "TorchOp", ctx, needs_input_grad, grads, run_backward):
     for g, y in zip(list(grads)[:ctx.n_out], spec.outputs):
         heads.append(g if g is not None else torch.zeros(sizes.shape(y.shape), dtype=_TO_TORCH[y.dtype]))
     return spec.spread(run_backward(inputs, saved, heads, list(needs)), needs)
+
+
+def _torch_results(spec, kern) -> list:
+    """``(shape, torch dtype)`` of the outputs of ``kern``, a kernel of the exact (not
+    symbolic) ``spec``: worked out once per kernel and kept with the spec."""
+    got = spec.frontend_cache.get(id(kern))
+    if got is None or got[0] is not kern:
+        got = spec.frontend_cache[id(kern)] = (kern, [(tuple(int(n) for n in t.shape), _TO_TORCH[t.dtype])
+                                                     for t in kern.outputs])
+    return got[1]
+
+
+#: the argument types a call can hand to te_grad's kernels without torch's dispatcher
+#: (a ``Parameter`` disables ``__torch_function__``); any other type goes through it
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_C = torch._C
+
+
+def _plain_eager(args) -> bool:
+    """Whether a call is plain eager PyTorch on plain CPU tensors, so that running the kernels
+    directly (:class:`_Eager`) does what torch's dispatcher would: not traced by
+    ``torch.compile`` or ``torch.jit``, no ``TorchDispatchMode`` / ``TorchFunctionMode`` and no
+    ``torch.func`` transform (vmap, grad) active, every argument a strided CPU tensor whose
+    type is ``torch.Tensor`` (or ``Parameter``: no subclass, ``FakeTensor``, meta tensor).
+    Anything else goes through ``torch.ops`` as before."""
+    if torch.compiler.is_compiling():  # first: Dynamo reads it as True and traces nothing below
+        return False
+    for a in args:
+        if type(a) not in _PLAIN_TYPES or not a.is_cpu or a.layout is not torch.strided:
+            return False
+    return not (_C._len_torch_dispatch_stack() or _C._len_torch_function_stack()
+                or _C._are_functorch_transforms_active() or _C._get_tracing_state() is not None)
+
+
+class _Lean:
+    """What an eager call of an exact spec whose forward kernel writes distinct outputs
+    (``Spec.plain_outputs``) works out once and reuses: the kernels, the shapes and torch dtypes
+    of their results, where each saved value sits among the forward's results and, per
+    backward mask, where each argument of the backward kernel comes from."""
+
+    def __init__(self, spec):  # kept by the spec: holds no reference to it (no cycle through the kernels)
+        self.forward = spec.vjp.forward
+        self.results = _torch_results(spec, self.forward)
+        self.n_out = len(spec.outputs)
+        self.n_saved = len(spec.vjp.saved)
+        n_res = len(self.results) - self.n_out
+        self.saved = spec.saved_from(range(self.n_out), range(self.n_out, self.n_out + n_res))
+        self._backward = {}  # ctx.needs_input_grad -> (needs, kernel, argument positions, results)
+
+    def run_forward(self, args) -> list:
+        args = [a if a.is_contiguous() else a.contiguous() for a in args]
+        results = [torch.empty(shape, dtype=dt) for shape, dt in self.results]
+        self.forward.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
+        return results
+
+    def backward_plan(self, spec, requested: tuple) -> tuple:
+        got = self._backward.get(requested)
+        if got is None:
+            needs = spec.needs(requested)
+            vjp = spec.backward_for(needs) if any(needs) else None
+            kern = None if vjp is None else vjp.backward
+            if kern is None:
+                got = (needs, None, (), ())
+            else:
+                n_in = len(spec.inputs)
+                positions = spec.backward_arguments(vjp, range(self.n_saved, self.n_saved + n_in),
+                                                    range(self.n_saved),
+                                                    range(self.n_saved + n_in, self.n_saved + n_in + self.n_out))
+                got = (needs, kern, positions, _torch_results(spec, kern))
+            self._backward[requested] = got
+        return got
+
+    def run_backward(self, spec, ctx, grads) -> tuple:
+        """The input gradients of :meth:`torch.autograd.Function.backward` (``None`` for the
+        inputs that need none), from the tensors saved in ``ctx`` (inputs, then residuals)."""
+        needs, kern, positions, shapes = self.backward_plan(spec, ctx.needs_input_grad[1:])
+        if kern is None:
+            return tuple([None] * len(needs))
+        tensors = ctx.saved_tensors
+        n_in = len(needs)
+        values = list(tensors[n_in:]) + list(tensors[:n_in])
+        for g, (shape, dt) in zip(grads[:self.n_out], self.results):
+            values.append(g if g is not None else torch.zeros(shape, dtype=dt))
+        args = [values[k] for k in positions]
+        args = [a if a.is_contiguous() else a.contiguous() for a in args]
+        results = [torch.empty(shape, dtype=dt) for shape, dt in shapes]
+        kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
+        return spec.spread(results, needs)
+
+
+def _lean(spec):
+    """The :class:`_Lean` of ``spec`` (made once), or ``None`` when it has size variables or
+    a forward kernel whose outputs are not distinct new tensors."""
+    got = spec.frontend_cache.get(_Lean)
+    if got is None:
+        got = spec.frontend_cache[_Lean] = _Lean(spec) if not spec.symbolic and spec.plain_outputs else False
+    return got or None
+
+
+class _Eager(torch.autograd.Function):
+    """A plain eager call (:func:`_plain_eager`) that needs gradients: the forward kernel run
+    directly (the spec and sizes bound once, by the call), and the backward kernel from the
+    residuals it saved, with the same spec. A backward that builds a graph itself
+    (``create_graph=True``) goes through ``NAME_bwd``, as a call through the dispatcher does."""
+
+    @staticmethod
+    def forward(ctx, call, *args):
+        op, spec, sizes, lean = call
+        results = op._run_forward(spec, sizes, args) if lean is None else lean.run_forward(args)
+        n_out = len(spec.outputs)
+        if lean is None:
+            ctx.save_for_backward(*args, *spec.saved_from(results[:n_out], results[n_out:]))
+        else:
+            ctx.save_for_backward(*args, *[results[k] for k in lean.saved])
+        ctx.call, ctx.n_in, ctx.n_out = call, len(args), n_out
+        return tuple(results[:n_out])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, spec, sizes, lean = ctx.call
+        if torch.is_grad_enabled() and _REGISTERED.get(op.name) is op:  # create_graph: as the dispatcher does
+            run = op.bwd
+        elif lean is not None:
+            return (None,) + lean.run_backward(spec, ctx, grads)
+        else:
+            def run(inputs, residuals, heads, needs):
+                return op._run_backward(spec, sizes, inputs, residuals, heads, tuple(needs))
+        return (None,) + _input_gradients(op, ctx, ctx.needs_input_grad[1:], grads, run, spec, sizes)
+
+
+def _apply_eager(call, *args):
+    """``_Eager.apply(call, *args)``. ``Function.apply`` binds default arguments for a
+    ``setup_context`` (``_Eager`` has none), hands over to ``torch.func`` when a transform is
+    active (:func:`_plain_eager` saw none) and otherwise unwraps dead ``torch.func`` wrappers
+    and calls the C++ ``apply``: that last step is all that is left to do here."""
+    return _C_APPLY(call, *[_UNWRAP(a) for a in args])
+
+
+try:
+    _C_APPLY = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Eager)
+    _UNWRAP = torch._C._functorch.unwrap_if_dead
+except (AttributeError, KeyError):  # a PyTorch without them: the public path
+    _apply_eager = _Eager.apply  # noqa: F811
 
 
 class _Superseded(torch.autograd.Function):

@@ -9,7 +9,8 @@ not depend on the framework lives here:
   te_grad dtypes, with the framework's dtypes read through the table :attr:`FrontendOp.dtypes`)
   and the :class:`Spec` of that key, from a bounded :class:`SpecCache` (``max_shapes``,
   least recently used dropped first) behind an optional fast path keyed by the
-  framework's own shape objects;
+  framework's own shape objects (and :meth:`FrontendOp.recent`: the spec of the op's
+  previous call, when a call has its fast key and it was exact);
 - :class:`Spec`: the te_grad graph of one key (placeholders of those shapes and dtypes,
   ``fn``), its VJP kernels built on first use (:func:`te_grad.build_vjp`), the backward
   kernels for each subset of inputs that need a gradient (the backward mask), the order of
@@ -241,9 +242,13 @@ class Spec:
         #: per input: whether it can have a gradient (float inputs; integer ids get none)
         self.differentiable = [dtypes.is_float(x.dtype) for x in self.inputs]
         self._plain_outputs = None
+        self._saved_order = None  # per saved tensor: its position among the forward's results
+        self._argument_plans: Dict[int, tuple] = {}  # id(vjp) -> (vjp, positions of its backward's arguments)
         self._vjp = None
         self._backward: Dict[tuple, object] = {}
         self._lock = threading.Lock()
+        #: what a frontend works out once per spec and keeps with it (its own keys)
+        self.frontend_cache: Dict[Hashable, object] = {}
 
     def _build_vjp(self, wrt, save):
         from ..residuals import build_vjp
@@ -277,8 +282,13 @@ class Spec:
     def saved_from(self, outputs, residuals) -> list:
         """The saved values in the VJP's ``saved`` order, from the forward kernel's results
         (``outputs``, then ``residuals``; an output that is saved appears once, as an output)."""
-        by_id = {id(t): v for t, v in zip(self.outputs + self.vjp.residuals, list(outputs) + list(residuals))}
-        return [by_id[id(t)] for t in self.vjp.saved]
+        order = self._saved_order
+        if order is None:  # where each saved value sits among the results, worked out once
+            vjp = self.vjp
+            by_id = {id(t): k for k, t in enumerate(self.outputs + vjp.residuals)}
+            order = self._saved_order = [by_id[id(t)] for t in vjp.saved]
+        values = list(outputs) + list(residuals)
+        return [values[k] for k in order]
 
     def needs(self, requested: Sequence) -> Tuple[bool, ...]:
         """The backward mask: per input, whether its gradient is computed (``requested`` by
@@ -305,6 +315,22 @@ class Spec:
     def backward_arguments(self, vjp, inputs: Sequence, residuals: Sequence, heads: Sequence) -> list:
         """The arguments of ``vjp.backward`` (``vjp`` from :meth:`backward_for`), from the values
         of all inputs, the residuals in :attr:`vjp`'s ``saved`` order and one head per output."""
+        with self._lock:
+            got = self._argument_plans.get(id(vjp))
+        if got is None or got[0] is not vjp:  # the picks, worked out once on positions
+            n_saved, n_in = len(self.vjp.saved), len(self.inputs)
+            positions = self._pick_arguments(vjp, range(n_saved), range(n_saved, n_saved + n_in),
+                                             range(n_saved + n_in, n_saved + n_in + len(self.outputs)))
+            got = (vjp, positions)
+            with self._lock:
+                self._argument_plans[id(vjp)] = got
+        residuals, inputs, heads = list(residuals), list(inputs), list(heads)
+        if (len(residuals), len(inputs), len(heads)) != (len(self.vjp.saved), len(self.inputs), len(self.outputs)):
+            return self._pick_arguments(vjp, residuals, inputs, heads)  # its own message for a wrong count
+        values = residuals + inputs + heads
+        return [values[k] for k in got[1]]
+
+    def _pick_arguments(self, vjp, residuals, inputs, heads) -> list:
         by_tensor = {id(t): r for t, r in zip(self.vjp.saved, residuals)}
         return vjp.backward_arguments([by_tensor[id(t)] for t in vjp.saved], inputs, heads)
 
@@ -342,6 +368,7 @@ class FrontendOp:
         self.threads = threads
         self._specs = SpecCache(max_shapes, on_evict=self._forget)
         self._seen: Dict[Hashable, Spec] = {}  # fast keys (the framework's own shape objects) -> spec
+        self._last: Optional[tuple] = None  # (fast key, spec) of the most recent exact call (recent())
         where = "" if self.label == fn_name else f"{self.label}: "
         #: per argument index: its dynamic dimensions (declared, or seen symbolic since)
         self.dynamic: Dict[int, frozenset] = check_dynamic_dims(dynamic_dims, self.names, where)
@@ -415,6 +442,7 @@ class FrontendOp:
             key.append((tuple(pattern), dt))
         if learned:
             self._seen.clear()  # fast keys of exact specs no longer stand for these shapes
+            self._last = None
         return tuple(key), NamedSizes(by_name)
 
     def make_spec(self, key: tuple) -> Spec:
@@ -446,6 +474,8 @@ class FrontendOp:
                 spec = self._specs.get(key, lambda: self.make_spec(key))
                 if fast is not None:
                     self._seen[fast] = spec
+                    # the most recent call: the same fast key next finds this spec, already first in the LRU order
+                    self._last = (fast, spec) if not spec.symbolic else None
             if spec.symbolic:
                 spec.vjp  # noqa: B018 - built now, so a failure on size variables falls back here
         except Exception as e:  # noqa: BLE001 - any failure on size variables: exact kernels instead
@@ -455,11 +485,26 @@ class FrontendOp:
             self._failed.add(key)
             self.static_reason = f"{type(e).__name__}: {e}"
             self._seen.clear()
+            self._last = None
             warnings.warn(f"{self.label}: cannot build on size variables ({self.static_reason}); building "
                           "exact kernels per shape instead", RuntimeWarning, stacklevel=2)
             return self.bind(*args)
         return spec, sizes
 
+    def recent(self, args) -> Optional[Spec]:
+        """The spec of the op's most recent call when ``args`` have its fast key and it was
+        exact (no size variables): :meth:`bind` without its LRU bookkeeping, which that call
+        did. ``None`` otherwise (then :meth:`bind`)."""
+        last = self._last
+        if last is None:
+            return None
+        try:
+            fast = self.fast_key(args)
+        except (AttributeError, TypeError):  # not arrays: bind() says what is wrong
+            return None
+        return last[1] if fast is not None and fast == last[0] else None
+
     def _forget(self, spec: Spec):
+        self._last = None
         for k in [k for k, v in list(self._seen.items()) if v is spec]:
             self._seen.pop(k, None)
