@@ -6,7 +6,10 @@ widest vector units the machine has. Compiled modules are cached by a key made
 of the module's text and the target (triple, CPU, features): in this process
 (at most :func:`cache_limit` engines, ``jit_cache`` of the compile options, least recently used evicted; a kernel keeps
 its own engine alive), and on disk (:mod:`.disk_cache`), where another process
-finds the machine code and skips LLVM altogether.
+finds the machine code and skips LLVM altogether. A kernel's module is compiled in parts, a
+stage function each, cached by the stage's own text (:func:`split_module`): a stage shared by
+kernels or models is compiled once, and the missing parts are compiled side by side by the
+compile workers (:func:`codegen.compile_worker.compile_many`).
 """
 from __future__ import annotations
 

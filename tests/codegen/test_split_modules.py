@@ -118,3 +118,18 @@ def test_split_modules_need_two_stages_and_no_private_definitions():
     assert 'declare i32 @"' + split.parts[0][0] + '"(float* %".1")' in split.glue
     assert jit.split_module(two.replace('define i32 @"stage1_b"', 'define internal i32 @"stage1_b"'),
                             ["run_stages"]) is None
+
+
+def test_the_module_text_is_llvmlites_printing_of_the_module(monkeypatch):
+    from codegen import llvm_module
+    seen = []
+    reprint = llvm_module._module_text
+
+    def checking(module, texts):
+        text = reprint(module, texts)
+        seen.append(text == str(module))
+        return text
+    monkeypatch.setattr(llvm_module, "_module_text", checking)
+    with codegen.compile_options(disk_cache=False):
+        _check(tg.build(*_mlp(16, 32)), 16, 32)
+    assert seen == [True]
