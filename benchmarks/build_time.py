@@ -1,6 +1,6 @@
 """Cold build times and code sizes of models and of ops written in ways that once blew up.
 
-    python benchmarks/build_time.py [--repeat 3]
+    python benchmarks/build_time.py [--repeat 3] [--cases NAME ...] [--warm]
 
 Each case is built in a process of its own with the disk cache off (``TE_GRAD_CACHE=0``),
 after one small warm-up build there (so the compile worker and the thread team already
@@ -17,7 +17,16 @@ kilobytes of the optimized LLVM module (``kern.llvm_ir``) and its functions.
 - ``stencil_16``: 16 unrolled steps of a 5-point Jacobi stencil on 256 x 256, forward and
   gradient with respect to the initial grid;
 - ``conv_s2_pad_stage``: a stride-2 convolution over a separate zero-padding stage,
-  forward and both gradients.
+  forward and both gradients;
+- ``encoder_step``: a 2-layer PyTorch ``nn.TransformerEncoder`` (d_model 64, 4 heads, feed
+  forward 128, sequence 32, batch 8, a linear head to 10 classes) imported with
+  ``te_grad.torch.import_model`` and compiled as a training step (SGD with momentum), the
+  import included;
+- ``resnet18_step``: the same for ResNet-18 of :mod:`import_models` (width 64, 3x32x32
+  input, batch 32).
+
+``--warm`` builds each case twice, in two processes on one fresh disk cache (the cache on):
+the first process fills it (cold), the second builds from it (warm).
 """
 import argparse
 import os
@@ -25,7 +34,7 @@ import subprocess
 import sys
 import time
 
-os.environ["TE_GRAD_CACHE"] = "0"
+os.environ.setdefault("TE_GRAD_CACHE", "0")  # --warm runs its cases with the cache on
 
 import numpy as np  # noqa: E402
 
@@ -75,12 +84,49 @@ def case_digits():
     return trainer.kernels
 
 
+def _imported_step(make, x, classes):
+    import torch
+    import te_grad.torch as tgt
+    torch.manual_seed(0)
+    net = make()
+    model = tgt.import_model(net, (x,))
+    y = tg.placeholder((x.shape[0],), dtype="int64", name="y")
+    trainer = train.Trainer(model, inputs=model.input_placeholders(), targets=[y], loss=nn.softmax_cross_entropy,
+                            optimizer=train.SGD(lr=0.01, momentum=0.9), threads=1, progress=False)
+    trainer.compile()
+    return trainer.kernels
+
+
+def case_encoder():
+    import torch
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+            self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = torch.nn.Linear(64, 10)
+
+        def forward(self, x):
+            return self.head(self.encoder(x).mean(1))
+    return _imported_step(Encoder, torch.randn(8, 32, 64), 10)
+
+
+def case_resnet18():
+    import torch
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from import_models import models
+    return _imported_step(models()["resnet18"][0], torch.randn(32, 3, 32, 32), 10)
+
+
 CASES = {
     "digits_step": case_digits,
     "resize_64_100": case_resize(64, 100),
     "resize_32_100": case_resize(32, 100),
     "stencil_16": case_stencil,
     "conv_s2_pad_stage": case_conv_pad_stage,
+    "encoder_step": case_encoder,
+    "resnet18_step": case_resnet18,
 }
 
 
@@ -101,13 +147,27 @@ def measure(name: str) -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="fresh processes per case; the fastest is reported")
+    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), help="the cases to run (default: all)")
+    parser.add_argument("--warm", action="store_true",
+                        help="cold and warm builds on one fresh disk cache, per case (see above)")
     parser.add_argument("--case", choices=sorted(CASES), help=argparse.SUPPRESS)  # one measurement, in this process
     args = parser.parse_args(argv)
     if args.case:
         print(measure(args.case))
         return
+    if args.warm:
+        import tempfile
+        print(f"{'case':20s} {'cold s':>8s} {'warm s':>8s}")
+        for name in args.cases or CASES:
+            with tempfile.TemporaryDirectory() as cache:
+                env = dict(os.environ, TE_GRAD_CACHE="1", TE_GRAD_CACHE_DIR=cache)
+                cold, warm = (float(subprocess.run([sys.executable, os.path.abspath(__file__), "--case", name],
+                                                   capture_output=True, text=True, check=True, env=env
+                                                   ).stdout.split()[0]) for _ in range(2))
+            print(f"{name:20s} {cold:8.2f} {warm:8.2f}", flush=True)
+        return
     print(f"{'case':20s} {'cold build s':>12s} {'stages':>7s} {'loop lines':>10s} {'LLVM KiB':>9s} {'functions':>9s}")
-    for name in CASES:
+    for name in args.cases or CASES:
         runs = []
         for _ in range(max(1, args.repeat)):
             done = subprocess.run([sys.executable, os.path.abspath(__file__), "--case", name], capture_output=True,

@@ -12,7 +12,9 @@ objects. The compile option ``compile_worker=False`` (``TE_GRAD_COMPILE_WORKER=0
 
 Protocol on the worker's stdin/stdout: an 8-byte little-endian length, then a pickle:
 ``(text, triple, cpu, features)`` in, ``("object", object bytes)`` or ``("error", message)``
-out. (The optimized IR is not sent back: printing a large module costs as much as
+out; ``text`` may be a list of modules, answered by ``("objects", [object bytes, ...])``.
+:func:`compile_many` deals the parts of a module split per stage (:mod:`.jit`) out to
+several workers, which compile them side by side. (The optimized IR is not sent back: printing a large module costs as much as
 optimizing a small one, and a kernel shows it only when asked, by optimizing again.)
 
 The worker runs this file as a script, importing nothing of te_grad (a light process); so
@@ -33,9 +35,21 @@ from typing import Optional
 #: modules a worker compiles before it is replaced (its memory only grows)
 MAX_JOBS = 400
 
-_lock = threading.Lock()
-_worker: Optional[subprocess.Popen] = None
-_jobs = 0
+#: workers that compile the parts of one split module side by side (:func:`compile_many`)
+MAX_WORKERS = 4
+
+
+class _Slot:
+    """One worker process and the lock of its pipe."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.worker: Optional[subprocess.Popen] = None
+        self.jobs = 0
+
+
+_slots = [_Slot()]
+_slots_lock = threading.Lock()
 
 
 def _send(stream, obj):
@@ -69,28 +83,83 @@ def _stop(worker):
         worker.kill()
 
 
-def compile_remote(text: str, triple: str, cpu: str, features: str) -> Optional[bytes]:
-    """The object file from the worker, or None when there is no working worker."""
-    global _worker, _jobs
-    with _lock:
+def _ask(slot: _Slot, request, jobs: int):
+    """The worker of ``slot``'s answer to ``request`` (started or replaced as needed), or None
+    when no worker works."""
+    with slot.lock:
         for attempt in range(2):
             try:
-                if _worker is None or _worker.poll() is not None or _jobs >= MAX_JOBS:
-                    if _worker is not None:
-                        _stop(_worker)
-                    _worker, _jobs = _start(), 0
-                _send(_worker.stdin, (text, triple, cpu, features))
-                answer = _receive(_worker.stdout)
-                _jobs += 1
+                if slot.worker is None or slot.worker.poll() is not None or slot.jobs >= MAX_JOBS:
+                    if slot.worker is not None:
+                        _stop(slot.worker)
+                    slot.worker, slot.jobs = _start(), 0
+                _send(slot.worker.stdin, request)
+                answer = _receive(slot.worker.stdout)
+                slot.jobs += jobs
             except (OSError, EOFError, pickle.UnpicklingError):
-                if _worker is not None:
-                    _worker.kill()
-                _worker = None
+                if slot.worker is not None:
+                    slot.worker.kill()
+                slot.worker = None
                 continue
             if answer[0] == "error":
                 raise RuntimeError(answer[1])
             return answer[1]
     return None
+
+
+def compile_remote(text: str, triple: str, cpu: str, features: str) -> Optional[bytes]:
+    """The object file from the worker, or None when there is no working worker."""
+    return _ask(_slots[0], (text, triple, cpu, features), 1)
+
+
+def parallelism() -> int:
+    """Workers :func:`compile_many` uses: the CPUs this process may run on, at most
+    :data:`MAX_WORKERS`."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cpus))
+
+
+def compile_many(texts, triple: str, cpu: str, features: str, workers: int = None) -> Optional[list]:
+    """The object files of several modules, compiled by up to ``workers`` (default
+    :func:`parallelism`) worker processes side by side, the modules dealt out by size (largest
+    first, each to the least loaded worker); None when a worker cannot be had."""
+    texts = list(texts)
+    n = max(1, min(workers or parallelism(), len(texts)))
+    with _slots_lock:
+        while len(_slots) < n:
+            _slots.append(_Slot())
+    groups = [[] for _ in range(n)]
+    loads = [0] * n
+    for k in sorted(range(len(texts)), key=lambda k: -len(texts[k])):
+        g = loads.index(min(loads))
+        groups[g].append(k)
+        loads[g] += len(texts[k])
+    results = [None] * n
+    errors = []
+
+    def run(g):
+        try:
+            results[g] = _ask(_slots[g], ([texts[k] for k in groups[g]], triple, cpu, features), len(groups[g]))
+        except RuntimeError as err:
+            errors.append(err)
+    threads = [threading.Thread(target=run, args=(g,)) for g in range(1, n)]
+    for t in threads:
+        t.start()
+    run(0)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    if any(r is None for r in results):
+        return None
+    out = [None] * len(texts)
+    for g, ks in enumerate(groups):
+        for k, obj in zip(ks, results[g]):
+            out[k] = obj
+    return out
 
 
 def optimize(llvm, text: str, triple: str, machine, context=None):
@@ -133,8 +202,11 @@ def _serve():
             if key not in machines:
                 machines[key] = llvm.Target.from_triple(triple).create_target_machine(
                     cpu=cpu, features=features, opt=3, jit=True)
-            mod = optimize(llvm, text, triple, machines[key])
-            answer = ("object", machines[key].emit_object(mod))
+            if isinstance(text, list):  # several modules, one object each (compile_many)
+                answer = ("objects", [machines[key].emit_object(optimize(llvm, t, triple, machines[key]))
+                                      for t in text])
+            else:
+                answer = ("object", machines[key].emit_object(optimize(llvm, text, triple, machines[key])))
         except Exception as err:  # noqa: BLE001 - reported to the process that asked
             answer = ("error", f"{type(err).__name__}: {err}")
         _send(stdout, answer)

@@ -4,7 +4,9 @@ Two kinds of entries live in one directory:
 
 - ``obj-<key>``: the machine code LLVM made for a module, keyed by the module's text, the
   target triple, CPU and features, LLVM's version and te_grad's own code: a process that
-  builds the same module again loads the object instead of optimizing and compiling;
+  builds the same module again loads the object instead of optimizing and compiling. A
+  kernel's module is compiled in parts, a stage function each (:func:`codegen.jit.split_module`),
+  so the entries are per stage: a kernel or model sharing a stage with an earlier one loads it;
 - ``build-<key>``: a whole ``tg.build`` (the simplified graph, its stages and the key of
   its object, as JSON: :mod:`.build_codec`), keyed by the exact structure of the graph
   given to ``build`` (see :mod:`te_grad.fingerprint`) and the build options: a second

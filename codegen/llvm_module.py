@@ -51,6 +51,7 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
     functions = []
     compared = compared_tensors(stages)
     bodies: Dict[str, ir.Function] = {}  # a stage function's text, its name left out -> the function
+    texts: Dict[int, str] = {}  # id of a stage function -> its text (printed once: the module reuses it)
     for n, s in enumerate(stages):
         name = f"{prefix}stage{n}_{s.tensor.name}"
         fn = StageEmitter(module, s, name, buffer_index, fast_math, id(s.tensor) in compared,
@@ -65,16 +66,31 @@ def emit_module(stages: Sequence[Stage], buffer_index: Dict[int, int], fast_math
             fn.linkage = "internal"
         # stages that differ only in the buffers they touch (the steps of an unrolled stencil,
         # the layers of a model repeating one shape) share one function: each is compiled once
-        body = str(fn).replace(f'@"{name}"', "@_", 1)
+        text = str(fn)
+        body = text.replace(f'@"{name}"', "@_", 1)
         same = bodies.setdefault(body, fn)
         if same is not fn:
             del module.globals[name]
+        else:
+            texts[id(fn)] = text
         functions.append(same)
     run = _emit_run_stages(module, stages, functions, buffer_index, prefix + RUN_STAGES)
     region = _emit_run_region(module, run, prefix + RUN_REGION)
     if internal:  # an exported kernel runs its regions whole
         region.linkage = "internal"
-    return str(module)
+    return _module_text(module, texts)
+
+
+def _module_text(module: ir.Module, texts: Dict[int, str]) -> str:
+    """``str(module)``, the globals whose text is in ``texts`` (by id) not printed again (a
+    large kernel's functions take seconds to print). The layout is llvmlite's
+    ``Module.__repr__``: header, identified types, globals, metadata."""
+    lines = ['; ModuleID = "%s"' % (module.name,), 'target triple = "%s"' % (module.triple,),
+             'target datalayout = "%s"' % (module.data_layout,), '']
+    lines += [t.get_declaration() for t in module.get_identified_types().values()]
+    lines += [texts.get(id(v)) or str(v) for v in module.globals.values()]
+    lines += module._get_metadata_lines()
+    return "\n".join(lines)
 
 
 def _allow_vectors_of(fn: ir.Function, bits: int):

@@ -35,8 +35,9 @@ def count_compiles(monkeypatch):
     from codegen.team import team
     from codegen.kernel import default_threads
     team(default_threads())  # the thread team's own module, compiled once per process
+    jit.clear_cache()  # modules and parts of earlier tests
     calls = []
-    remote, here = jit._remote, jit._compile_here
+    remote, here, parts = jit._remote, jit._compile_here, jit._compile_parts
 
     def counting_remote(text, key, functions):
         got = remote(text, key, functions)
@@ -47,8 +48,12 @@ def count_compiles(monkeypatch):
     def counting_here(text, key, functions):
         calls.append(key)
         return here(text, key, functions)
+    def counting_parts(texts):  # a module split per stage: its parts not found in a cache
+        calls.append(texts)
+        return parts(texts)
     monkeypatch.setattr(jit, "_remote", counting_remote)
     monkeypatch.setattr(jit, "_compile_here", counting_here)
+    monkeypatch.setattr(jit, "_compile_parts", counting_parts)
     return calls
 
 
