@@ -53,7 +53,7 @@ from .errors import UserError
 from .ir import Tensor
 from .train.layers import Context, Module, Param, State
 from .frontends.aten import KEEP, RULES
-from .frontends.translate import check_supported, dtype_of, translate, unsupported
+from .frontends.translate import SIZE_FUNCTIONS, check_supported, dtype_of, op_name, translate, unsupported
 
 __all__ = ["import_model", "ImportedModel", "export_program", "coverage"]
 
@@ -290,8 +290,8 @@ def coverage(module: torch.nn.Module, example_inputs, dynamic_batch: bool = True
         ep, _ = export_program(module, example_inputs, training, dynamic_batch)
         for node in ep.graph.nodes:
             if node.op == "call_function":
-                from .frontends.translate import op_name
                 name = op_name(node)
                 counts[name] = counts.get(name, 0) + 1
-    return sorted(((n, c, n in RULES or n in ("getitem", "mul", "add", "sub", "floordiv", "neg"))
+    python = {"getitem"} | {f.__name__ for f in SIZE_FUNCTIONS}  # what the translator does itself
+    return sorted(((n, c, n in RULES or n in python)
                    for n, c in counts.items()), key=lambda r: (-r[1], r[0]))

@@ -30,6 +30,7 @@ from typing import Callable, Dict
 from .. import dsl, dtypes, nn
 from ..errors import UserError
 from ..ir import Tensor
+from ..train.layers import dropout
 
 #: operator name -> rule
 RULES: Dict[str, Callable] = {}
@@ -572,22 +573,7 @@ def _native_dropout(t, x, p, train=True):
         return (x, None)
     if not 0.0 <= p < 1.0:
         raise UserError(f"dropout probability {p} is not in [0, 1)")
-    if ctx.seed is None:
-        raise UserError("dropout in training needs the step's seed (Context.seed)")
-    salt = 7919 * (ctx.dropout_count + 1)
-    ctx.dropout_count += 1
-    keep, scale, seed = 1.0 - p, 1.0 / (1.0 - p), ctx.seed
-
-    def body(*idx):
-        flat = dsl.const(0)
-        for i, n in zip(idx, x.shape):
-            flat = flat * n + i
-        h = (flat * 1103515245 + seed[()] * 12345 + salt) % 2147483648
-        h = (h * 1103515245 + 12345) % 2147483648
-        h = (h * 69069 + 1) % 2147483648
-        u = dsl.cast(x.dtype, h) * (1.0 / 2147483648.0)
-        return dsl.if_then_else(u < keep, x[idx] * scale, dsl.const(0.0, x.dtype))
-    return (dsl.compute(x.shape, body, name="dropout"), None)
+    return (dropout(x, p, ctx), None)
 
 
 # -- transformers, recurrent nets and losses ---------------------------------------------------

@@ -269,24 +269,31 @@ class Dropout(Module):
         self.p = p
 
     def forward(self, x, ctx):
-        if not ctx.training or self.p == 0.0:
-            return x
-        if ctx.seed is None:
-            raise UserError("Dropout needs the training step's seed (Context.seed)")
-        salt = 7919 * (ctx.dropout_count + 1)
-        ctx.dropout_count += 1
-        keep, scale, seed = 1.0 - self.p, 1.0 / (1.0 - self.p), ctx.seed
+        return dropout(x, self.p, ctx)
 
-        def body(*idx):
-            flat = dsl.const(0)
-            for i, n in zip(idx, x.shape):
-                flat = flat * n + i
-            h = (flat * 1103515245 + seed[()] * 12345 + salt) % 2147483648
-            h = (h * 1103515245 + 12345) % 2147483648
-            h = (h * 69069 + 1) % 2147483648
-            u = dsl.cast(x.dtype, h) * (1.0 / 2147483648.0)
-            return dsl.if_then_else(u < keep, x[idx] * scale, dsl.const(0.0, x.dtype))
-        return dsl.compute(x.shape, body, name="dropout")
+
+def dropout(x: Tensor, p: float, ctx: Context) -> Tensor:
+    """``x`` with each element zeroed with probability ``p`` and the rest scaled by ``1 / (1 - p)``
+    in training (``ctx.training``), ``x`` itself otherwise. The mask is a hash of the element's
+    position, the step's seed (``ctx.seed``) and the count of dropouts before it in the step."""
+    if not ctx.training or p == 0.0:
+        return x
+    if ctx.seed is None:
+        raise UserError("Dropout needs the training step's seed (Context.seed)")
+    salt = 7919 * (ctx.dropout_count + 1)
+    ctx.dropout_count += 1
+    keep, scale, seed = 1.0 - p, 1.0 / (1.0 - p), ctx.seed
+
+    def body(*idx):
+        flat = dsl.const(0)
+        for i, n in zip(idx, x.shape):
+            flat = flat * n + i
+        h = (flat * 1103515245 + seed[()] * 12345 + salt) % 2147483648
+        h = (h * 1103515245 + 12345) % 2147483648
+        h = (h * 69069 + 1) % 2147483648
+        u = dsl.cast(x.dtype, h) * (1.0 / 2147483648.0)
+        return dsl.if_then_else(u < keep, x[idx] * scale, dsl.const(0.0, x.dtype))
+    return dsl.compute(x.shape, body, name="dropout")
 
 
 class Sequential(Module):
