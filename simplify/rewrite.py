@@ -26,6 +26,7 @@ names it.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from te_grad.graph import topo_order
@@ -149,7 +150,9 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset(),
                    fallbacks: Optional[List[Tuple[str, str]]] = None) -> Dict[int, Tensor]:
     """Simplified versions of every tensor behind ``tensors``: ``{id(old): new}``.
 
-    Tensors whose id is in ``keep`` are left exactly as they are (and never inlined).
+    Tensors whose id is in ``keep`` are neither rewritten nor inlined; their reads follow
+    the rewrites of their producers (a kept tensor whose producers are all kept stays the
+    same object).
     ``fallbacks`` (a list) receives ``(tensor name, reason)`` for each reduction that
     kept a form correct by construction because no simplification passed validation.
     """
@@ -166,8 +169,11 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset(),
     inline: Dict[int, Tensor] = {}
     summand_readers = _summand_readers(order)
     for t in order:
-        if id(t) in keep or isinstance(t.op, PlaceholderOp):
+        if isinstance(t.op, PlaceholderOp):
             new[id(t)] = t
+            continue
+        if id(t) in keep:  # not rewritten nor inlined, but it reads its producers' new forms
+            new[id(t)] = _redirected(t, new)
             continue
         if isinstance(t.op, ScatterOp):  # already in its final form: only its reads follow the rewrites
             new[id(t)] = replace_tensors([t], {k: v for k, v in new.items() if v is not None})[id(t)]
@@ -197,6 +203,17 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset(),
         if _inlinable(t, out, reads, outputs) and _single_summand_reader(t, summand_readers):
             inline[id(out)] = out
     return new
+
+
+def _redirected(t: Tensor, new: Dict[int, Tensor]) -> Tensor:
+    """``t`` with its reads retargeted to the rewritten forms of its producers (the same object
+    when none changed). A kept tensor that went on reading the old forms would keep the whole
+    unsimplified graph behind it alive: a model's forward computed twice, once with its guards."""
+    if not any(new.get(id(x), x) is not x for x in t.op.inputs()):
+        return t
+    if isinstance(t.op, ScatterOp):
+        return replace_tensors([t], {k: v for k, v in new.items() if v is not None})[id(t)]
+    return Tensor(t.name, t.shape, t.dtype, replace(t.op, body=Redirect(new, {}).visit(t.op.body)))
 
 
 def _summand_readers(order: List[Tensor]) -> Dict[int, Tuple[Tensor, Read]]:
