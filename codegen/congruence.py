@@ -74,6 +74,8 @@ def moduli(axes: Sequence[Var], shape: Sequence[int], exprs: Sequence[Optional[E
         if not ms or any(a is x for x in exclude):
             continue
         m = math.lcm(*ms)
+        if isinstance(n, Expr):  # an extent known at run time is never split into classes
+            continue
         if 1 < m <= MAX_MODULUS and n % m == 0 and total * m <= MAX_CLASSES:
             out[id(a)] = m
             total *= m
@@ -99,7 +101,7 @@ def class_views(axes: Sequence[Var], shape: Sequence[int], mods: Dict[int, int])
         mapping = {a: normalize(e) for a, e in mapping.items()}
         views.append(ClassView(
             [new_axes.get(id(a), a) for a in axes],
-            [n // mods.get(id(a), 1) for a, n in zip(axes, shape)],
+            [n // mods[id(a)] if id(a) in mods else n for a, n in zip(axes, shape)],
             [mapping.get(a, a) for a in axes],
             mapping))
     return views
@@ -118,7 +120,8 @@ def reduce_axes_in_class(red_axes: Sequence[ReduceAxis], value: Expr, cond: Opti
     linear function of the output loops shifted to start at 0 (so that reads step with
     the output loops and the bounds become constant inside the domain)."""
     loop_ids = {id(a) for a in view.axes}
-    ranges = {id(a): (0, n - 1) for a, n in zip(view.axes, view.shape)}
+    # a run-time extent has no range: what it decides stays as written
+    ranges = {id(a): (0, n - 1) for a, n in zip(view.axes, view.shape) if not isinstance(n, Expr)}
     rename: Dict[Var, Expr] = dict(view.mapping)
     axes: List[ReduceAxis] = []
     for r in red_axes:
@@ -193,14 +196,16 @@ def split_classes(stage: Stage) -> Stage:
     Promises: the classes partition the output domain and each element's terms are the
     same (``j = m*a + p`` substituted and folded exactly, see :mod:`simplify.linear`)."""
     def split(n: Nest):
-        full = n.whole_outputs() if n.accumulates else None
+        full = n.whole_outputs(sizes=True) if n.accumulates else None
         if full is None:
             return None
         axes, shape = full
         red_axes, value, cond = n.reductions, n.store.value, n.cond
+        mods = class_moduli(axes, shape, red_axes, value, cond, stage.parallel_axis)
+        if not mods and any(isinstance(e, Expr) for e in shape):
+            return None  # extents known at run time and no classes: the nest stays as it is
         out = []
-        for view in class_views(axes, shape, class_moduli(axes, shape, red_axes, value, cond,
-                                                            stage.parallel_axis)):
+        for view in class_views(axes, shape, mods):
             if view.mapping:
                 axes_c, value_c, cond_c = reduce_axes_in_class(red_axes, value, cond, view)
             else:
@@ -209,7 +214,8 @@ def split_classes(stage: Stage) -> Stage:
                 if not cond_c.value:
                     continue  # the class receives nothing from this term
                 cond_c = None
-            loops = tuple(Loop(a, dsl.const(0), dsl.const(m), ()) for a, m in zip(view.axes, view.shape)) + \
+            loops = tuple(Loop(a, dsl.const(0), m if isinstance(m, Expr) else dsl.const(m), ())
+                          for a, m in zip(view.axes, view.shape)) + \
                 tuple(Loop(r, r.lo, r.hi, ()) for r in axes_c)
             out.append(Nest(loops, cond_c, replace(n.store, indices=tuple(view.store), value=value_c)).stmt())
         return out

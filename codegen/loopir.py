@@ -40,6 +40,7 @@ from te_grad.graph import reads_in
 from te_grad.ir import Const, Expr, Read, ReduceAxis, Tensor, Var
 from te_grad.ops import reduction
 from te_grad.printer import ExprPrinter, Namer
+from te_grad.sizes import is_size_expr
 
 
 # -- loop kinds -------------------------------------------------------------------------------
@@ -407,13 +408,15 @@ class Nest:
     def accumulates(self) -> bool:
         return self.store.combine is not None
 
-    def whole_outputs(self) -> Optional[Tuple[List[Var], List[int]]]:
+    def whole_outputs(self, sizes: bool = False) -> Optional[Tuple[List[Var], list]]:
         """``(axes, extents)`` of the output loops when each runs over ``[0, extent)`` (a whole
-        output domain, before it is cut into pieces), else None."""
+        output domain, before it is cut into pieces), else None. With ``sizes`` an extent may
+        be a size expression (known at run time), returned as that expression."""
         outs = [lp for lp in self.loops if not isinstance(lp.var, ReduceAxis)]
-        if any(not (isinstance(lp.lo, Const) and lp.lo.value == 0 and isinstance(lp.hi, Const)) for lp in outs):
+        if any(not (isinstance(lp.lo, Const) and lp.lo.value == 0 and
+                    (isinstance(lp.hi, Const) or (sizes and is_size_expr(lp.hi)))) for lp in outs):
             return None
-        return [lp.var for lp in outs], [int(lp.hi.value) for lp in outs]
+        return [lp.var for lp in outs], [int(lp.hi.value) if isinstance(lp.hi, Const) else lp.hi for lp in outs]
 
     def stmt(self, order: Optional[Sequence[Var]] = None, bounds=None, parallel: Optional[Var] = None) -> Stmt:
         """The nest as one statement: its loops in ``order`` (default: as they are) with

@@ -204,13 +204,15 @@ def _gathered_along_lanes(t: Tensor, red: Reduce, lane: Optional[Var]) -> Option
     reads = reads_in(red.body)
     th = thresholds()
     for b in reads:
-        if b.tensor is t or len(b.indices) < 2 or any(isinstance(n, Expr) for n in b.tensor.shape):
+        if b.tensor is t or len(b.indices) < 2:
             continue
         uses = [any(lane is x for x in free_vars(i)) for i in b.indices]
         if sum(uses) != 1 or uses[-1]:
             continue
         d = uses.index(True)
-        if b.indices[d] is not lane:
+        # the copy may have extents known at run time (a batch read by a weight gradient's sum)
+        # but not along the lanes
+        if b.indices[d] is not lane or isinstance(b.tensor.shape[d], Expr):
             continue
         if any(r is not b and any(lane is x for i in r.indices for x in free_vars(i)) for r in reads):
             continue

@@ -38,6 +38,14 @@ def conv2d(n):
                                                             axis=[c, p, q]), name="Y"), [X, W]
 
 
+def conv2d_tiny(n):
+    """A padded stride-2 convolution of 4 x 4 images (ResNet-18's small layers): its forward
+    and input gradient are cut into pieces and congruence classes along the image axes, the
+    batch of run-time extent running whole in each."""
+    X, W = tg.placeholder((n, 3, 4, 4), name="X"), tg.placeholder((4, 3, 3, 3), name="W")
+    return tg.nn.conv2d(X, W, stride=2, padding=1), [X, W]
+
+
 def softmax(n):
     X = tg.placeholder((n, 10), name="X")
     r, s = tg.reduce_axis(10, "r"), tg.reduce_axis(10, "s")
@@ -71,7 +79,7 @@ def inner_sizes(n):
     return Y, [X, W, V, K]
 
 
-OPS = {"dense": dense, "conv1d": conv1d, "conv2d": conv2d, "softmax": softmax, "layer_norm": layer_norm,
+OPS = {"dense": dense, "conv1d": conv1d, "conv2d": conv2d, "conv2d_tiny": conv2d_tiny, "softmax": softmax, "layer_norm": layer_norm,
        "inner_sizes": inner_sizes}
 
 
@@ -224,3 +232,52 @@ def test_a_weight_gradient_summed_over_the_batch_reads_a_padded_copy():
         h = rng.standard_normal((rows, 4, 6, 6)).astype(np.float32)
         (want,) = tg.evaluate([dW], {X: x, H: h})
         np.testing.assert_allclose(kern(x, h), want, rtol=1e-4, atol=1e-4)
+
+
+def _tiny_images(stride: int):
+    """A padded 3 x 3 convolution of 4 x 4 images with many channels on a batch of run-time
+    extent: its forward, input gradient and weight gradient, and the inputs of each."""
+    n = tg.var("n", min=1)
+    X, W = tg.placeholder((n, 32, 4, 4), name="X"), tg.placeholder((32, 32, 3, 3), name="W")
+    Y = tg.nn.conv2d(X, W, stride=stride, padding=1)
+    H = tg.placeholder(Y.shape, name="H")
+    (dX,) = tg.gradient(Y, [X], head=H)
+    (dW,) = tg.gradient(Y, [W], head=H)
+    return {"fwd": (Y, [X, W]), "dx": (dX, [W, H]), "dw": (dW, [X, H])}
+
+
+def _accumulating_bounds(stage):
+    from codegen.loopir import Nest
+    nests = [Nest.of(s) for s in stage.body]
+    return [[(lp.lo, lp.hi) for lp in n.loops if isinstance(lp.var, tg.ir.ReduceAxis)]
+            for n in nests if n is not None and n.accumulates]
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_tiny_images_on_a_run_time_batch_are_scheduled_as_at_fixed_sizes(stride):
+    """ResNet-18's convolutions at CIFAR size with the batch known only at run time: the
+    forward's output is cut into pieces with constant reduce bounds (the batch axis whole in
+    each), a stride-2 input gradient into congruence classes, and the weight gradient reads
+    the input from a copy with the channels last; each runs in register blocks as the
+    fixed-size kernel does, and computes the oracle's values at every batch size."""
+    from te_grad.ir import Const
+    graphs = _tiny_images(stride)
+    for what, (out, inputs) in graphs.items():
+        stages = stages_for([out])
+        # the nests before register blocks and cache tiles make them imperfect
+        plain = stages_for([out], options=CompileOptions(disabled_passes=frozenset({"block_registers", "tile_stage"})))
+        (stage,) = [s for s in plain if s.tensor is out]
+        bounds = _accumulating_bounds(stage)
+        if what == "dx" and stride == 2:
+            assert len(bounds) > 1, what  # congruence classes, not one nest with alternating bounds
+        if what == "fwd":  # pieces (or a zero-padded copy): constant bounds, not max/min of the output axes
+            assert any(all(isinstance(e, Const) for b in nest for e in b) for nest in bounds)
+        if what == "dw":
+            assert any(s.tensor.name.endswith("_packed") and s.tensor.shape[0] is inputs[0].shape[0]
+                       for s in stages), "the input copied with its channels last, the batch whole"
+        with codegen.compile_options(disk_cache=False):
+            kern = tg.build([out], inputs)
+        assert "in vector registers" in kern.loops, what
+        for size in (1, 3, 9):
+            feed = _feed(inputs, size)
+            _check([kern(*feed.values())], tg.evaluate([out], feed), f"{what} at n={size}")
