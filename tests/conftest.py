@@ -3,7 +3,8 @@
 - The IR verifier runs between the stages of every pipeline the tests drive
   (``TE_GRAD_VERIFY=1``, see ``te_grad/verify.py``).
 - The persistent kernel cache writes into a fresh temporary directory.
-- ``TE_GRAD_REQUIRE_ALL=1`` (set by CI) turns every skipped test into a failure:
+- ``TE_GRAD_REQUIRE_ALL=1`` (set by CI) turns every skipped test, and every file skipped
+  whole at collection, into a failure:
   the tests of optional parts (PyTorch, JAX, cross-compilation) may skip on a
   developer's machine that lacks them, never in CI.
 - Where tests skipped for a missing optional package, the run ends with one line
@@ -43,6 +44,18 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.longrepr = f"skipped in CI, where every test must run: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A whole file skipped at collection (``pytest.importorskip`` at module level) fails
+    too under ``TE_GRAD_REQUIRE_ALL=1``: the item hook above never sees such a skip."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("TE_GRAD_REQUIRE_ALL") == "1":
+        report.outcome = "failed"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.longrepr = f"{collector.nodeid} skipped in CI, where every test must run: {reason}"
 
 
 #: optional packages the tests import, and the extra of setup.cfg that installs each
