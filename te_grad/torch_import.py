@@ -180,6 +180,20 @@ class ImportedModel(Module):
                     self._state(target, ep.constants[target])
                 elif kind not in ("USER_INPUT",):
                     raise UserError(f"import_model: program input {spec.arg.name} of kind {kind} is not supported")
+        refused = self._refusals()
+        if refused:
+            raise UserError(f"import_model({self.module_name}): {len(refused)} use(s) of ATen operators te_grad "
+                            "translates but not as written here:\n  " + "\n  ".join(refused))
+
+    def _refusals(self) -> List[str]:
+        """Every use of an operator whose rule refuses it as written, in either mode (a trial
+        translation on placeholders of the example shapes)."""
+        found: List[str] = []
+        for training in (True, False):
+            xs = self.input_placeholders()
+            self._translate(xs, Context(training=training, seed=dsl.placeholder((), dtype="int64", name="seed")),
+                            found)
+        return list(dict.fromkeys(found))
 
     def _param(self, name, value: torch.Tensor):
         if name in self._params:
@@ -222,6 +236,9 @@ class ImportedModel(Module):
         *xs, ctx = args
         if len(xs) != self.num_inputs:
             raise UserError(f"{self.module_name} takes {self.num_inputs} input(s), got {len(xs)}")
+        return self._translate(xs, ctx)
+
+    def _translate(self, xs, ctx, refusals: Optional[List[str]] = None):
         ep = self.programs[bool(ctx.training)]
         sig = ep.graph_signature
         inputs = {}
@@ -239,7 +256,8 @@ class ImportedModel(Module):
                 if not isinstance(x, Tensor):
                     raise UserError(f"{self.module_name}: input {name} must be a te_grad tensor, got {x!r}")
                 inputs[name] = x
-        outs = translate(ep.graph.nodes, inputs, RULES, ctx, where=f"import_model({self.module_name})")
+        outs = translate(ep.graph.nodes, inputs, RULES, ctx, where=f"import_model({self.module_name})",
+                         refusals=refusals)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         results = []
         for spec, value in zip(sig.output_specs, outs):

@@ -20,8 +20,10 @@ disagrees with PyTorch on a shape fails at the node, naming it, rather than comp
 number further on.
 
 Before anything is built, :func:`unsupported` lists every node whose operator has no rule,
-with the line of model source it came from (``meta["stack_trace"]``): an import is
-complete or refused whole, never partial.
+with the line of model source it came from (``meta["stack_trace"]``), and a trial walk
+with ``refusals`` collects every node whose rule refuses its arguments (a 1-D convolution,
+a pooling option te_grad does not take), each with its reason: an import is complete or
+refused whole, never partial.
 """
 from __future__ import annotations
 
@@ -109,10 +111,14 @@ class Translator:
     operator table (:data:`te_grad.frontends.aten.RULES`); ``context`` is what rules with
     side information read (the dropout seed and mode: :class:`te_grad.train.Context`)."""
 
-    def __init__(self, rules: Mapping[str, Callable], context=None, where: str = "import"):
+    def __init__(self, rules: Mapping[str, Callable], context=None, where: str = "import",
+                 refusals: Optional[List[str]] = None):
         self.rules = rules
         self.context = context
         self.where = where
+        #: when a list, a rule's refusal is recorded there and the node gets a stand-in of its
+        #: recorded shape and dtype, so that one walk finds every refusal of a graph
+        self.refusals = refusals
         self.values: Dict[str, object] = {}
         self.symbols: Dict[object, object] = {}    # sympy symbol -> te_grad size (int or size expression)
         self.node = None                           # the node being translated (for rules' messages)
@@ -225,9 +231,25 @@ class Translator:
             out = rule(self, *args, **kwargs)
         except UserError as e:
             where = source_line(node)
+            if self.refusals is not None:
+                stand_in = self._stand_in(node.meta.get("val"), node.name)
+                if stand_in is not None:
+                    self.refusals.append(f"{name} (" + (f"at {where}" if where else f"node {node.name}") + f"): {e}")
+                    return stand_in
             raise UserError(f"{self.where}: {name} at node {node.name}"
                             + (f" ({where})" if where else "") + f": {e}") from None
         return self._checked(node, name, out)
+
+    def _stand_in(self, val, name: str):
+        """A placeholder of the recorded shape and dtype ``val`` (a fake tensor, or a tuple of
+        them), None if there is none."""
+        if isinstance(val, (tuple, list)):
+            parts = [None if v is None else self._stand_in(v, f"{name}_{k}") for k, v in enumerate(val)]
+            return None if any(p is None and v is not None for p, v in zip(parts, val)) else type(val)(parts)
+        shape, dtype = getattr(val, "shape", None), dtype_of(getattr(val, "dtype", None))
+        if shape is None or dtype is None:
+            return None
+        return dsl.placeholder(tuple(self.size(d) for d in shape), dtype=dtype, name=f"{name}_refused")
 
     def _checked(self, node, name, out):
         val = node.meta.get("val")
@@ -274,9 +296,11 @@ def _hint(v):
 
 
 def translate(nodes: Sequence, inputs: Mapping[str, object], rules: Mapping[str, Callable], context=None,
-              where: str = "import"):
-    """Translate a whole graph: ``inputs`` gives each placeholder (by name) its value."""
-    t = Translator(rules, context, where)
+              where: str = "import", refusals: Optional[List[str]] = None):
+    """Translate a whole graph: ``inputs`` gives each placeholder (by name) its value. With
+    ``refusals`` (a list) every rule's refusal is appended there (``op (source line): why``)
+    and the walk goes on past it (see :class:`Translator`)."""
+    t = Translator(rules, context, where, refusals)
     nodes = list(nodes)
     check_supported(nodes, rules, where)
     for node in nodes:

@@ -330,6 +330,32 @@ def test_every_unsupported_operator_is_listed_with_its_source_line():
     assert "import_model(TwoUnsupported)" in msg
 
 
+class TwoRefused(nn.Module):
+    """Operators te_grad translates, used in ways its rules refuse: a 1-D convolution and an
+    average pool with a divisor override."""
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(2, 4, 3)
+        self.pool = nn.AvgPool2d(2, divisor_override=3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.pool(y.unsqueeze(1))
+
+
+def test_every_refused_use_is_listed_at_import_with_its_source_line():
+    """A rule that refuses its arguments refuses the import, with every such use listed (the
+    walk goes on past each), never a model that fails at its first use."""
+    with pytest.raises(UserError) as info:
+        tgt.import_model(TwoRefused(), (torch.randn(3, 2, 8),))
+    msg = str(info.value)
+    assert "import_model(TwoRefused): 2 use(s)" in msg, msg
+    conv = [ln for ln in msg.splitlines() if ln.strip().startswith("aten.convolution")]
+    pool = [ln for ln in msg.splitlines() if ln.strip().startswith("aten.avg_pool2d")]
+    assert len(conv) == 1 and "y = self.conv(x)" in conv[0], msg
+    assert len(pool) == 1 and "return self.pool(y.unsqueeze(1))" in pool[0] and "divisor_override" in pool[0], msg
+
+
 def test_bad_inputs_are_user_errors():
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 4 * 4, 2))
     x = torch.randn(2, 3, 6, 6)
