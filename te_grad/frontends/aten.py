@@ -333,6 +333,22 @@ def _cat(t, tensors, dim=0):
     return nn.concat(tensors, _axis(dim, tensors[0].ndim))
 
 
+@rule("aten.constant_pad_nd.default")
+def _constant_pad_nd(t, x, pad, value=0):
+    """``F.pad`` in constant mode (what ``padding="same"`` with an even kernel emits): ``pad``
+    holds (before, after) pairs from the last axis backwards; ``nn.pad`` with those pairs."""
+    pad = list(pad)
+    if len(pad) % 2 or len(pad) // 2 > x.ndim or not all(is_int(p) for p in pad):
+        raise UserError(f"constant_pad_nd: padding {pad!r} must be (before, after) int pairs for at most "
+                        f"{x.ndim} axes")
+    if any(int(p) < 0 for p in pad):
+        raise UserError(f"constant_pad_nd with a negative padding (a crop) is not translated: {pad!r}")
+    pairs = [(0, 0)] * x.ndim
+    for k in range(len(pad) // 2):
+        pairs[x.ndim - 1 - k] = (int(pad[2 * k]), int(pad[2 * k + 1]))
+    return nn.pad(x, pairs, value)
+
+
 @rule("aten.split_with_sizes.default")
 def _split_with_sizes(t, x, sizes, dim=0):
     d = _axis(dim, x.ndim)
@@ -413,8 +429,12 @@ def _log_softmax(t, x, dim, half_to_float=False):
 # -- convolution, pooling, normalization -------------------------------------------------------
 @rule("aten.convolution.default")
 def _convolution(t, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    if x.ndim == 3 and not transposed:  # nn.Conv1d
+        return nn.conv1d(x, w, bias=b, stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation),
+                         groups=groups)
     if x.ndim != 4:
-        raise UserError(f"only 2-D convolutions are translated here (input rank {x.ndim})")
+        raise UserError(f"only 1-D and 2-D convolutions and 2-D transposed ones are translated here "
+                        f"(input rank {x.ndim}{', transposed' if transposed else ''})")
     if transposed:
         return nn.conv2d_transpose(x, w, stride=tuple(stride), padding=tuple(padding),
                                    output_padding=tuple(output_padding), dilation=tuple(dilation),

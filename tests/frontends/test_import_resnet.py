@@ -307,6 +307,19 @@ def test_batch_norm_momentum_is_pytorchs():
 
 
 # -- refusals --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("conv", [
+    dict(in_channels=3, out_channels=4, kernel_size=3),
+    dict(in_channels=4, out_channels=6, kernel_size=3, stride=2, padding=1, dilation=2, groups=2, bias=False),
+    dict(in_channels=3, out_channels=5, kernel_size=4, padding="same"),
+])
+def test_conv1d_is_pytorchs(conv):
+    """nn.Conv1d imported (a rank-3 aten.convolution as nn.conv1d): the output and the input
+    gradient equal PyTorch's in float64, in both modes."""
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Conv1d(**conv), nn.ReLU(), nn.Conv1d(conv["out_channels"], 2, 1))
+    _grad_check(net, torch.randn(3, conv["in_channels"], 11))
+
+
 class TwoUnsupported(nn.Module):
     def __init__(self):
         super().__init__()
@@ -331,11 +344,11 @@ def test_every_unsupported_operator_is_listed_with_its_source_line():
 
 
 class TwoRefused(nn.Module):
-    """Operators te_grad translates, used in ways its rules refuse: a 1-D convolution and an
-    average pool with a divisor override."""
+    """Operators te_grad translates, used in ways its rules refuse: a 1-D transposed
+    convolution and an average pool with a divisor override."""
     def __init__(self):
         super().__init__()
-        self.conv = nn.Conv1d(2, 4, 3)
+        self.conv = nn.ConvTranspose1d(2, 4, 3)
         self.pool = nn.AvgPool2d(2, divisor_override=3)
 
     def forward(self, x):
