@@ -1,6 +1,6 @@
 """Training steps of PyTorch models imported with ``te_grad.torch.import_model``, against PyTorch.
 
-    python benchmarks/import_models.py [--models resnet18 gpt2 lstm] [--threads 1 2] [--steps 20]
+    python benchmarks/import_models.py [--models resnet18 gpt2 lstm encoder] [--threads 1 2] [--steps 20]
 
 For each model and thread count, in a process of its own (``torch.set_num_threads`` and the
 Trainer's ``threads`` equal), from the same weights and batches:
@@ -21,7 +21,9 @@ Models (random init, no download): ``resnet18`` (torchvision's architecture, wid
 CIFAR-sized 3x32x32 input, 10 classes, batch 32), ``gpt2`` (one GPT-2 block: d_model 128,
 4 heads, seq 64, causal ``scaled_dot_product_attention``, tanh GELU, LM head over 512
 tokens, batch 16), ``lstm`` (``nn.LSTM`` 32 -> 128 over 16 steps, a linear head to 10
-classes, batch 32).
+classes, batch 32), ``encoder`` (a 2-block ``nn.TransformerEncoder``: d_model 128, 4 heads,
+feed-forward 512 with exact GELU, sequence 64, batch 16, a mean over the sequence and a
+linear head to 10 classes).
 """
 import argparse
 import json
@@ -110,8 +112,23 @@ def models():
             out, _ = self.lstm(x)
             return self.head(out[:, -1])
 
+    class Encoder(nn.Module):
+        """The 2-block transformer encoder of the "fast on whole models" measure, as a PyTorch
+        user writes it: nn.TransformerEncoder, d_model 128, 4 heads, feed-forward 512 with exact
+        GELU, post-norm layer norms, a mean over the sequence and a linear head."""
+        def __init__(self, d=128, heads=4, ff=512, classes=10):
+            super().__init__()
+            layer = nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, activation="gelu", batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = nn.Linear(d, classes)
+
+        def forward(self, x):
+            return self.head(self.encoder(x).mean(1))
+
     g = torch.Generator().manual_seed(0)
     return {
+        "encoder": (lambda: Encoder(), lambda b: (torch.randn(b, 64, 128, generator=g),),
+                    lambda b: torch.randint(0, 10, (b,), generator=g), 16),
         "resnet18": (lambda: ResNet18(), lambda b: (torch.randn(b, 3, 32, 32, generator=g),),
                      lambda b: torch.randint(0, 10, (b,), generator=g), 32),
         "gpt2": (lambda: GPT2Block(), lambda b: (torch.randint(0, 512, (b, 64), generator=g),),
@@ -192,7 +209,7 @@ def child(name, threads, steps, warm_only):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["resnet18", "gpt2", "lstm"])
+    ap.add_argument("--models", nargs="+", default=["resnet18", "gpt2", "lstm", "encoder"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
