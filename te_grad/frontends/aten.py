@@ -369,14 +369,71 @@ def _split(t, x, size, dim=0):
 
 
 # -- linear algebra ----------------------------------------------------------------------------
+def _view_source(x: Tensor):
+    """``(source, index)`` with ``x[i] == source[index(i)]`` for every ``i``, following ``x``
+    back through views that only broadcast, permute or insert unit axes (expand, transpose,
+    permute, unsqueeze: a body that is one read whose indices are ``x``'s own axes or 0); ``x``
+    itself with the identity when it is no such view."""
+    from ..ir import ComputeOp, Const, Read, Var
+    index = None  # None: the identity
+
+    def compose(outer, inner_indices, axes):
+        def at(i):
+            i = outer(i) if outer is not None else tuple(i)
+            where = {id(a): v for a, v in zip(axes, i)}
+            return tuple(where[id(e)] if isinstance(e, Var) else e for e in inner_indices)
+        return at
+
+    while isinstance(x.op, ComputeOp) and isinstance(x.op.body, Read):
+        body, axes = x.op.body, x.op.axes
+        ids = {id(a) for a in axes}
+        if not all((isinstance(e, Var) and id(e) in ids) or (isinstance(e, Const) and e.value == 0)
+                   for e in body.indices) or body.tensor.dtype != x.dtype:
+            break
+        index = compose(index, body.indices, axes)
+        x = body.tensor
+    return x, (index if index is not None else tuple)
+
+
+def _contraction(a: Tensor, b: Tensor, name: str) -> Tensor:
+    """``out[..., i, j] = sum_k a[..., i, k] * b[..., k, j]`` over equal leading (batch) axes,
+    reading ``a`` and ``b`` through their broadcast and permutation views: a weight expanded
+    along the batch of ``bmm`` (PyTorch's multi-head attention projections) is then read
+    where it is, and its gradient is one contraction over every batch row instead of a
+    gradient of the expanded tensor summed over the batch afterwards."""
+    sa, ia = _view_source(a)
+    sb, ib = _view_source(b)
+    k = dsl.reduce_axis((0, a.shape[-1]), name="k")
+    shape = tuple(a.shape[:-1]) + (b.shape[-1],)
+
+    def body(*o):
+        lead, i, j = o[:-2], o[-2], o[-1]
+        return dsl.sum(sa[ia(lead + (i, k))] * sb[ib(lead + (k, j))], axis=k)
+    return dsl.compute(shape, body, name=name)
+
+
+def _folds_views(a: Tensor, b: Tensor) -> bool:
+    return _view_source(a)[0] is not a or _view_source(b)[0] is not b
+
+
+def _same(m, n) -> bool:
+    """Two extents (ints or size expressions) are the same."""
+    from ..ir import Expr, structurally_equal
+    if isinstance(m, Expr) or isinstance(n, Expr):
+        return isinstance(m, Expr) and isinstance(n, Expr) and structurally_equal(m, n)
+    return int(m) == int(n)
+
+
 @rule("aten.mm.default")
 def _mm(t, a, b):
+    if a.ndim == 2 and b.ndim == 2 and _same(a.shape[1], b.shape[0]) and _folds_views(a, b):
+        return _contraction(a, b, "matmul")
     return nn.matmul(a, b)
 
 
 @rule("aten.addmm.default")
 def _addmm(t, c, a, b, beta=1, alpha=1):
-    ab = nn.matmul(a, b)
+    ab = _mm(t, a, b)
     if alpha != 1:
         ab = nn.multiply(ab, alpha)
     if beta == 0:
@@ -386,6 +443,9 @@ def _addmm(t, c, a, b, beta=1, alpha=1):
 
 @rule("aten.bmm.default")
 def _bmm(t, a, b):
+    if a.ndim == 3 and b.ndim == 3 and _same(a.shape[0], b.shape[0]) and _same(a.shape[2], b.shape[1]) \
+            and _folds_views(a, b):
+        return _contraction(a, b, "batch_matmul")
     return nn.batch_matmul(a, b)
 
 

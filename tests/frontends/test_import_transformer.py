@@ -355,6 +355,54 @@ def test_vit_float64_forward():
     assert rel(trainer.predict(x.numpy()), net(x).detach().numpy()) < 1e-12
 
 
+# -- nn.TransformerEncoder (nn.MultiheadAttention) ------------------------------------------------
+class Encoder(tnn.Module):
+    """PyTorch's own encoder layers, exact GELU, post-norm and pre-norm: its multi-head attention
+    exports as projections through ``expand(weight)`` + ``bmm``."""
+    def __init__(self, d=16, heads=2, ff=24, classes=3, norm_first=False):
+        super().__init__()
+        layer = tnn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, activation="gelu", batch_first=True,
+                                            norm_first=norm_first)
+        self.encoder = tnn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = tnn.Linear(d, classes)
+
+    def forward(self, x):
+        return self.head(self.encoder(x).mean(1))
+
+
+class EncoderLoss(tnn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.net = Encoder(**kw)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.net(x), y)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_forward_float64_and_sgd_steps(norm_first):
+    """nn.TransformerEncoder imported: the evaluation forward equals PyTorch's in float64, 5 SGD
+    steps give PyTorch's losses and weights in float32, and the attention projections read
+    their weights directly (no gradient of an expanded weight summed over the batch)."""
+    torch.manual_seed(6)
+    net = Encoder(norm_first=norm_first).double().eval()
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    model = tgt.import_model(net, (x,))
+    assert rel(mean_trainer(model).predict(x.numpy()), net(x).detach().numpy()) < 1e-12
+    torch.manual_seed(7)
+    loss_net = EncoderLoss(norm_first=norm_first)
+    batches = [(torch.randn(3, 5, 16), torch.randint(0, 3, (3,))) for _ in range(2)]
+    model, trainer = check_training(loss_net, batches, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+                                    train.SGD(lr=0.05, momentum=0.9))
+    xs = model.input_placeholders()
+    out = model(*xs, train.Context(training=True, seed=tg.placeholder((), dtype="int64", name="seed")))
+    # in_proj_weight, out_proj.weight, linear1.weight and linear2.weight of both layers, the head's
+    weights = [p.placeholder for p in model.parameters() if len(p.shape) == 2]
+    assert len(weights) == 9
+    for g in tg.gradient(tg.nn.sum(out), weights):
+        assert "expand" not in tg.show(g).splitlines()[-1] and "transpose" not in tg.show(g).splitlines()[-1]
+
+
 # -- LSTM ------------------------------------------------------------------------------------------
 def test_nn_lstm_with_mse_sum_loss_trains_as_pytorch_with_sgd_momentum():
     torch.manual_seed(6)
