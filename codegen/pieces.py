@@ -84,6 +84,8 @@ def split_interior(axes: Sequence[Var], shape: Sequence, red_axes: Sequence[Redu
                 return same
             probed.append((r, side))
             values.append(got)
+    if not values:  # the bounds use no output axis with an int extent: nothing to cut along
+        return same
     uniform = _uniform_pieces(dep, values, probed, red_axes, full)
     if uniform is not None:
         return uniform

@@ -187,7 +187,9 @@ class ImportedModel(Module):
 
     def _refusals(self) -> List[str]:
         """Every use of an operator whose rule refuses it as written, in either mode (a trial
-        translation on placeholders of the example shapes)."""
+        translation on placeholders of the example shapes: the exact shapes a Trainer falls back
+        to when a step cannot be built on a batch size variable, so what is refused here is
+        refused at every batch)."""
         found: List[str] = []
         for training in (True, False):
             xs = self.input_placeholders()

@@ -232,7 +232,10 @@ class Translator:
         except UserError as e:
             where = source_line(node)
             if self.refusals is not None:
-                stand_in = self._stand_in(node.meta.get("val"), node.name)
+                try:
+                    stand_in = self._stand_in(node.meta.get("val"), node.name)
+                except UserError:  # a recorded size te_grad cannot name: report the refusal itself
+                    stand_in = None
                 if stand_in is not None:
                     self.refusals.append(f"{name} (" + (f"at {where}" if where else f"node {node.name}") + f"): {e}")
                     return stand_in
