@@ -170,9 +170,11 @@ def _translate(inputs, nodes, outputs) -> list:
     for node, value in inputs:
         if value is not None:
             t.bind_placeholder(node, value)
+    members = set(nodes)
     for node, value in inputs:
-        if value is None:
-            t.values[node.name] = _size(t, node.meta.get("val"), next(iter(node.users), node))
+        if value is None:  # a size refused is charged to its first reader inside the partition
+            user = next((u for u in node.users if u in members), node)
+            t.values[node.name] = _size(t, node.meta.get("val"), user)
     for node in nodes:
         if node.op != "call_function":
             continue

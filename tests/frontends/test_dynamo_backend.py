@@ -214,3 +214,45 @@ def test_a_node_its_rule_refuses_falls_back_with_the_reason():
     with torch.no_grad():
         _close(got.numpy(), net(x).numpy(), rtol=1e-5, what="inference")
     assert backend.stats["te_grad_ops"] == 2 and backend.stats["te_grad_calls"] == 2  # conv, then tanh
+
+
+class MHAConv(torch.nn.Module):
+    """nn.MultiheadAttention (its reshapes of a size of run-time extent fall back), a 1-D
+    convolution with padding="same" and a linear head."""
+    def __init__(self):
+        super().__init__()
+        self.att = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        self.conv = torch.nn.Conv1d(8, 8, 4, padding="same")
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        y, _ = self.att(x, x, x)
+        return self.fc(self.conv(y.transpose(1, 2)).transpose(1, 2).mean(1))
+
+
+@pytest.mark.parametrize("mode", [{}, {"dynamic": True}], ids=["default", "dynamic"])
+def test_multihead_attention_at_three_batch_sizes_is_eagers(mode):
+    """Default settings (a static first batch, then symbolic) and dynamic=True, batches 3, 5 and
+    8: the loss and every gradient are eager PyTorch's in float64. A size input of a partition
+    whose first reader lies outside it is charged to a reader inside (it used to end the
+    partitioning with a StopIteration)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = MHAConv().double()
+    twin = copy.deepcopy(net)
+    backend = tgt.Backend()
+    compiled = torch.compile(net, backend=backend, **mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tgt.FallbackWarning)
+        for b in (3, 5, 8):
+            x = torch.randn(b, 6, 8, dtype=torch.float64)
+            losses = []
+            for model in (compiled, twin):
+                model.zero_grad()
+                loss = model(x).square().sum()
+                loss.backward()
+                losses.append(loss.item())
+            assert abs(losses[0] - losses[1]) <= 1e-12 * abs(losses[1])
+            for (name, p), q in zip(net.named_parameters(), twin.parameters()):
+                np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+    assert backend.stats["te_grad_ops"] >= 1
