@@ -545,6 +545,15 @@ def test_attention_dropout_in_training_is_refused_by_name_at_import():
     out = model(xp, train.Context(training=False))
     want = F.scaled_dot_product_attention(q, q, q).numpy()
     assert rel(tg.evaluate([out], {xp: q.numpy()})[0], want) < 1e-6
+    x4 = tg.placeholder((2, 3), name="x4")
+    with pytest.raises(tg.UserError, match="negative padding"):  # a crop
+        _rule("aten.constant_pad_nd.default", x4, [1, -1])
+    with pytest.raises(tg.UserError, match="int pairs for at most 2 axes"):
+        _rule("aten.constant_pad_nd.default", x4, [1, 1, 1])
+    padded = _rule("aten.constant_pad_nd.default", x4, [2, 1], 0.5)
+    a4 = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(tg.evaluate([padded], {x4: a4})[0],
+                                  F.pad(torch.from_numpy(a4), [2, 1], value=0.5).numpy())
     with pytest.raises(tg.UserError, match="scale_grad_by_freq"):
         _rule("aten.embedding.default", tg.placeholder((4, 2), name="w"), tg.placeholder((3,), "int64", name="i"),
               -1, True)

@@ -71,6 +71,10 @@ def test_run_prints_counts_and_the_command_line_works():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 programs (seed 2)" in proc.stdout and "ok" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "te_grad.tools.fuzz", "--programs", "2", "--seed", "2", "--no-compile"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 programs (seed 2)" in proc.stdout
 
 
 #: programs the fuzzer found failing, kept as regression cases (each was fixed at its root)
