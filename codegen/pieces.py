@@ -155,8 +155,8 @@ def _uniform_pieces(dep, values, probed, red_axes, full):
         for r in red_axes:
             lo = [keys[:, m] for m, (q, side) in enumerate(probed) if q is r and side == 0]
             hi = [keys[:, m] for m, (q, side) in enumerate(probed) if q is r and side == 1]
-            lo = lo[0] if lo else _extent(r.lo) if _bound_is_size(r.lo) else 0
-            hi = hi[0] if hi else _extent(r.hi) if _bound_is_size(r.hi) else 1
+            lo = lo[0] if lo else _extent(r.lo) if is_size_expr(r.lo) else 0
+            hi = hi[0] if hi else _extent(r.hi) if is_size_expr(r.hi) else 1
             trips = trips * np.maximum(np.asarray(hi) - np.asarray(lo), 0)
         if float((counts * trips).sum()) * rest / len(keys) < MIN_PIECE_WORK:
             return None
@@ -173,10 +173,6 @@ def _uniform_pieces(dep, values, probed, red_axes, full):
         ranges.update({id(a): b for (a, _), b in zip(dep, box)})
         pieces.append((ranges, _bounds_at(red_axes, probed, key)))
     return pieces
-
-
-def _bound_is_size(b) -> bool:
-    return is_size_expr(b)
 
 
 def _bound(v) -> Expr:

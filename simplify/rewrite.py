@@ -176,7 +176,7 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset(),
             new[id(t)] = _redirected(t, new)
             continue
         if isinstance(t.op, ScatterOp):  # already in its final form: only its reads follow the rewrites
-            new[id(t)] = replace_tensors([t], {k: v for k, v in new.items() if v is not None})[id(t)]
+            new[id(t)] = _redirected(t, new)
             continue
         redirected = solve_reductions(Redirect(new, {}).visit(t.op.body))
         redirected = split_pieces(redirected, t.op.axes, lambda piece, t=t: try_scatter(

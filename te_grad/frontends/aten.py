@@ -31,6 +31,8 @@ from .. import dsl, dtypes, nn
 from ..errors import UserError
 from ..ir import Tensor
 from ..train.layers import dropout
+from ..sizes import same_shape
+from .views import contraction
 
 #: operator name -> rule
 RULES: Dict[str, Callable] = {}
@@ -369,66 +371,11 @@ def _split(t, x, size, dim=0):
 
 
 # -- linear algebra ----------------------------------------------------------------------------
-def _view_source(x: Tensor):
-    """``(source, index)`` with ``x[i] == source[index(i)]`` for every ``i``, following ``x``
-    back through views that only broadcast, permute or insert unit axes (expand, transpose,
-    permute, unsqueeze: a body that is one read whose indices are ``x``'s own axes or 0); ``x``
-    itself with the identity when it is no such view."""
-    from ..ir import ComputeOp, Const, Read, Var
-    index = None  # None: the identity
-
-    def compose(outer, inner_indices, axes):
-        def at(i):
-            i = outer(i) if outer is not None else tuple(i)
-            where = {id(a): v for a, v in zip(axes, i)}
-            return tuple(where[id(e)] if isinstance(e, Var) else e for e in inner_indices)
-        return at
-
-    while isinstance(x.op, ComputeOp) and isinstance(x.op.body, Read):
-        body, axes = x.op.body, x.op.axes
-        ids = {id(a) for a in axes}
-        if not all((isinstance(e, Var) and id(e) in ids) or (isinstance(e, Const) and e.value == 0)
-                   for e in body.indices) or body.tensor.dtype != x.dtype:
-            break
-        index = compose(index, body.indices, axes)
-        x = body.tensor
-    return x, (index if index is not None else tuple)
-
-
-def _contraction(a: Tensor, b: Tensor, name: str) -> Tensor:
-    """``out[..., i, j] = sum_k a[..., i, k] * b[..., k, j]`` over equal leading (batch) axes,
-    reading ``a`` and ``b`` through their broadcast and permutation views: a weight expanded
-    along the batch of ``bmm`` (PyTorch's multi-head attention projections) is then read
-    where it is, and its gradient is one contraction over every batch row instead of a
-    gradient of the expanded tensor summed over the batch afterwards."""
-    sa, ia = _view_source(a)
-    sb, ib = _view_source(b)
-    k = dsl.reduce_axis((0, a.shape[-1]), name="k")
-    shape = tuple(a.shape[:-1]) + (b.shape[-1],)
-
-    def body(*o):
-        lead, i, j = o[:-2], o[-2], o[-1]
-        return dsl.sum(sa[ia(lead + (i, k))] * sb[ib(lead + (k, j))], axis=k)
-    return dsl.compute(shape, body, name=name)
-
-
-def _folds_views(a: Tensor, b: Tensor) -> bool:
-    return _view_source(a)[0] is not a or _view_source(b)[0] is not b
-
-
-def _same(m, n) -> bool:
-    """Two extents (ints or size expressions) are the same."""
-    from ..ir import Expr, structurally_equal
-    if isinstance(m, Expr) or isinstance(n, Expr):
-        return isinstance(m, Expr) and isinstance(n, Expr) and structurally_equal(m, n)
-    return int(m) == int(n)
-
-
 @rule("aten.mm.default")
 def _mm(t, a, b):
-    if a.ndim == 2 and b.ndim == 2 and _same(a.shape[1], b.shape[0]) and _folds_views(a, b):
-        return _contraction(a, b, "matmul")
-    return nn.matmul(a, b)
+    viewed = contraction(a, b, "matmul") if a.ndim == 2 and b.ndim == 2 and same_shape(a.shape[1:], b.shape[:1]) \
+        else None
+    return viewed if viewed is not None else nn.matmul(a, b)
 
 
 @rule("aten.addmm.default")
@@ -443,10 +390,9 @@ def _addmm(t, c, a, b, beta=1, alpha=1):
 
 @rule("aten.bmm.default")
 def _bmm(t, a, b):
-    if a.ndim == 3 and b.ndim == 3 and _same(a.shape[0], b.shape[0]) and _same(a.shape[2], b.shape[1]) \
-            and _folds_views(a, b):
-        return _contraction(a, b, "batch_matmul")
-    return nn.batch_matmul(a, b)
+    viewed = contraction(a, b, "batch_matmul") \
+        if a.ndim == 3 and b.ndim == 3 and same_shape((a.shape[0], a.shape[2]), b.shape[:2]) else None
+    return viewed if viewed is not None else nn.batch_matmul(a, b)
 
 
 # -- reductions --------------------------------------------------------------------------------
@@ -819,15 +765,10 @@ def _reduce_all(op, shape, term, how, divide_by=None):
     return dsl.compute((), lambda: total[()] / dsl.cast(total.dtype, divide_by), name=op)
 
 
-def _same_extents(a, b) -> bool:
-    from ..sizes import same_shape
-    return same_shape(tuple(a), tuple(b))
-
-
 @rule("aten.mse_loss.default")
 def _mse_loss(t, x, y, reduction=1):
     how = _reduction("mse_loss", reduction)
-    if isinstance(y, Tensor) and not _same_extents(x.shape, y.shape):
+    if isinstance(y, Tensor) and not same_shape(tuple(x.shape), tuple(y.shape)):
         raise UserError(f"mse_loss: input shape {list(x.shape)} and target shape {list(y.shape)} differ")
 
     def term(i):

@@ -1,0 +1,62 @@
+"""Matrix products read through views (the importer's ``mm``, ``addmm`` and ``bmm`` rules).
+
+A view that only broadcasts, permutes or inserts unit axes (``expand``, ``transpose``,
+``permute``, ``unsqueeze``: a compute whose body is one read at its own axes or 0) satisfies
+``x[i] == source[index(i)]``. A contraction reading its operands at their sources computes the
+same values, and its gradient with respect to the source is one contraction over every row:
+PyTorch's multi-head attention expands its projection weight along the batch of ``bmm``, and
+differentiating through the expanded copy would build that copy's gradient and sum it over the
+batch afterwards.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .. import dsl
+from ..ir import ComputeOp, Const, Read, Tensor, Var
+
+
+def view_source(x: Tensor):
+    """``(source, index)`` with ``x[i] == source[index(i)]`` for every ``i``, following ``x``
+    back through views that only broadcast, permute or insert unit axes (expand, transpose,
+    permute, unsqueeze: a body that is one read whose indices are ``x``'s own axes or 0); ``x``
+    itself with the identity when it is no such view."""
+    index = None  # None: the identity
+
+    def compose(outer, inner_indices, axes):
+        def at(i):
+            i = outer(i) if outer is not None else tuple(i)
+            where = {id(a): v for a, v in zip(axes, i)}
+            return tuple(where[id(e)] if isinstance(e, Var) else e for e in inner_indices)
+        return at
+
+    while isinstance(x.op, ComputeOp) and isinstance(x.op.body, Read):
+        body, axes = x.op.body, x.op.axes
+        ids = {id(a) for a in axes}
+        if not all((isinstance(e, Var) and id(e) in ids) or (isinstance(e, Const) and e.value == 0)
+                   for e in body.indices) or body.tensor.dtype != x.dtype:
+            break
+        index = compose(index, body.indices, axes)
+        x = body.tensor
+    return x, (index if index is not None else tuple)
+
+
+def contraction(a: Tensor, b: Tensor, name: str) -> Optional[Tensor]:
+    """``out[..., i, j] = sum_k a[..., i, k] * b[..., k, j]`` over equal leading (batch) axes,
+    reading ``a`` and ``b`` through their broadcast and permutation views: a weight expanded
+    along the batch of ``bmm`` (PyTorch's multi-head attention projections) is then read
+    where it is, and its gradient is one contraction over every batch row instead of a
+    gradient of the expanded tensor summed over the batch afterwards. None when neither
+    operand is such a view (the plain product serves)."""
+    sa, ia = view_source(a)
+    sb, ib = view_source(b)
+    if sa is a and sb is b:
+        return None
+    k = dsl.reduce_axis((0, a.shape[-1]), name="k")
+    shape = tuple(a.shape[:-1]) + (b.shape[-1],)
+
+    def body(*o):
+        lead, i, j = o[:-2], o[-2], o[-1]
+        return dsl.sum(sa[ia(lead + (i, k))] * sb[ib(lead + (k, j))], axis=k)
+    return dsl.compute(shape, body, name=name)
+
