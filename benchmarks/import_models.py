@@ -1,6 +1,6 @@
 """Training steps of PyTorch models imported with ``te_grad.torch.import_model``, against PyTorch.
 
-    python benchmarks/import_models.py [--models resnet18 gpt2 lstm encoder] [--threads 1 2] [--steps 20]
+    python benchmarks/import_models.py [--models resnet18 resnet_small gpt2 lstm encoder] [--threads 1 2] [--steps 20]
 
 For each model and thread count, in a process of its own (``torch.set_num_threads`` and the
 Trainer's ``threads`` equal), from the same weights and batches:
@@ -18,7 +18,8 @@ te_grad's build time cold (a fresh disk cache: import, graphs, isl, LLVM) and wa
 process on the cache the cold one filled).
 
 Models (random init, no download): ``resnet18`` (torchvision's architecture, width 64,
-CIFAR-sized 3x32x32 input, 10 classes, batch 32), ``gpt2`` (one GPT-2 block: d_model 128,
+CIFAR-sized 3x32x32 input, 10 classes, batch 32), ``resnet_small`` (a 3x3 stem and 3 residual
+blocks of two 3x3 convolutions with batch norm and relu, 32 channels at 32x32, batch 32), ``gpt2`` (one GPT-2 block: d_model 128,
 4 heads, seq 64, causal ``scaled_dot_product_attention``, tanh GELU, LM head over 512
 tokens, batch 16), ``lstm`` (``nn.LSTM`` 32 -> 128 over 16 steps, a linear head to 10
 classes, batch 32), ``encoder`` (a 2-block ``nn.TransformerEncoder``: d_model 128, 4 heads,
@@ -80,6 +81,21 @@ def models():
             x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
             return self.fc(torch.flatten(self.avgpool(x), 1))
 
+    class SmallResNet(nn.Module):
+        """The small ResNet of the "fast on whole models" measure: a 3x3 stem, 3 residual blocks
+        of two 3x3 convolutions with batch norm and relu, 32 channels at 32x32, a linear head."""
+        def __init__(self, width=32, classes=10):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, width, 3, 1, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(width)
+            self.blocks = nn.Sequential(*[BasicBlock(width, width, 1) for _ in range(3)])
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(width, classes)
+
+        def forward(self, x):
+            x = self.blocks(F.relu(self.bn1(self.conv1(x))))
+            return self.fc(torch.flatten(self.avgpool(x), 1))
+
     class GPT2Block(nn.Module):
         def __init__(self, vocab=512, d=128, heads=4, seq=64):
             super().__init__()
@@ -129,6 +145,8 @@ def models():
     return {
         "encoder": (lambda: Encoder(), lambda b: (torch.randn(b, 64, 128, generator=g),),
                     lambda b: torch.randint(0, 10, (b,), generator=g), 16),
+        "resnet_small": (lambda: SmallResNet(), lambda b: (torch.randn(b, 3, 32, 32, generator=g),),
+                         lambda b: torch.randint(0, 10, (b,), generator=g), 32),
         "resnet18": (lambda: ResNet18(), lambda b: (torch.randn(b, 3, 32, 32, generator=g),),
                      lambda b: torch.randint(0, 10, (b,), generator=g), 32),
         "gpt2": (lambda: GPT2Block(), lambda b: (torch.randint(0, 512, (b, 64), generator=g),),
@@ -209,7 +227,7 @@ def child(name, threads, steps, warm_only):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["resnet18", "gpt2", "lstm", "encoder"])
+    ap.add_argument("--models", nargs="+", default=["resnet18", "resnet_small", "gpt2", "lstm", "encoder"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)

@@ -1,6 +1,7 @@
-"""Elementwise intrinsics against PyTorch eager: ``python benchmarks/intrinsics.py [--threads 1 2] [--quick]``.
+"""Elementwise intrinsics against PyTorch eager: ``python benchmarks/intrinsics.py [--threads 1 2] [--quick]
+[--dtype float64]``.
 
-Each intrinsic applied to a 1M-element float32 tensor: the forward alone, and forward plus
+Each intrinsic applied to a 1M-element float32 (or ``--dtype`` float64) tensor: the forward alone, and forward plus
 backward (one te_grad kernel computing ``y`` and ``dx`` from ``x`` and the head; PyTorch's
 recorded forward and ``autograd.grad``), at each thread count; then ``nn.gelu`` (exact)
 against ``F.gelu``. Prints milliseconds (the best of several repetitions) and the ratio
@@ -45,19 +46,20 @@ def best(fn, reps):
 
 
 def te_calls(expr, arrays, threads):
-    xs = [tg.placeholder((N,), name=f"x{k}") for k in range(len(arrays))]
+    dtype = str(arrays[0].dtype)
+    xs = [tg.placeholder((N,), dtype=dtype, name=f"x{k}") for k in range(len(arrays))]
     y = tg.compute((N,), lambda i: expr(*[x[i] for x in xs]), name="y")
-    head = tg.placeholder((N,), name="head")
+    head = tg.placeholder((N,), dtype=dtype, name="head")
     grads = tg.gradient(y, xs, head=head)
     fwd = tg.build([y], xs, threads=threads)
     step = tg.build([y] + list(grads), xs + [head], threads=threads)
-    h = np.ones(N, np.float32)
+    h = np.ones(N, dtype)
     return (lambda: fwd(*arrays)), (lambda: step(*arrays, h))
 
 
 def torch_calls(torch, fn, arrays):
     xs = [torch.from_numpy(a).requires_grad_() for a in arrays]
-    h = torch.ones(N)
+    h = torch.ones(N, dtype=xs[0].dtype)
 
     def fwd():
         with torch.no_grad():
@@ -74,6 +76,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--ops", nargs="*", default=None, help=f"a subset of {', '.join(CASES)} gelu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     args = parser.parse_args(argv)
     import torch
     import torch.nn.functional as F
@@ -85,19 +88,19 @@ def main(argv=None):
         torch.set_num_threads(threads)
         for name in names:
             if name == "gelu":
-                x = rng.uniform(-5, 5, N).astype(np.float32)
-                X = tg.placeholder((N,), name="x")
+                x = rng.uniform(-5, 5, N).astype(args.dtype)
+                X = tg.placeholder((N,), dtype=args.dtype, name="x")
                 y = tg.nn.gelu(X)
-                head = tg.placeholder((N,), name="head")
+                head = tg.placeholder((N,), dtype=args.dtype, name="head")
                 (gx,) = tg.gradient(y, [X], head=head)
                 fwd_k = tg.build([y], [X], threads=threads)
                 step_k = tg.build([y, gx], [X, head], threads=threads)
-                h = np.ones(N, np.float32)
+                h = np.ones(N, args.dtype)
                 te = (lambda: fwd_k(x)), (lambda: step_k(x, h))
                 pt = torch_calls(torch, lambda v: F.gelu(v), [x])
             else:
                 expr, tname, ranges = CASES[name]
-                arrays = [rng.uniform(lo, hi, N).astype(np.float32) for lo, hi in ranges]
+                arrays = [rng.uniform(lo, hi, N).astype(args.dtype) for lo, hi in ranges]
                 te = te_calls(expr, arrays, threads)
                 pt = torch_calls(torch, getattr(torch, tname), arrays)
             f_te, f_pt = best(te[0], reps), best(pt[0], reps)

@@ -29,6 +29,7 @@ from te_grad.intervals import grid_values
 from te_grad.ir import Const, Expr, ReduceAxis, Tensor, Var
 from te_grad.transform import substitute
 
+from .loop_order import representative
 from .loopir import Loop, Nest, Stage, Store, carried_scan, guarded, nest
 
 #: a scan replaces the direct reduction when its rows are at least this long on average
@@ -64,6 +65,11 @@ def scans(stage: Stage) -> Stage:
                    parallel_axis=par)
 
 
+def _long(extent) -> bool:
+    """At least 4 values (an extent known at run time counts at its representative size)."""
+    return (extent if isinstance(extent, int) else representative(extent) or 0) >= 4
+
+
 def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], r: ReduceAxis, combiner: str,
                value: Expr, cond: Optional[Expr]) -> Optional[Tuple[List, Optional[Var]]]:
     """``(statements, parallel axis)`` computing ``t = combiner(value for r)`` as a scan, or
@@ -77,7 +83,9 @@ def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], r: Red
         return None
     v = movers[0]
     # threads share another axis: the first long enough, in loop order
-    parallel = next((a for a in order if a is not v and shape_of[id(a)] >= 4), None)
+    parallel = next((a for a in order if a is not v and _long(shape_of[id(a)])), None)
+    if not isinstance(shape_of[id(v)], int):
+        return None  # the scan's step count is the moving axis's extent, known here
     in_lo, in_hi = (any(v is x for x in free_vars(b)) for b in (r.lo, r.hi))
     if in_lo == in_hi:
         return None  # a sliding window (both bounds move) is not a scan

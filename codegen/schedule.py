@@ -20,9 +20,11 @@ It then runs the scheduling passes in a fixed order (:data:`PASSES`), each a
 6. :func:`.pieces.split_pieces`: reduction terms cut into pieces with constant bounds;
 7. :func:`.guard_ranges.narrow_guarded_loops`: guards bounding an output loop by
    constants moved into its range;
-8. :func:`.loop_order.order_reductions`: each term nest's own best loop order;
-9. :func:`.register_blocking.block_registers`: register blocks sized for the machine;
-10. :func:`.cache_tiling.tile_stage`: cache tiles for the machine's L2.
+8. :func:`.triangles.split_triangles`: a loop whose range follows an outer loop (a causal
+   triangle, a band) cut into blocks with constant bounds;
+9. :func:`.loop_order.order_reductions`: each term nest's own best loop order;
+10. :func:`.register_blocking.block_registers`: register blocks sized for the machine;
+11. :func:`.cache_tiling.tile_stage`: cache tiles for the machine's L2.
 
 Operands may first be replaced by copies in a better layout, stages of their own
 (:mod:`.packing`, the pass ``"packing"``). Each pass is a :class:`SchedulePass` of the
@@ -60,6 +62,7 @@ from te_grad.sizes import uses_sizes
 from .cache_tiling import tile_stage
 from .congruence import interleave_classes, split_classes
 from .guard_ranges import narrow_guarded_loops
+from .triangles import split_triangles
 from .ragged_schedule import order_ragged_scatter
 from .ragged_split import balance_ragged_rows
 from .loop_order import lane_var, order_elementwise, order_reductions, parallel_axis, representative
@@ -180,6 +183,8 @@ PASSES = (
                  "reduction terms cut into pieces on which every bound is constant"),
     SchedulePass("narrow_guarded_loops", "guard_ranges", lambda stage, machine: narrow_guarded_loops(stage),
                  "guards bounding an output loop by constants moved into its range"),
+    SchedulePass("split_triangles", "triangles", lambda stage, machine: split_triangles(stage),
+                 "a loop whose range follows an outer loop (a triangle, a band) cut into blocks of constant bounds"),
     SchedulePass("order_reductions", "loop_order", lambda stage, machine: order_reductions(stage),
                  "each accumulating nest's own best loop order, the stage's parallel axis split",
                  needed="it marks the loop each accumulating nest splits among threads"),

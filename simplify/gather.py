@@ -2,8 +2,9 @@
 
 For ``T[j] = R over {r in box : where(j, r)} of body(j, r)``:
 
-1. (sum only) guards of the body -- ``if_then_else(c, x, 0)`` factors -- move
-   into the domain, so a zero branch is never iterated;
+1. guards of the body -- ``if_then_else(c, x, 0)`` factors of a sum,
+   ``if_then_else(c, x, -inf)`` around a max's body (the reduction's identity) --
+   move into the domain, so a branch that adds nothing is never iterated;
 2. the quasi-affine conjuncts of the domain (bounds, index equalities
    ``g(r) == j``, padding guards, triangular masks, ``//`` and ``%``) go to isl,
    which scans them into loop nests: dimensions fixed by equalities disappear
@@ -66,6 +67,23 @@ def lift_guards(e: Expr) -> Tuple[List[Expr], Expr]:
     return [], e
 
 
+def lift_identity_guards(e: Expr, identity) -> Tuple[List[Expr], Expr]:
+    """Split a max (min) reduction's body into conditions and a value: ``if_then_else(c, x,
+    -inf)`` is ``x`` where ``c`` holds and the reduction's identity elsewhere, which the
+    reduction ignores."""
+    conds: List[Expr] = []
+    while isinstance(e, Select):
+        if isinstance(e.f, Const) and e.f.value == identity:
+            conds.append(e.cond)
+            e = e.t
+        elif isinstance(e.t, Const) and e.t.value == identity:
+            conds.append(~e.cond)
+            e = e.f
+        else:
+            break
+    return conds, e
+
+
 class ReductionParts:
     """A reduction split into what isl sees and what it does not."""
 
@@ -75,6 +93,9 @@ class ReductionParts:
         conds = conjuncts(red.where)
         if reduction(red.combiner).lowering == "add":
             lifted, self.body = lift_guards(red.body)
+            conds = conds + [c for lc in lifted for c in conjuncts(lc)]
+        elif reduction(red.combiner).lowering == "select":
+            lifted, self.body = lift_identity_guards(red.body, identity_of(red.combiner, red.dtype))
             conds = conds + [c for lc in lifted for c in conjuncts(lc)]
         self.names: Dict[int, str] = IslNames()
         self.params = []

@@ -99,6 +99,19 @@ def _sample(context_text: str, set_text: str) -> Optional[Tuple[Tuple[str, int],
     return tuple((n, point.get_coordinate_val(isl.dim_type.set, i).to_python()) for i, n in enumerate(names))
 
 
+@functools.lru_cache(maxsize=PARSED_DOMAINS)
+def implies(params: str, a: str, b: str) -> bool:
+    """True if every point of ``params`` (isl: ``[sizes] -> { [dims] : ranges }``) that
+    satisfies the condition ``a`` satisfies ``b`` (both quasi-affine, isl syntax over the
+    dims and sizes)."""
+    head, body = params.split("{", 1)
+    space, ranges = body.rsplit(":", 1)
+    ranges = ranges.rstrip(" }")
+    sa = isl.Set(f"{head}{{{space}: {ranges} and {a} }}")
+    sb = isl.Set(f"{head}{{{space}: {ranges} and {b} }}")
+    return sa.is_subset(sb)
+
+
 class Domain:
     """``{ [dims] : constraints }`` with parameters; see the module docstring."""
 

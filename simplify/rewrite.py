@@ -46,6 +46,7 @@ from .isl_bridge import Unsupported
 from .piecewise import split_pieces
 from .scatter import scatter_term, try_scatter
 from .solve import solve_reductions
+from .zeros import carry_zeros
 
 
 def _sum(terms: List[Expr]) -> Expr:
@@ -150,14 +151,30 @@ def simplify_graph(tensors: Iterable[Tensor], keep: Set[int] = frozenset(),
                    fallbacks: Optional[List[Tuple[str, str]]] = None) -> Dict[int, Tensor]:
     """Simplified versions of every tensor behind ``tensors``: ``{id(old): new}``.
 
+    Structural zeros are first carried across tensors (:mod:`.zeros`: a masked score
+    matrix's zeros become the domains of the tensors that read it); a tensor read only in
+    a branch that can no longer be taken is then in no graph, and not in the result.
+
     Tensors whose id is in ``keep`` are neither rewritten nor inlined; their reads follow
     the rewrites of their producers (a kept tensor whose producers are all kept stays the
     same object).
     ``fallbacks`` (a list) receives ``(tensor name, reason)`` for each reduction that
     kept a form correct by construction because no simplification passed validation.
     """
-    fallbacks = [] if fallbacks is None else fallbacks
     tensors = list(tensors)
+    carried = carry_zeros(tensors, set(keep))
+    if not carried:
+        return _simplify_graph(tensors, keep, fallbacks)
+    new = _simplify_graph([carried.get(id(t), t) for t in tensors],
+                          {id(carried[k]) if k in carried else k for k in keep}, fallbacks)
+    for old, moved in carried.items():  # a tensor only a dropped branch read is in no graph any more
+        if id(moved) in new:
+            new[old] = new[id(moved)]
+    return new
+
+
+def _simplify_graph(tensors: List[Tensor], keep: Set[int], fallbacks: Optional[List[Tuple[str, str]]]):
+    fallbacks = [] if fallbacks is None else fallbacks
     order = topo_order(tensors)
     reads: Dict[int, int] = {}
     counter = _ReadCounter(reads)

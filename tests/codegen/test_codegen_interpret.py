@@ -56,6 +56,15 @@ def _graphs():
     yield "transpose", _with_gradient(tg.compute((72, 64), lambda i, j: x[j, i] * 2.0, name="T"), [x], 10)
     x = _ph((1, 2, 6, 6), "X")
     yield "resize_int", _with_gradient(resize_exact(x, 11, 11), [x], 12)
+    for kind, mask in (("causal", lambda i, j: j <= i), ("band", lambda i, j: tg.all(j <= i, i - j < 5))):
+        # a masked score matrix: its zeros carried across tensors, its triangle cut into blocks
+        q, kk, v = _ph((40, 4), "Q"), _ph((40, 4), "K"), _ph((40, 4), "V")
+        d, e = tg.reduce_axis(4, "d"), tg.reduce_axis(40, "e")
+        sc = tg.compute((40, 40), lambda i, j: tg.if_then_else(
+            mask(i, j), tg.sum(q[i, d] * kk[j, d], axis=d), -np.inf), name="scores")
+        p = nn.softmax(sc)
+        out = tg.compute((40, 4), lambda i, f: tg.sum(p[i, e] * v[e, f], axis=e), name="out")
+        yield f"{kind}_attention", _with_gradient(out, [q, kk, v], 13)
     table = _ph((9, 4), "table")
     ids = tg.placeholder((5,), dtype="int32", name="ids")
     emb = tg.compute((5, 4), lambda i, j: table[ids[i], j], name="emb")
@@ -110,6 +119,46 @@ def test_schedules_make_the_decisions_expected_for_each_shape():
     assert kinds("transpose")["Transposed"] >= 2  # the forward and its gradient, 8 x 8 in registers
     assert kinds("cumsum")["Carried"] == 2  # the prefix sum and its suffix-sum gradient
     assert kinds("softmax")["Transposed"] == 0
+
+
+@pytest.mark.parametrize("name", ["causal_attention", "band_attention"])
+def test_a_triangle_is_cut_into_blocks_of_constant_bounds(name):
+    """split_triangles turns each accumulating nest whose loop range follows another loop
+    (a triangle ``e < i + 1``, a band guard ``j <= i``) into blocks: in each, the part where
+    the relation holds for every row is a box of constant bounds without a guard (the rest
+    keeps it), and the blocks visit fewer points than the box around the triangle."""
+    from codegen.loopir import Nest
+    from codegen.schedule import schedule_steps
+    from te_grad.ir import ComputeOp, Const
+    outs, _ = GRAPHS[name]
+
+    def nests(stage):
+        return [n for n in map(Nest.of, stage.body) if n is not None and n.accumulates]
+
+    def span(b, at):  # a bound's constant, or the constant of maximum / minimum(constant, e)
+        return b.value if isinstance(b, Const) else span(b.a if isinstance(b.a, Const) else b.b, at)
+
+    def points(ns):
+        return sum(int(np.prod([span(lp.hi, 1) - span(lp.lo, 0) for lp in n.loops])) for n in ns)
+
+    cut = 0
+    for t in simplify(outs):
+        if not isinstance(t.op, ComputeOp) or t.name not in ("out", "dQ", "scores", "dscores"):
+            continue
+        before = None
+        for step, stage in schedule_steps(t, t.op.body, AVX512):
+            if step == "split_triangles":
+                after = nests(stage)
+                if len(after) > len(before):
+                    cut += 1
+                    boxes = [n for n in after if n.cond is None and all(
+                        isinstance(b, Const) for lp in n.loops for b in (lp.lo, lp.hi))]
+                    assert boxes
+                    whole = int(np.prod(t.shape)) * max(t.shape)  # every row over every column
+                    assert points(after) < 0.7 * whole, (points(after), whole)
+                break
+            before = nests(stage)
+    assert cut >= 2, cut
 
 
 def test_plain_keeps_the_meaning_and_drops_every_kind():

@@ -140,6 +140,14 @@ def _graphs():
     yield "resize", with_gradient(resize_exact(x, 11, 11), [x])
     strided = conv_pad_stage_s2("float64", small=True)  # a stride-2 convolution over a padding stage
     yield "conv_pad_stage_s2", with_gradient(strided.output, list(strided.inputs))
+    # causal attention: a triangle of the score matrix and of the sum over it (split_triangles)
+    q, kk, v = ph((36, 4), "Q"), ph((36, 4), "K"), ph((36, 4), "V")
+    d, e = tg.reduce_axis(4, "d"), tg.reduce_axis(36, "e")
+    sc = tg.compute((36, 36), lambda i, j: tg.if_then_else(j <= i, tg.sum(q[i, d] * kk[j, d], axis=d), -np.inf),
+                    name="scores")
+    p = nn.softmax(sc)
+    yield "causal_attention", with_gradient(
+        tg.compute((36, 4), lambda i, f: tg.sum(p[i, e] * v[e, f], axis=e), name="attn"), [q, kk, v])
     # a CSR aggregation: its gradients are scatters over ragged loops (order_ragged_scatter)
     rowptr, src, x, a = ph((7,), "rowptr", "int64"), ph((13,), "src", "int64"), ph((6, 4), "X"), ph((13,), "A")
 

@@ -18,14 +18,14 @@ from codegen.llvm_types import lowering
 #: (None: the C library's function, not tested here)
 BOUNDS = {"erf": (1.5, 1.5), "log": (1.0, 1.0), "sin": (1.0, None), "cos": (1.0, None),
           "exp": (None, 1.0), "sigmoid": (None, 2.0), "log1p": (1.0, 1.5), "expm1": (1.0, 1.0),
-          "atan": (1.0, 1.0), "asin": (1.0, 1.0), "acos": (1.0, 1.0)}
+          "atan": (1.0, 1.0), "asin": (1.0, 1.0), "acos": (1.0, 1.0), "tanh": (1.5, 1.5)}
 _CASES = [(n, d) for n in sorted(BOUNDS) for d, bound in zip(("float32", "float64"), BOUNDS[n]) if bound is not None]
 
 _REF = {"erf": mp.erf, "log": lambda v: mp.log(v) if v >= 0 else mp.nan, "sin": mp.sin, "cos": mp.cos,
         "exp": mp.exp, "sigmoid": lambda v: 1 / (1 + mp.exp(-v)), "expm1": mp.expm1,
         "log1p": lambda v: mp.log1p(v) if v >= -1 else mp.nan, "atan": mp.atan,
         "asin": lambda v: mp.asin(v) if abs(v) <= 1 else mp.nan,
-        "acos": lambda v: mp.acos(v) if abs(v) <= 1 else mp.nan}
+        "acos": lambda v: mp.acos(v) if abs(v) <= 1 else mp.nan, "tanh": mp.tanh}
 
 
 def _near_multiples_of_half_pi(dtype):
@@ -85,7 +85,7 @@ def _sample(name, dtype):
         xs += [np.linspace(-10, 10, 20001), rng.uniform(-1e4, 1e4, 4000), _near_multiples_of_half_pi(dtype),
                [6381956970095103.0 * 2.0 ** 797]]  # the hardest double
         xs += [np.array(_neighbours(s * e, dtype)) for e in edges for s in (1, -1)]
-    if name in ("exp", "expm1", "sigmoid"):
+    if name in ("exp", "expm1", "sigmoid", "tanh"):
         ln2 = np.log(2.0)
         edges = [709.782712893384, -745.1332191019412, -708.3964185322641, 88.72283935546875, -87.33654475,
                  -103.97, -45.0, -17.4, 53.5 * ln2, 54.5 * ln2, 2.0 ** -26, 2.0 ** -53]
@@ -147,7 +147,7 @@ def test_inline_intrinsic_within_documented_ulps(name, dtype):
     bound = BOUNDS[name][dtype == "float64"]
     assert err[k] <= bound, f"{name} {dtype}: {err[k]:.3g} ulps at x = {x[k]!r} (got {got[k]!r}, bound {bound})"
     zeros = x == 0  # odd functions keep the sign of zero
-    if name in ("sin", "erf", "log1p", "expm1", "atan", "asin"):
+    if name in ("sin", "erf", "log1p", "expm1", "atan", "asin", "tanh"):
         np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(x[zeros]))
 
 

@@ -4,6 +4,7 @@ A fixed budget runs here, through hypothesis (which shrinks a failing program
 choice by choice); ``python -m te_grad fuzz --programs N`` runs any number.
 """
 import io
+import re
 import subprocess
 import sys
 
@@ -297,3 +298,21 @@ def test_the_sized_check_catches_a_wrong_simplification(monkeypatch):
     monkeypatch.setattr(simplify, "simplify_graph", broken)  # what tg.differentiate calls
     outcome = check(Program(source), seed=0, compile_=False)
     assert outcome.kind == "mismatch-simplified-raw" and "n=1" in outcome.detail, outcome
+
+
+def test_the_generator_draws_mask_stages():
+    """Square matrices masked by a causal or band relation of their axes (with -inf before a
+    softmax, or with 0, maybe through exp) times a matrix summed over the masked axis are
+    drawn, some with the second order, and they pass every check: the zeros carried across
+    tensors (simplify/zeros.py) and the triangles cut into blocks (codegen/triangles.py)."""
+    sources = [(s, from_seed(s).source) for s in range(600)]
+    masks = [(s, src) for s, src in sources if "XM = tg.placeholder" in src]
+    assert len(masks) > 15
+    assert any("-float('inf')" in src for _, src in masks) and any("tg.exp(tg.if_then_else" in src for _, src in masks)
+    assert any("SECOND = True" in src for _, src in masks)
+    big = [(s, src) for s, src in masks if re.search(r"XM = tg.placeholder\(\(\d\d, ", src)]
+    assert big  # 33 rows or more: the triangles are cut into blocks
+    for seed, src in masks[:5] + big[:2]:
+        outcome = check(Program(src), seed=seed)
+        assert not outcome.failed, f"{outcome.kind}: {outcome.detail}\n{src}"
+        assert "a causal or band mask (zeros carried across tensors)" in outcome.notes

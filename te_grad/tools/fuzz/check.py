@@ -199,6 +199,8 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
             notes.append("a where pinning an output index by data (a COO scatter)")
         if _conditional_index(out):
             notes.append("a conditional index (if_then_else inside an index)")
+        if "XM" in ns:
+            notes.append("a causal or band mask (zeros carried across tensors)")
         fallbacks = sum(1 for w in caught if issubclass(w.category, SimplificationWarning))
         return Outcome(status, fallbacks=fallbacks, notes=notes)
     except _Mismatch as m:

@@ -37,7 +37,10 @@ stage*, a softmax, log-softmax or logsumexp of the previous stage with its max s
 by hand, without ``stop_gradient`` (the shift's gradient is proven zero and dropped,
 :mod:`te_grad.autodiff.shift`); or in a *window stage*, a read at a conditional index
 ``i0 + if_then_else(c, a, b)`` (a sliding window whose offset depends on a condition on the
-loop variables, piecewise affine, or on data), guarded, maybe summed over the window.
+loop variables, piecewise affine, or on data), guarded, maybe summed over the window; or in
+a *mask stage*, a square matrix masked by a causal or band relation of its two axes (with
+``-inf`` before a softmax, or with ``0``), times a matrix summed over the masked axis (the
+mask's zeros carried across tensors, :mod:`simplify.zeros`).
 
 Conventions excluded by construction: a ``max`` / ``min`` reduction that may be
 empty (its value is -inf / inf) is combined with a finite constant, so no
@@ -312,6 +315,8 @@ class _Gen:
             stages.append(self.shift_stage(len(stages), stages[-1]))
         elif self.chance(3):  # a read at a conditional index: if_then_else(c, a, b) of affine offsets
             stages.append(self.window_stage(len(stages)))
+        elif self.chance(3):  # a causal or band mask on a square matrix: zeros carried across tensors
+            stages.append(self.mask_stage(len(stages), stages[-1]))
         self.lines.append(f"OUT = {stages[-1]}")
         self.lines.append(f"STAGES = [{', '.join(stages)}]")
         self.lines.append(f"INPUTS = [{', '.join([f'X{k}' for k in range(n_inputs)] + self.extra_inputs)}]")
@@ -505,6 +510,52 @@ class _Gen:
         params = ap if form < 2 else lp
         self.lines.append(f"S{s} = tg.compute({out_shape!r}, lambda {params}: {body}, name='S{s}')")
         self.sources.append((f"S{s}", out_shape))
+        return f"S{s}"
+
+    def mask_stage(self, s: int, prev: str) -> str:
+        """Last stages masking a square matrix ``A[i0, i1] = XM[i0, i1] * <prev>`` by a relation
+        between its two axes (causal ``i1 <= i0``, its transpose, or a band of width ``w``; the
+        diagonal always kept, so no row is all masked), then: a softmax of
+        ``if_then_else(mask, A, -inf)`` (``tg.nn.softmax``, or with the max shift written by
+        hand) or ``if_then_else(mask, A, 0)`` maybe through ``exp`` (which is not zero where the
+        mask is, so nothing may be carried), and a product with ``VM`` summed over the masked
+        axis. The structural zeros are carried across the tensors (:mod:`simplify.zeros`) and,
+        with 33 rows or more, the triangle or band cut into blocks (:mod:`codegen.triangles`)."""
+        n, w = 3 + self.draw(4), 1 + self.draw(2)
+        if self.chance(3):  # rows enough for codegen.triangles to cut blocks
+            n += 30
+        mask = self.pick(["i1 <= i0", "i1 >= i0", f"tg.all(i1 <= i0, i0 - i1 <= {w})",
+                          f"tg.all(i1 >= i0, i1 - i0 < {w} + 1)"])
+        self.lines.append(f"XM = tg.placeholder(({n}, {n}), dtype=DT, name='XM')")
+        self.lines.append(f"VM = tg.placeholder(({n}, 2), dtype=DT, name='VM')")
+        self.extra_inputs += ["XM", "VM"]
+        shape = next(sh for name, sh in reversed(self.sources) if name == prev)
+        scale = f"{prev}[{', '.join('0' for _ in shape)}]" if shape else f"{prev}[()]"
+        self.lines.append(f"A{s} = tg.compute(({n}, {n}), lambda i0, i1: XM[i0, i1] * (C(0.5) + tg.tanh({scale})), "
+                          f"name='A{s}')")
+        form = self.draw(4)
+        if form == 0:
+            self.lines.append(f"B{s} = tg.compute(({n}, {n}), lambda i0, i1: tg.if_then_else({mask}, A{s}[i0, i1], "
+                              f"C(-float('inf'))), name='B{s}')")
+            self.lines.append(f"P{s} = tg.nn.softmax(B{s}, axis=1)")
+        elif form == 1:  # the shift by hand
+            self.lines.append(f"B{s} = tg.compute(({n}, {n}), lambda i0, i1: tg.if_then_else({mask}, A{s}[i0, i1], "
+                              f"C(-float('inf'))), name='B{s}')")
+            self.lines.append(f"km{s} = tg.reduce_axis((0, {n}), name='km{s}')")
+            self.lines.append(f"M{s} = tg.compute(({n},), lambda i0: tg.max(B{s}[i0, km{s}], axis=km{s}), name='M{s}')")
+            self.lines.append(f"E{s} = tg.compute(({n}, {n}), lambda i0, i1: tg.exp(B{s}[i0, i1] - M{s}[i0]), "
+                              f"name='E{s}')")
+            self.lines.append(f"Z{s} = tg.compute(({n},), lambda i0: tg.sum(E{s}[i0, km{s}], axis=km{s}), "
+                              f"name='Z{s}')")
+            self.lines.append(f"P{s} = tg.compute(({n}, {n}), lambda i0, i1: E{s}[i0, i1] / Z{s}[i0], name='P{s}')")
+        else:
+            through = "tg.exp({})" if form == 3 else "{}"
+            self.lines.append(f"P{s} = tg.compute(({n}, {n}), lambda i0, i1: "
+                              + through.format(f"tg.if_then_else({mask}, A{s}[i0, i1], C(0.0))") + f", name='P{s}')")
+        self.lines.append(f"ke{s} = tg.reduce_axis((0, {n}), name='ke{s}')")
+        self.lines.append(f"S{s} = tg.compute(({n}, 2), lambda i0, i1: tg.sum(P{s}[i0, ke{s}] * VM[ke{s}, i1], "
+                          f"axis=ke{s}), name='S{s}')")
+        self.sources.append((f"S{s}", (n, 2)))
         return f"S{s}"
 
     def window_stage(self, s: int) -> str:

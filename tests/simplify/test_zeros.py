@@ -1,0 +1,149 @@
+"""Structural zeros carried across tensors (simplify/zeros.py) and triangles cut into blocks
+(codegen/triangles.py): attention written with a full score matrix and a causal or band mask
+does the banded form's work, with the values of the raw gradient, of finite differences and of
+the evaluator."""
+from unittest import mock
+
+import numpy as np
+import pytest
+
+import te_grad as tg
+from te_grad.testing import check_gradients, random_feed
+from simplify.zeros import carry_zeros
+
+H, S, D = 2, 40, 8
+
+
+def _mask(kind, i, j):
+    if kind == "causal":
+        return j <= i
+    return tg.all(j <= i, i - j < 6)
+
+
+def _full(kind, q, k, v, hand=False):
+    d = tg.reduce_axis(D, "d")
+    sc = tg.compute((H, S, S), lambda h, i, j: tg.sum(q[h, i, d] * k[h, j, d], axis=d), name="scores")
+    m = tg.compute((H, S, S), lambda h, i, j: tg.if_then_else(_mask(kind, i, j), sc[h, i, j], -np.inf),
+                   name="masked")
+    if hand:  # the max shift written by hand, no stop_gradient
+        r = tg.reduce_axis(S, "r")
+        mx = tg.compute((H, S), lambda h, i: tg.max(m[h, i, r], axis=r), name="mx")
+        e = tg.compute((H, S, S), lambda h, i, j: tg.exp(m[h, i, j] - mx[h, i]), name="e")
+        r2 = tg.reduce_axis(S, "r2")
+        z = tg.compute((H, S), lambda h, i: tg.sum(e[h, i, r2], axis=r2), name="z")
+        p = tg.compute((H, S, S), lambda h, i, j: e[h, i, j] / z[h, i], name="p")
+    else:
+        p = tg.nn.softmax(m, axis=2)
+    c = tg.reduce_axis(S, "c")
+    return tg.compute((H, S, D), lambda h, i, f: tg.sum(p[h, i, c] * v[h, c, f], axis=c), name="out")
+
+
+def _banded(kind, q, k, v):
+    width = S if kind == "causal" else 6
+    d = tg.reduce_axis(D, "d")
+    sc = tg.compute((H, S, width), lambda h, i, w: tg.if_then_else(
+        i - w >= 0, tg.sum(q[h, i, d] * k[h, i - w, d], axis=d), -np.inf), name="scores")
+    p = tg.nn.softmax(sc, axis=2)
+    w = tg.reduce_axis(width, "w")
+    return tg.compute((H, S, D), lambda h, i, f: tg.sum(
+        tg.if_then_else(i - w >= 0, p[h, i, w] * v[h, i - w, f], 0.0), axis=w), name="out")
+
+
+def _inputs(dtype="float32"):
+    return [tg.placeholder((H, S, D), dtype=dtype, name=n) for n in "QKV"]
+
+
+def _counts(form, kind, off=False):
+    q, k, v = _inputs()
+    with mock.patch("simplify.rewrite.carry_zeros", lambda *a, **kw: {}) if off else _nothing():
+        o = form(kind, q, k, v)
+        grads = tg.gradient(o, [q, k, v], head=tg.placeholder(o.shape, name="dO"))
+        return tg.iterations(tg.simplify(o)), tg.iterations(tg.simplify(list(grads)))
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_causal_attention_with_a_full_score_matrix_does_the_banded_forms_work():
+    full, banded, off = _counts(_full, "causal"), _counts(_banded, "causal"), _counts(_full, "causal", off=True)
+    for got, want, before in zip(full, banded, off):
+        assert got <= 1.1 * want, (full, banded)
+        assert got < 0.65 * before, (full, off)  # without carrying the zeros: every score computed
+
+
+def test_band_attention_sums_only_the_band():
+    full, off = _counts(_full, "band"), _counts(_full, "band", off=True)
+    assert full[0] < 0.5 * off[0] and full[1] < 0.5 * off[1], (full, off)
+
+
+@pytest.mark.parametrize("kind", ["causal", "band"])
+@pytest.mark.parametrize("hand", [False, True], ids=["nn_softmax", "hand_shift"])
+def test_masked_attention_gradients_are_exact(kind, hand):
+    q, k, v = _inputs("float64")
+    o = _full(kind, q, k, v, hand=hand)
+    rng = np.random.default_rng(1)
+    feed = random_feed([q, k, v], rng)
+    head = tg.placeholder(o.shape, dtype="float64", name="dO")
+    res = tg.differentiate(o, [q, k, v], head=head)
+    raw = tg.differentiate(o, [q, k, v], head=head, simplify=False)
+    feed[head] = rng.standard_normal(o.shape)
+    simplified = tg.evaluate(list(res), feed)
+    for a, b in zip(simplified, tg.evaluate(list(raw), feed)):  # the raw VJP: every score computed
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    check_gradients(o, [q, k, v], feed, grads=list(res), head=head, head_value=feed[head], full_limit=0,
+                    directions=3)
+    kern = tg.build([o] + list(res), [q, k, v, head])
+    got = kern(*[feed[t] for t in (q, k, v, head)])
+    np.testing.assert_allclose(got[0], tg.evaluate([o], feed)[0], rtol=1e-12, atol=1e-12)
+    for a, b in zip(got[1:], simplified):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_a_mask_read_through_a_nonlinear_function_is_not_carried():
+    """``exp(if_then_else(mask, a, 0))`` is 1, not 0, where the mask is false: nothing to drop."""
+    x = tg.placeholder((S, S), dtype="float64", name="X")
+    v = tg.placeholder((S, 3), dtype="float64", name="V")
+    z = tg.compute((S, S), lambda i, j: tg.if_then_else(j <= i, x[i, j], 0.0), name="Z")
+    e = tg.compute((S, S), lambda i, j: tg.exp(z[i, j]), name="E")
+    c = tg.reduce_axis(S, "c")
+    o = tg.compute((S, 3), lambda i, f: tg.sum(e[i, c] * v[c, f], axis=c), name="O")
+    assert carry_zeros([o]) == {}
+    with mock.patch("simplify.rewrite.carry_zeros", lambda *a, **kw: {}):
+        before = tg.iterations(tg.simplify(o))
+    assert tg.iterations(tg.simplify(o)) == before
+    rng = np.random.default_rng(2)
+    feed = random_feed([x, v], rng)
+    (got,) = tg.simplify([o])
+    np.testing.assert_allclose(tg.evaluate([got], feed)[0], tg.evaluate([o], feed)[0], rtol=1e-13)
+    check_gradients(o, [x, v], feed, full_limit=0)
+
+
+def test_outputs_and_kept_tensors_keep_their_values_everywhere():
+    """A masked tensor that is itself an output (or kept, as the forward tensors of a
+    gradient are) keeps its values everywhere, and a kept tensor whose producers are kept
+    stays the same object: only tensors no one outside reads are narrowed."""
+    x = tg.placeholder((S, S), dtype="float64", name="X")
+    v = tg.placeholder((S, 3), dtype="float64", name="V")
+    z = tg.compute((S, S), lambda i, j: tg.if_then_else(j <= i, x[i, j], -np.inf), name="Z")
+    p = tg.nn.softmax(z, axis=1)
+    c = tg.reduce_axis(S, "c")
+    o = tg.compute((S, 3), lambda i, f: tg.sum(p[i, c] * v[c, f], axis=c), name="O")
+    feed = random_feed([x, v], np.random.default_rng(3))
+    want = dict(zip("zpo", tg.evaluate([z, p, o], feed)))
+    carried = carry_zeros([o, p])
+    assert id(p) in carried and id(o) in carried  # rebuilt: o sums the triangle only
+    got = tg.evaluate([carried[id(p)], carried[id(o)]], feed)
+    np.testing.assert_array_equal(got[0], want["p"])
+    np.testing.assert_allclose(got[1], want["o"], rtol=1e-13)
+    carried = carry_zeros([o], keep={id(z), id(p)})
+    assert id(z) not in carried  # kept, and so are its producers
+    np.testing.assert_array_equal(tg.evaluate([carried.get(id(p), p)], feed)[0], want["p"])
+    carried = carry_zeros([o])  # z is no output: -inf where masked is no longer needed
+    np.testing.assert_allclose(tg.evaluate([carried[id(o)]], feed)[0], want["o"], rtol=1e-13)
+    plain = tg.compute((S, 3), lambda i, f: tg.sum(x[i, c] * v[c, f], axis=c), name="plain")
+    assert carry_zeros([plain]) == {}
