@@ -15,10 +15,14 @@ from te_grad.tools import fuzz
 from te_grad.tools.fuzz import Program, check, from_choices, from_seed, shrink
 
 
+# The program being checked is written to /tmp/hyp_current.py first: a program whose kernels
+# take minutes to compile (one is known, see tests/tools/fuzz_slow_compile.py) can then be
+# read back while the test runs.
 @settings(max_examples=300, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(fuzz.programs())
 def test_random_programs_agree_in_every_stage(program):
+    open("/tmp/hyp_current.py", "w").write(program.source)
     outcome = check(program, seed=0)
     assert not outcome.failed, f"{outcome.kind}: {outcome.detail}\n\n{program.source}"
 
