@@ -139,14 +139,15 @@ def _affine(c: Expr) -> bool:
     return isl_cond(c, names) is not None
 
 
-def _usable(c: Optional[Expr], allowed: Set[int]) -> Optional[Expr]:
+def _usable(c: Optional[Expr], allowed: Optional[Set[int]]) -> Optional[Expr]:
     """``c`` less its conjuncts isl cannot represent or that use a variable outside
-    ``allowed`` (a superset of ``c``: always sound); ``None`` when nothing is left."""
+    ``allowed`` (any variable when ``allowed`` is None; a superset of ``c``: always sound);
+    ``None`` when nothing is left."""
     if c is None or _is_false(c):
         return c
     out = None
     for part in conjuncts(c):
-        if all(id(v) in allowed for v in _vars(part)) and _affine(part):
+        if (allowed is None or all(id(v) in allowed for v in _vars(part))) and _affine(part):
             out = _and(out, part)
     return out
 
@@ -291,7 +292,7 @@ class _Demand:
         if isinstance(e, Read):
             for i in e.indices:
                 self.walk(i, guard, guard)
-            self._contribute(e, need)
+            self.contribute(e, need)
             return
         if isinstance(e, Select):
             self.walk(e.cond, guard, guard)
@@ -332,7 +333,7 @@ class _Demand:
         for child in e.children():  # anything else: its operands matter wherever it is evaluated
             self.walk(child, guard, guard)
 
-    def _contribute(self, r: Read, need: Optional[Expr]):
+    def contribute(self, r: Read, need: Optional[Expr]):
         t = r.tensor
         if not _float_compute(t):
             return
@@ -354,12 +355,8 @@ def _body_guard(s: Structure, red: Reduce) -> Optional[Expr]:
         c = s.fin(red.body)
     else:
         return None
-    c = _usable(c, _in_scope(c))
+    c = _usable(c, None)
     return c if is_mask(c) else None
-
-
-def _in_scope(c: Optional[Expr]) -> Set[int]:
-    return set() if c is None else {id(v) for v in _vars(c)}
 
 
 class _GuardReductions(Mutator):
@@ -423,7 +420,7 @@ def carry_zeros(tensors: List[Tensor], keep: Set[int] = frozenset()) -> Dict[int
     for t in reversed(order):
         if isinstance(t.op, ScatterOp):
             for r in _scatter_reads(t):
-                walker._contribute(r, None)
+                walker.contribute(r, None)
             continue
         if not isinstance(t.op, ComputeOp):
             continue
