@@ -32,7 +32,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from te_grad import dsl
-from te_grad.graph import free_vars, reads_in
+from te_grad.graph import free_vars
+from te_grad.ir import distinct_reads
 from te_grad.intervals import interval
 from te_grad.ir import Const, Read, ReduceAxis, Var
 
@@ -106,7 +107,7 @@ def _constant(lp: Loop) -> bool:
 
 def _block_reads(block: RegisterBlock) -> List[Read]:
     exprs = [block.store.value] + ([block.cond] if block.cond is not None else [])
-    return [r for e in exprs for r in reads_in(e)]
+    return [r for e in exprs for r in distinct_reads(e)]
 
 
 def _uses(block: RegisterBlock):

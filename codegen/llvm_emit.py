@@ -36,6 +36,7 @@ from te_grad import dtypes
 from te_grad.errors import InternalError
 from te_grad.ops import identity_of, reduction
 from te_grad.graph import free_vars, reads_in
+from te_grad.ir import distinct_reads
 from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, Select, SizeVar, Tensor, Unary,
                         Var)
 
@@ -103,8 +104,12 @@ def _keeps_a_max(s: Store) -> bool:
 def _float_equalities(stage: Stage):
     """The float ``==`` / ``!=`` tests in ``stage``."""
     pending = list(stmt_exprs(stage.body))
+    seen = set()  # a node shared by several parents is looked at once
     while pending:
         e = pending.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
         if isinstance(e, Compare) and e.op in ("eq", "ne") and dtypes.is_float(e.a.dtype):
             yield e
         pending.extend(e.children())
@@ -115,7 +120,7 @@ def compared_tensors(stages: Sequence[Stage]) -> set:
     max's winner test compares the body, recomputed, with the stored maximum, so a tensor
     read there must be computed exactly as written (a single-term max is folded into a
     plain tensor by then, and nothing else says what it was)."""
-    return {id(r.tensor) for s in stages for e in _float_equalities(s) for r in reads_in(e)}
+    return {id(r.tensor) for s in stages for e in _float_equalities(s) for r in distinct_reads(e)}
 
 
 def _tests_float_equality(stage: Stage) -> bool:
@@ -167,6 +172,8 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         self.emitted: List[Loop] = []  # the annotated loops (blocks, transposes, scans) lowered as marked
         self.exact = 0  # > 0: float arithmetic without contraction (see stored_value)
         self.pair_acc = {}  # id(indexed store) -> its winner's (value, index) registers (pair_loop)
+        self.memo: Dict[tuple, tuple] = {}  # emitted values of shared subexpressions (see expr)
+        self.fv: Dict[int, tuple] = {}  # id(expr) -> (expr, ids of its free variables)
         # reciprocal multiplies (LLVM's arcp) only in stages that never test floats for
         # equality: once LLVM rewrites a division into a multiply by a reciprocal it may share
         # that form with the same division in an exact context, and a max's winner test
@@ -458,7 +465,52 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
 
     # -- expressions ------------------------------------------------------------------------
     def expr(self, e: Expr):
-        return getattr(self, "e_" + type(e).__name__)(e)
+        """The value of ``e`` here. A subexpression shared by several parents (a DAG: second-order
+        gradients share heavily) is emitted once per basic block and emission context, not once
+        per path: the key holds the block (a value defined earlier in the same block dominates
+        this use) and what the value depends on (the values bound to its free variables, the
+        register block's lanes, exactness and bound-check state)."""
+        if isinstance(e, (Const, Var)):
+            return getattr(self, "e_" + type(e).__name__)(e)
+        key = self.memo_key(e)
+        hit = self.memo.get(key)
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        value = getattr(self, "e_" + type(e).__name__)(e)
+        self.memo[key] = (e, value)
+        return value
+
+    def memo_key(self, e: Expr) -> tuple:
+        fv = self.free_ids(e)
+        vec = self.vec
+        lanes = None if vec is None else (vec[0] in fv, id(vec[1]), vec[2], vec[0] if vec[0] in fv else None)
+        transposed = None if self.transposed is None else (id(self.transposed[0]), id(self.transposed[1]))
+        env = tuple(id(self.env.get(v)) for v in fv)
+        return (id(e), id(self.b.block), self.exact, self.undecided, lanes, transposed, env)
+
+    def free_ids(self, e: Expr) -> tuple:
+        """Ids of the variables ``e`` reads (memoized per node, iteratively)."""
+        got = self.fv.get(id(e))
+        if got is not None and got[0] is e:
+            return got[1]
+        stack = [(e, False)]
+        while stack:
+            x, done = stack.pop()
+            hit = self.fv.get(id(x))
+            if hit is not None and hit[0] is x:
+                continue
+            kids = [c for c in x.children() if isinstance(c, Expr)]
+            if not done:
+                stack.append((x, True))
+                stack.extend((c, False) for c in kids)
+                continue
+            ids = {id(x)} if isinstance(x, (Var, SizeVar)) else set()
+            for c in kids:
+                ids.update(self.fv[id(c)][1])
+            if isinstance(x, Reduce):
+                ids -= {id(a) for a in x.axes}
+            self.fv[id(x)] = (x, tuple(sorted(ids)))
+        return self.fv[id(e)][1]
 
     def e_Const(self, e: Const):
         return ir.Constant(SCALAR[e.dtype], int(e.value) if e.dtype == "bool" else e.value)

@@ -43,13 +43,19 @@ SIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 
 def vectorizable(e: Expr, dtype: str) -> bool:
     """True if ``e`` has a lane-wise vector form: no opaque library calls, no data-dependent
-    or boolean reads."""
-    if isinstance(e, Call) and lowering(e.name, e.dtype)[0] == "libm":
-        return False
-    if isinstance(e, Read):
-        if e.tensor.dtype == "bool" or any(reads_in(i) for i in e.indices):
+    or boolean reads. Each distinct node is looked at once (iterative, linear in a DAG)."""
+    seen, stack = set(), [e]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, Call) and lowering(x.name, x.dtype)[0] == "libm":
             return False
-    return all(vectorizable(c, dtype) for c in e.children())
+        if isinstance(x, Read) and (x.tensor.dtype == "bool" or any(reads_in(i) for i in x.indices)):
+            return False
+        stack.extend(x.children())
+    return True
 
 
 def strides(shape: Sequence[int]) -> List[int]:

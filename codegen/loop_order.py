@@ -20,8 +20,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from simplify.affine import constant_value
 from simplify.linear import coefficient
 from te_grad import dsl
-from te_grad.graph import free_vars, reads_in
-from te_grad.ir import Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var
+from te_grad.graph import free_vars
+from te_grad.ir import Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var, distinct_reads
 from te_grad.transform import substitute
 
 from .loopir import Nest, Stage, rewrite_nests
@@ -191,12 +191,14 @@ def lane_var(t: Tensor, red: Reduce) -> Optional[Var]:
     """The variable :func:`loop_order` runs the vector lanes of reduction term ``red`` of
     ``t`` along (its innermost loop), over the whole output domain."""
     order, _ = loop_order(list(t.op.axes), list(t.shape), list(red.axes), accesses(red.body, red.where),
-                          contiguous_indices(t.op.axes, t.shape), reads_in(red.body))
+                          contiguous_indices(t.op.axes, t.shape), distinct_reads(red.body))
     return order[-1] if order else None
 
 
 def accesses(*exprs: Optional[Expr]) -> List[Sequence[Expr]]:
-    return [r.indices for e in exprs if e is not None for r in reads_in(e)]
+    """The indices of each read node of ``exprs`` (a node shared within one expression once:
+    the emitted code loads it once)."""
+    return [r.indices for e in exprs if e is not None for r in distinct_reads(e)]
 
 
 def _nest_order(n: Nest, parallel: Optional[Var], domains: Dict[int, Tuple[int, int]],
@@ -209,7 +211,7 @@ def _nest_order(n: Nest, parallel: Optional[Var], domains: Dict[int, Tuple[int, 
     out_ids = {id(v) for v in outs}
     piece = [representative(lp.hi) - representative(lp.lo) for lp in n.loops if id(lp.var) in out_ids]
     whole = [domains[id(v)] for v in outs]
-    reads = reads_in(n.store.value) if strides_of_reads else ()
+    reads = distinct_reads(n.store.value) if strides_of_reads else ()
     order, _ = loop_order(outs, [hi - lo for lo, hi in whole], n.reductions, accesses(n.store.value, n.cond),
                           contiguous_indices(n.store.indices, n.store.tensor.shape), reads, piece,
                           parallel=parallel, first=[lo for lo, _ in whole])

@@ -37,7 +37,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from te_grad import dsl
 from te_grad.graph import reads_in
-from te_grad.ir import Const, Expr, Read, ReduceAxis, Tensor, Var
+from te_grad.ir import Const, Expr, Read, ReduceAxis, Tensor, Var, distinct_reads
 from te_grad.ops import reduction
 from te_grad.printer import ExprPrinter, Namer
 from te_grad.sizes import is_size_expr
@@ -302,9 +302,10 @@ def stmt_exprs(stmts: Sequence[Stmt]) -> List[Expr]:
 
 
 def stmt_reads(stmts: Sequence[Stmt]) -> Iterator[Read]:
-    """Every read in ``stmts`` (loop bounds, guards, indices and values), in program order."""
+    """Every read node in ``stmts`` (loop bounds, guards, indices and values), in program
+    order; a node shared within an expression once."""
     for e in stmt_exprs(stmts):
-        yield from reads_in(e)
+        yield from distinct_reads(e)
 
 
 def stmt_stores(stmts: Sequence[Stmt]) -> List[Store]:

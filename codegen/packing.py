@@ -53,7 +53,8 @@ from simplify.affine import IslNames, isl_expr
 from simplify.isl_bridge import IslError, parse_map
 from simplify.linear import coefficient, normalize
 from te_grad import dsl
-from te_grad.graph import free_vars, reads_in
+from te_grad.graph import free_vars
+from te_grad.ir import distinct_reads
 from te_grad.intervals import interval, speculatable
 from te_grad.ir import Binary, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var
 from te_grad.sizes import is_size_expr, size_vars_in
@@ -164,7 +165,7 @@ def _dot_product_operand(t: Tensor, red: Reduce, lane: Optional[Var]) -> Optiona
     if red.combiner != "sum" or not t.op.axes or lane is _contiguous_axis(t):
         return None
     j = _contiguous_axis(t)
-    reads = reads_in(red.body)
+    reads = distinct_reads(red.body)
     for b in reads:
         if not _plain(b) or b.tensor is t or len(b.indices) < 2:
             continue
@@ -201,7 +202,7 @@ def _gathered_along_lanes(t: Tensor, red: Reduce, lane: Optional[Var]) -> Option
     if red.combiner != "sum" or lane is None or isinstance(lane, ReduceAxis) \
             or not any(lane is a for a in t.op.axes):
         return None
-    reads = reads_in(red.body)
+    reads = distinct_reads(red.body)
     th = thresholds()
     for b in reads:
         if b.tensor is t or len(b.indices) < 2:
@@ -304,7 +305,7 @@ def _padded_term(t: Tensor, red: Reduce):
         # a hull from intervals may be loose: another factor read at a reduce axis itself,
         # in range at every point of the term, clips it
         clipped = list(hull)
-        for other in reads_in(red.body):
+        for other in distinct_reads(red.body):
             if other is f:
                 continue
             for i, n in zip(other.indices, other.tensor.shape):
@@ -414,7 +415,7 @@ def _interleaved_read(t: Tensor, red: Reduce, v: Optional[Var]) -> Optional[Tupl
     with the step ``s``; None if there is none or the copy would not pay."""
     if v is None:
         return None
-    reads = reads_in(red.body)
+    reads = distinct_reads(red.body)
     extents = []
     out_ranges, _ = _out_bounds(t)
     for r in red.axes:

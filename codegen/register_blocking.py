@@ -35,7 +35,8 @@ from typing import Dict, List, Optional, Tuple
 
 from simplify.linear import coefficient
 from te_grad import dsl
-from te_grad.graph import free_vars, reads_in
+from te_grad.graph import free_vars
+from te_grad.ir import distinct_reads
 from te_grad.intervals import interval, speculatable
 from te_grad.ir import Const, Expr, Var
 from te_grad.ops import reduction
@@ -151,7 +152,7 @@ def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes,
     shares each row of ``Q`` among columns and each row of ``K`` among rows); then the
     split loop itself, by the largest of 8, 6, 4, 3, 2; at most ``max_copies`` copies in
     all, and at least :data:`MIN_SPLIT_BLOCKS` blocks of the split loop for the threads."""
-    reads = reads_in(store.value)
+    reads = distinct_reads(store.value)
 
     def eligible(v):
         if not any(v is a for a in out_axes):

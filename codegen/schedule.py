@@ -82,9 +82,15 @@ SYMBOLIC_WORK = 1 << 20
 
 
 def _has_reduce(e: Expr) -> bool:
-    if isinstance(e, Reduce):
-        return True
-    return any(_has_reduce(c) for c in e.children())
+    seen, stack = set(), [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Reduce):
+            return True
+        if id(x) not in seen:
+            seen.add(id(x))
+            stack.extend(x.children())
+    return False
 
 
 def split_terms(body: Expr):

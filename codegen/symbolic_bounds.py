@@ -12,7 +12,7 @@ from fractions import Fraction
 from typing import Dict, Optional, Tuple
 
 from te_grad import dtypes
-from te_grad.graph import reads_in
+from te_grad.ir import distinct_reads
 from te_grad.intervals import has_variable_int_division, interval
 from te_grad.ir import Binary, Cast, Const, Expr, SizeVar, Unary, Var
 
@@ -121,7 +121,7 @@ def speculatable_within(e: Expr, ranges: Dict[int, tuple], bounds: Optional[Dict
     by the int ``ranges`` (inclusive) of the loop variables, or, for every value of the sizes,
     by the ``bounds`` (``(lo, hi)`` expressions) of the loops (:func:`symbolic_inside`); no
     integer division by a non-constant or by zero."""
-    for r in reads_in(e):
+    for r in distinct_reads(e):
         for ix, n in zip(r.indices, r.tensor.shape):
             iv = interval(ix, ranges)
             if iv is not None and not isinstance(n, Expr) and iv[0] >= 0 and iv[1] < n:

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from simplify.linear import coefficient
 from te_grad import dsl
-from te_grad.graph import reads_in
+from te_grad.ir import distinct_reads
 from te_grad.ir import Read, Tensor, Var
 from te_grad.transform import substitute
 
@@ -41,7 +41,7 @@ def _tile_transposed(t: Tensor, order, store: Store, parallel=None):
         return None
     v = order[-1]
     extent = dict(zip(map(id, t.op.axes), t.shape))
-    for read in reads_in(store.value):
+    for read in distinct_reads(store.value):
         acc = read.indices
         if not acc or coefficient(acc[-1], v) != 0 or all(coefficient(i, v) == 0 for i in acc):
             continue  # unit-stride or invariant in v: nothing to tile for

@@ -68,6 +68,9 @@ class _Checker:
         self.tensor = tensor
         self.ctx = _Context(tensor)
         self.runtime = runtime
+        # (node, context) pairs already checked: a node shared by several parents (a DAG) is
+        # checked once per context, not once per path
+        self.seen = set()
 
     def under(self, cond: Expr, negate: bool, fn):
         """Run ``fn`` where ``cond`` (or its negation) holds: its quasi-affine conjuncts join the context."""
@@ -82,6 +85,11 @@ class _Checker:
         del self.ctx.conds[len(self.ctx.conds) - len(known):]
 
     def visit(self, e: Expr):
+        if e.children():
+            key = (id(e), tuple(self.ctx.conds), tuple(map(id, self.ctx.vars)), self.ctx.opaque)
+            if key in self.seen:
+                return
+            self.seen.add(key)
         if isinstance(e, Read):
             for ix in e.indices:
                 self.visit(ix)

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Set, Tuple
 
-from te_grad.graph import free_vars, reads_in, reductions_in, topo_order
-from te_grad.ir import Binary, Call, Cast, ComputeOp, Const, PlaceholderOp, Read, Reduce, ScatterOp, Tensor
+from te_grad.graph import free_vars, reductions_in, topo_order
+from te_grad.ir import Binary, Call, Cast, ComputeOp, Const, PlaceholderOp, Read, Reduce, ScatterOp, Tensor, read_uses
 
 from .linear import coefficient
 from te_grad.transform import replace_tensors, substitute
@@ -77,7 +77,7 @@ def _readers(order: List[Tensor]) -> Dict[int, List[Tuple[Tensor, Read]]]:
         else:
             continue
         for e in exprs:
-            for r in reads_in(e):
+            for r in read_uses(e):  # linear in a DAG; a read node once per parent using it
                 every.setdefault(id(r.tensor), []).append((c, r))
     return every
 

@@ -32,10 +32,9 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 from te_grad.graph import topo_order
 from te_grad.ir import (Cast, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce, ScatterOp, Select,
                         Tensor)
-from te_grad.ir import structurally_equal
+from te_grad.ir import read_uses, structurally_equal
 from te_grad.ops import reduction
 from te_grad.transform import replace_tensors, substitute, sum_terms, summands
-from te_grad.visitor import Visitor
 
 from te_grad.errors import SimplificationWarning
 
@@ -53,15 +52,11 @@ def _sum(terms: List[Expr]) -> Expr:
     return sum_terms(terms)
 
 
-class _ReadCounter(Visitor):
-    """Counts reads of each tensor (identity) across bodies."""
-
-    def __init__(self, counts):
-        self.counts = counts
-
-    def visit_Read(self, node):
-        self.counts[id(node.tensor)] = self.counts.get(id(node.tensor), 0) + 1
-        self.generic_visit(node)
+def _count_reads(body: Expr, counts: Dict[int, int]):
+    """Adds the reads of each tensor (identity) in ``body`` to ``counts``: one per use of a read
+    node by a parent (:func:`~te_grad.ir.read_uses`, linear in a DAG)."""
+    for r in read_uses(body):
+        counts[id(r.tensor)] = counts.get(id(r.tensor), 0) + 1
 
 
 def _simplify_term(t: Tensor, e: Expr, fallbacks: List[Tuple[str, str]]) -> Expr:
@@ -177,10 +172,9 @@ def _simplify_graph(tensors: List[Tensor], keep: Set[int], fallbacks: Optional[L
     fallbacks = [] if fallbacks is None else fallbacks
     order = topo_order(tensors)
     reads: Dict[int, int] = {}
-    counter = _ReadCounter(reads)
     for t in order:
         if isinstance(t.op, ComputeOp):
-            counter.visit(t.op.body)
+            _count_reads(t.op.body, reads)
     outputs = {id(t) for t in tensors} | set(keep)
     new: Dict[int, Tensor] = {}
     inline: Dict[int, Tensor] = {}

@@ -127,6 +127,10 @@ def _or(a: Optional[Expr], b: Optional[Expr]) -> Optional[Expr]:
     return a | b
 
 
+def _same(a: Optional[Expr], b: Optional[Expr]) -> bool:
+    return a is b or (a is not None and b is not None and structurally_equal(a, b))
+
+
 def _vars(c: Expr) -> List[Var]:
     return [v for v in free_vars(c) if not isinstance(v, SizeVar)]
 
@@ -284,11 +288,34 @@ class _Demand:
     """Walks a reader's body collecting, for each read, the condition under which its value
     matters (``need``) and under which it is evaluated at all (``guard``)."""
 
+    #: distinct (guard, need) pairs a shared subexpression is walked under before it is
+    #: walked once for "evaluated and needed everywhere" (a superset: always sound), so that
+    #: a DAG with heavy sharing (a second-order gradient) costs a few walks per node, not one
+    #: per path
+    MAX_VISITS = 4
+
     def __init__(self, structure: Structure, demand: Dict[int, list]):
         self.s = structure
         self.demand = demand
+        self._seen: Dict[int, list] = {}
 
     def walk(self, e: Expr, guard: Optional[Expr], need: Optional[Expr]):
+        entry = self._seen.get(id(e))
+        if entry is None or entry[0] is not e:
+            entry = self._seen[id(e)] = [e, []]
+        visits = entry[1]
+        if visits is None:  # already walked as evaluated and needed everywhere
+            return
+        if any(_same(g, guard) and _same(n, need) for g, n in visits):
+            return
+        if (guard is None and need is None) or len(visits) >= self.MAX_VISITS:
+            entry[1] = None
+            guard = need = None
+        else:
+            visits.append((guard, need))
+        self._walk(e, guard, need)
+
+    def _walk(self, e: Expr, guard: Optional[Expr], need: Optional[Expr]):
         if isinstance(e, Read):
             for i in e.indices:
                 self.walk(i, guard, guard)

@@ -368,6 +368,13 @@ class _ScopeChecker(Visitor):
     def __init__(self, name):
         self.name = name
         self.bound = []
+        self.seen = set()  # (node, the axes bound there): a shared node is checked once per scope
+
+    def visit(self, node):
+        key = (id(node), tuple(id(b) for b in self.bound))
+        if key not in self.seen:
+            self.seen.add(key)
+            self.dispatch(node)
 
     def visit_Reduce(self, node: Reduce):
         for ax in node.axes:

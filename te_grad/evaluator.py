@@ -38,7 +38,7 @@ from . import sizes as size_vars
 from .argcheck import check_feed  # the kernels' own check
 from .graph import free_vars, reads_in, topo_order
 from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce,
-                 ScatterOp, Select, Tensor, Unary, Var)
+                 ScatterOp, Select, SizeVar, Tensor, Unary, Var)
 from .printer import expr_to_str
 
 #: elements of one intermediate array above which work is cut into boxes
@@ -153,8 +153,12 @@ def _work_per_element(e: Expr) -> int:
     bounds only; pinned axes count one), the deepest nesting's product."""
     best = 1
     stack = [(e, 1)]
+    seen = set()  # (node, factor): a node shared by several parents is walked once per factor
     while stack:
         node, factor = stack.pop()
+        if (id(node), factor) in seen:
+            continue
+        seen.add((id(node), factor))
         if isinstance(node, Reduce):
             solutions, _ = plan_reduction(node.axes, node.where)
             for ax, sol in zip(node.axes, solutions):
@@ -192,6 +196,10 @@ class _ExprEvaluator:
         self.tensor = tensor
         self.env: Dict[int, np.ndarray] = {}
         self.shape: tuple = tensor.shape
+        # the last value of each shared node: a DAG (second-order gradients share heavily) is
+        # evaluated once per node and context, not once per path (see eval)
+        self.memo: Dict[int, tuple] = {}
+        self.free: Dict[int, tuple] = {}
 
     def run(self) -> np.ndarray:
         op: ComputeOp = self.tensor.op
@@ -207,13 +215,25 @@ class _ExprEvaluator:
                 self.env[id(ax)] = np.arange(lo, hi, dtype=np.int64).reshape(
                     [hi - lo if e == d else 1 for e in range(nd)])
             self.shape = tuple(hi - lo for lo, hi in box)
+            self.memo.clear()
             value = self.eval(op.body, None)
             out[tuple(slice(lo, hi) for lo, hi in box)] = np.broadcast_to(value, self.shape)
         for ax in op.axes:
             self.env.pop(id(ax), None)
+        self.memo.clear()
         return out
 
     def eval(self, e: Expr, mask) -> np.ndarray:
+        """The value of ``e`` where ``mask`` holds. A node met again under the same mask
+        object, broadcast shape and values of its free variables (a DAG's shared node) gives
+        the value it gave before: the same computation, done once."""
+        leaf = isinstance(e, (Const, Var, SizeVar))
+        if not leaf:
+            env = tuple(self.env.get(v) for v in self._free_ids(e))
+            hit = self.memo.get(id(e))
+            if hit is not None and hit[0] is e and hit[1] is mask and hit[2] == self.shape and \
+                    all(a is b for a, b in zip(hit[3], env)):
+                return hit[4]
         method = getattr(self, "e_" + type(e).__name__, None)
         if method is None:
             raise InternalError(f"the evaluator does not know the node {type(e).__name__} "
@@ -221,7 +241,32 @@ class _ExprEvaluator:
         out = method(e, mask)
         if out.dtype != np.dtype(e.dtype):
             out = out.astype(e.dtype)
+        if not leaf:
+            self.memo[id(e)] = (e, mask, self.shape, env, out)
         return out
+
+    def _free_ids(self, e: Expr) -> tuple:
+        """Ids of the variables (and sizes) ``e`` uses, reduce axes it binds included (memoized
+        per node, bottom-up, iteratively)."""
+        got = self.free.get(id(e))
+        if got is not None and got[0] is e:
+            return got[1]
+        stack = [(e, False)]
+        while stack:
+            x, done = stack.pop()
+            hit = self.free.get(id(x))
+            if hit is not None and hit[0] is x:
+                continue
+            kids = [c for c in x.children() if isinstance(c, Expr)]
+            if not done:
+                stack.append((x, True))
+                stack.extend((c, False) for c in kids)
+                continue
+            ids = {id(x)} if isinstance(x, (Var, SizeVar)) else set()
+            for c in kids:
+                ids.update(self.free[id(c)][1])
+            self.free[id(x)] = (x, tuple(sorted(ids)))
+        return self.free[id(e)][1]
 
     # -- leaves ---------------------------------------------------------------
     def e_Const(self, e: Const, mask):

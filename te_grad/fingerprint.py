@@ -21,6 +21,7 @@ def fingerprint(outputs: Sequence[Tensor], inputs: Sequence[Tensor], extra: str 
     h = hashlib.sha256()
     tensors: Dict[int, int] = {}
     variables: Dict[int, int] = {}
+    nodes: Dict[int, int] = {}  # id(expression node) -> its order of first appearance
 
     def put(token):
         data = str(token).encode()
@@ -50,7 +51,7 @@ def fingerprint(outputs: Sequence[Tensor], inputs: Sequence[Tensor], extra: str 
             put(("unknown op", repr(op)))
             continue
         for part in parts:
-            _expr(part, put, tensors, variables)
+            _expr(part, put, tensors, variables, nodes)
     put(("outputs", [tensors[id(t)] for t in outputs]))
     put(("inputs", [tensors[id(t)] for t in inputs]))
     return h.hexdigest()
@@ -70,7 +71,11 @@ def _size_ranges(shape) -> list:
     return out
 
 
-def _expr(e: Expr, put, tensors, variables):
+def _expr(e: Expr, put, tensors, variables, nodes):
+    """Puts the tokens of ``e``, pre-order. A node met again (a DAG: gradients share
+    subexpressions) is put as a reference to its first appearance, whose tokens are complete
+    by then (the stack finishes a node's subtree before anything pushed below it), so the
+    token stream still determines the graph, and its length is the DAG's size, not the tree's."""
     stack = [e]
     while stack:
         node = stack.pop()
@@ -93,6 +98,11 @@ def _expr(e: Expr, put, tensors, variables):
         if isinstance(node, Const):
             put(("const", repr(node.value), node.dtype))
             continue
+        first = nodes.get(id(node))
+        if first is not None:
+            put(("ref", first))
+            continue
+        nodes[id(node)] = len(nodes)
         put((type(node).__name__, node.dtype))
         for f in reversed(fields(node)):
             value = getattr(node, f.name)

@@ -9,14 +9,24 @@ def free_vars(expr: Expr) -> Tuple[Var, ...]:
     """Variables used in ``expr`` and not bound by a reduction inside it (in order of first use)."""
     free: Dict[int, Var] = {}
     bound: Dict[int, int] = {}
+    active = 0  # how many axes are bound here
+    # nodes walked with no axis bound: a second walk of one (a DAG's shared node), bound or
+    # not, finds no variable the first did not, so it is skipped (linear in the DAG)
+    open_walked = set()
     stack = [("visit", expr)]
     while stack:
         action, item = stack.pop()
         if action == "bind" or action == "unbind":
             for ax in item:
-                bound[id(ax)] = bound.get(id(ax), 0) + (1 if action == "bind" else -1)
+                before = bound.get(id(ax), 0)
+                bound[id(ax)] = before + (1 if action == "bind" else -1)
+                active += (bound[id(ax)] > 0) - (before > 0)
             continue
         node = item
+        if id(node) in open_walked:
+            continue
+        if not active:
+            open_walked.add(id(node))
         if isinstance(node, Var):  # also ReduceAxis: a use of the variable
             if not bound.get(id(node)):
                 free.setdefault(id(node), node)
@@ -79,17 +89,27 @@ def consumers(order: List[Tensor]) -> Dict[int, List[Tensor]]:
 def reductions_in(expr: Expr, guards=(), loops=()) -> List[Tuple[Reduce, list, list]]:
     """Every reduction of ``expr`` with the conditions of the ``if_then_else`` branches that
     lead to it (``guards``) and the reduce axes of the reductions around it (``loops``),
-    outer reductions first, left to right (iterative: an explicit stack)."""
+    outer reductions first, left to right (iterative: an explicit stack). A node shared by
+    several parents (a DAG) is walked once per context (the same guards and loops): a
+    reduction reached twice in one context is listed once."""
     from .ir import Select
     out = []
     stack = [(expr, list(guards), list(loops))]
+    seen = set()
+    negated: Dict[int, Expr] = {}  # one ~cond per Select, so that its contexts compare by identity
     while stack:
         e, gs, ls = stack.pop()
+        key = (id(e), tuple(map(id, gs)), tuple(map(id, ls)))
+        if key in seen:
+            continue
+        seen.add(key)
         if isinstance(e, Reduce):
             out.append((e, list(gs), list(ls)))
             stack.append((e.body, gs, ls + list(e.axes)))
         elif isinstance(e, Select):
-            stack.append((e.f, gs + [~e.cond], ls))
+            if id(e) not in negated:
+                negated[id(e)] = ~e.cond
+            stack.append((e.f, gs + [negated[id(e)]], ls))
             stack.append((e.t, gs + [e.cond], ls))
             stack.append((e.cond, gs, ls))
         else:

@@ -21,7 +21,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from .graph import reads_in
+from .ir import distinct_reads
 from .ir import Binary, Cast, Compare, Const, Expr, ReduceAxis, Select, SizeVar, Unary, Var
 
 Interval = Optional[Tuple[int, int]]
@@ -70,7 +70,7 @@ def interval(e: Expr, ranges: Dict[int, Tuple[int, int]]) -> Interval:
 def speculatable(e: Expr, ranges: Dict[int, Tuple[int, int]]) -> bool:
     """True if ``e`` can be evaluated at every point of the loops: reads provably in bounds,
     no integer division by a non-constant or by zero (floats never trap)."""
-    for r in reads_in(e):
+    for r in distinct_reads(e):
         for ix, n in zip(r.indices, r.tensor.shape):
             iv = interval(ix, ranges)
             if iv is None or isinstance(n, Expr) or iv[0] < 0 or iv[1] >= n:  # an extent known at run time: unproven
@@ -84,10 +84,17 @@ def has_variable_int_division(e: Expr) -> bool:
 
 
 def _has_variable_int_division(e: Expr) -> bool:
-    if isinstance(e, Binary) and e.op in ("floordiv", "floormod") and \
-            (not isinstance(e.b, Const) or e.b.value == 0):
-        return True
-    return any(_has_variable_int_division(c) for c in e.children())
+    seen, stack = set(), [e]  # each distinct node once: linear in a DAG
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, Binary) and x.op in ("floordiv", "floormod") and \
+                (not isinstance(x.b, Const) or x.b.value == 0):
+            return True
+        stack.extend(x.children())
+    return False
 
 
 class NotAnIndex(Exception):

@@ -537,10 +537,47 @@ def reads_in(expr: Expr) -> List[Read]:
     return reads
 
 
+def distinct_reads(expr: Expr) -> List[Read]:
+    """Every Read node of ``expr`` once, in the order of :func:`reads_in`'s first occurrences. A
+    node shared by several parents (a DAG) is walked once: linear in the DAG, where
+    :func:`reads_in`, which keeps repeats, is linear in the tree."""
+    reads: List[Read] = []
+    seen = set()
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, Read):
+            reads.append(node)
+        stack.extend(reversed(node.children()))
+    return reads
+
+
+def read_uses(expr: Expr) -> List[Read]:
+    """The Read nodes of ``expr``, each once per parent node that uses it (``x * x`` with ``x =
+    T[i]`` lists it twice; ``expr`` itself once if it is a read): what :func:`reads_in` lists for
+    a tree, with every node walked once, so linear in a DAG where a subexpression shared by
+    several parents would make the tree exponential."""
+    uses: List[Read] = [expr] if isinstance(expr, Read) else []
+    walked = set()
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if id(node) in walked:
+            continue
+        walked.add(id(node))
+        children = node.children()
+        uses.extend(c for c in children if isinstance(c, Read))
+        stack.extend(reversed(children))
+    return uses
+
+
 def tensors_read(expr: Expr) -> Tuple[Tensor, ...]:
     """The distinct tensors read by ``expr``, in order of first read."""
     seen: Dict[int, Tensor] = {}
-    for r in reads_in(expr):
+    for r in distinct_reads(expr):
         seen.setdefault(id(r.tensor), r.tensor)
     return tuple(seen.values())
 

@@ -37,13 +37,17 @@ from .visitor import Mutator
 
 #: a path's guards: (id of a condition, the value it has on the path), outermost first
 Path = Tuple[Tuple[int, bool], ...]
+#: distinct paths kept per node before it is taken as reached unguarded (see guard_paths)
+MAX_PATHS = 32
 
 
 def guard_paths(top: Expr) -> Tuple[Dict[int, List[Path]], Dict[int, Expr]]:
     """For every node below ``top``, the guards of each path by which evaluation reaches it
     (``if_then_else`` branches, the right operand of ``and`` / ``or``, a reduction's body
     under its ``where``), and the conditions by id. A node reached by a path without guards
-    is evaluated wherever ``top`` is."""
+    is evaluated wherever ``top`` is; so is one reached by more than :data:`MAX_PATHS` paths
+    (a superset of where it is evaluated, so that a DAG costs a bounded number of paths per
+    node, not one per path of its tree)."""
     paths: Dict[int, List[Path]] = {}
     conds: Dict[int, Expr] = {}
     seen = set()
@@ -52,8 +56,21 @@ def guard_paths(top: Expr) -> Tuple[Dict[int, List[Path]], Dict[int, Expr]]:
         node, path = stack.pop()
         if (id(node), path) in seen:
             continue
+        mine = paths.setdefault(id(node), [])
+        if mine and mine[-1] == () and path:
+            continue  # reached unguarded already: a guarded path adds nothing below it either
+        if len(mine) >= MAX_PATHS and path:
+            # a DAG whose shared nodes sit under many selections has exponentially many
+            # paths: this node (and so everything below it) is taken as reached unguarded,
+            # a superset of its paths (its lifted reductions are computed everywhere)
+            path = ()
+            if (id(node), path) in seen:
+                continue
         seen.add((id(node), path))
-        paths.setdefault(id(node), []).append(path)
+        if path == ():
+            mine[:] = [()]
+        else:
+            mine.append(path)
         if isinstance(node, Select):
             conds[id(node.cond)] = node.cond
             stack += [(node.cond, path), (node.t, path + ((id(node.cond), True),)),

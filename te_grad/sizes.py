@@ -85,9 +85,13 @@ def size_vars_in(e) -> Tuple[SizeVar, ...]:
     if not isinstance(e, Expr):
         return ()
     seen: Dict[int, SizeVar] = {}
+    visited = set()  # a node shared by several parents is walked once
     stack = [e]
     while stack:
         x = stack.pop()
+        if id(x) in visited:
+            continue
+        visited.add(id(x))
         if isinstance(x, SizeVar):
             seen.setdefault(id(x), x)
         elif isinstance(x, ReduceAxis):
@@ -400,7 +404,7 @@ def specialize(outputs: Sequence[Tensor], sizes: Mapping[SizeVar, int]) -> Tuple
 def uses_sizes(t: Tensor) -> bool:
     """Whether ``t``'s own definition needs the sizes: its shape, its bounds or body, or the
     shape of a tensor it reads, uses a size variable (its producers may, it need not)."""
-    from .graph import reads_in
+    from .ir import distinct_reads
     op = t.op
     parts: List = list(t.shape)
     if isinstance(op, ComputeOp):
@@ -409,8 +413,10 @@ def uses_sizes(t: Tensor) -> bool:
         parts += [b for ax in op.axes for b in (ax.lo, ax.hi)] + list(op.indices) + [op.value]
         parts += [op.where] if op.where is not None else []
     exprs = [p for p in parts if isinstance(p, Expr)]
-    return any(size_vars_in(p) for p in exprs) or \
-        any(size_vars_in(n) for p in exprs for r in reads_in(p) for n in r.tensor.shape)
+    if any(size_vars_in(p) for p in exprs):
+        return True
+    read = {id(r.tensor): r.tensor for p in exprs for r in distinct_reads(p)}
+    return any(size_vars_in(n) for x in read.values() for n in x.shape)
 
 
 __all__ = ["var", "uses_sizes", "is_size_expr", "size_vars_in", "graph_size_vars", "is_symbolic", "value",

@@ -83,8 +83,12 @@ def _problems(t: Tensor) -> List[str]:
 def _check(e: Expr, bound: set, out: List[str]) -> None:
     """Append to ``out`` what is wrong in ``e``, where the variables ``bound`` are in scope."""
     stack = [(e, frozenset(bound))]
+    walked = set()  # (node, scope): a node shared by several parents is checked once per scope
     while stack:
         node, scope = stack.pop()
+        if (id(node), scope) in walked:
+            continue
+        walked.add((id(node), scope))
         if not isinstance(node, Expr):
             out.append(f"{node!r} is not an expression")
             continue

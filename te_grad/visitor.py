@@ -3,15 +3,30 @@
 Subclasses override ``visit_<NodeClass>`` for the nodes they care about; every
 other node is walked (Visitor) or rebuilt from its visited children (Mutator).
 A Mutator returns the very same node when nothing below it changed, and
-visits each distinct node object once (results are memoized by identity).
+visits each distinct node object once (results are memoized by identity); a Visitor
+walks each distinct node once too.
 """
 from .ir import Expr, Reduce, ReduceAxis, _field_names
 
 
 class Visitor:
-    """Walks an expression tree, children before nothing: override visit_X to act."""
+    """Walks an expression, children before nothing: override visit_X to act.
+
+    Each distinct node object is visited once per visitor (a node shared by several parents,
+    a DAG, is not walked again: second-order gradients share so much that their trees are
+    exponentially larger). A visitor whose visits depend on where the node is (the scopes
+    around it) overrides ``visit`` with its own memo and calls :meth:`dispatch`."""
 
     def visit(self, node):
+        walked = self.__dict__.get("_walked")
+        if walked is None:
+            walked = self.__dict__["_walked"] = set()
+        if id(node) in walked:
+            return None
+        walked.add(id(node))
+        return self.dispatch(node)
+
+    def dispatch(self, node):
         method = getattr(self, "visit_" + type(node).__name__, None)
         if method is not None:
             return method(node)

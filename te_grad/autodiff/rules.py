@@ -165,30 +165,73 @@ def backprop(expr: Expr, seed: Expr, top_value: Expr = None) -> List[Tuple[Read,
     conditions of the ``if_then_else`` branches the read is under (the read, and so
     its contribution, exists only where they hold) and its adjoint there, in order
     of first visit (depth first, left to right); reads of the same element under
-    the same guards are merged. The walk keeps an explicit stack (no recursion), so
-    deep expressions are fine.
+    the same guards are merged.
+
+    Reverse mode over the expression as a DAG: a node shared by several parents (under
+    the same guards) gets the sum of their contributions and passes it on once, so the
+    work and the size of the adjoints follow the DAG, not its tree (``e = f(e, e, e)``
+    level after level has a tree of ``3 ** levels`` nodes). The nodes are taken in a
+    topological order, parents first: the reverse of a post-order that visits children
+    right to left, which for a tree is the depth-first, left-to-right order. Explicit
+    stacks (no recursion), so deep expressions are fine.
     """
-    found: Dict[Tuple[Read, Tuple[Expr, ...]], Expr] = {}
-    stack = [(expr, seed, ())]
-    while stack:
-        n, g, guards = stack.pop()
-        if not _differentiable(n):
-            continue
-        if isinstance(n, Read):
-            key = (n, guards)
-            prev = found.get(key)
-            found[key] = g if prev is None else add(prev, g)
-            continue
+    negation: Dict[int, Expr] = {}  # one logical_not per select: contexts compare by identity
+
+    def below(n: Expr, guards: tuple):
+        if isinstance(n, Read) or not _differentiable(n):
+            return []
         if isinstance(n, Select):
             # d select(c, t, f) = select(c, dt, 0) + select(c, 0, df)
-            stack.append((n.f, g, guards + (dsl.logical_not(n.cond),)))
-            stack.append((n.t, g, guards + (n.cond,)))
+            neg = negation.get(id(n))
+            if neg is None:
+                neg = negation[id(n)] = dsl.logical_not(n.cond)
+            return [(n.t, guards + (n.cond,)), (n.f, guards + (neg,))]
+        return [(c, guards) for c in n.children() if isinstance(c, Expr)]
+
+    def key(n: Expr, guards: tuple) -> tuple:
+        return (id(n), tuple(map(id, guards)))
+
+    order = []  # post-order, children right to left
+    walked = set()
+    stack = [(expr, (), False)]
+    while stack:
+        n, guards, done = stack.pop()
+        if done:
+            order.append((n, guards))
+            continue
+        if key(n, guards) in walked:
+            continue
+        walked.add(key(n, guards))
+        stack.append((n, guards, True))
+        stack.extend((c, g, False) for c, g in below(n, guards))
+    adjoint: Dict[tuple, Expr] = {key(expr, ()): seed}
+
+    def give(n: Expr, guards: tuple, g: Expr):
+        k = key(n, guards)
+        prev = adjoint.get(k)
+        adjoint[k] = g if prev is None else add(prev, g)
+
+    found: Dict[Tuple[Read, Tuple[Expr, ...]], Expr] = {}
+    for n, guards in reversed(order):
+        g = adjoint.pop(key(n, guards), None)
+        if g is None or not _differentiable(n):
+            continue
+        if isinstance(n, Read):
+            k = (n, guards)
+            prev = found.get(k)
+            found[k] = g if prev is None else add(prev, g)
+            continue
+        if isinstance(n, Select):
+            for c, cg in below(n, guards):
+                give(c, cg, g)
             continue
         y = top_value if (top_value is not None and n is expr) else n
-        for child, child_adj in reversed(local_partials(n, g, y)):
+        for child, child_adj in local_partials(n, g, y):
             if isinstance(child_adj, Const) and child_adj.value == 0:
                 continue
-            stack.append((child, child_adj, guards))
+            give(child, guards, child_adj)
+    if adjoint:  # a contribution to a node the walk did not reach: never silently dropped
+        raise InternalError(f"backprop left {len(adjoint)} adjoint(s) undelivered in {expr}")
     return [(read, guards, adj) for (read, guards), adj in found.items()]
 
 

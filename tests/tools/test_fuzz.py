@@ -4,6 +4,7 @@ A fixed budget runs here, through hypothesis (which shrinks a failing program
 choice by choice); ``python -m te_grad fuzz --programs N`` runs any number.
 """
 import io
+import os
 import re
 import subprocess
 import sys
@@ -15,9 +16,9 @@ from te_grad.tools import fuzz
 from te_grad.tools.fuzz import Program, check, from_choices, from_seed, shrink
 
 
-# The program being checked is written to /tmp/hyp_current.py first: a program whose kernels
-# take minutes to compile (one is known, see tests/tools/fuzz_slow_compile.py) can then be
-# read back while the test runs.
+# The program being checked is written to /tmp/hyp_current.py first: a program whose checks
+# take minutes can then be read back while the test runs (as tests/tools/fuzz_shared_second_order.py
+# once did).
 @settings(max_examples=300, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(fuzz.programs())
@@ -302,6 +303,17 @@ def test_the_sized_check_catches_a_wrong_simplification(monkeypatch):
     monkeypatch.setattr(simplify, "simplify_graph", broken)  # what tg.differentiate calls
     outcome = check(Program(source), seed=0, compile_=False)
     assert outcome.kind == "mismatch-simplified-raw" and "n=1" in outcome.detail, outcome
+
+
+def test_a_second_order_gradient_with_heavy_sharing_builds():
+    """A drawn program whose second-order gradient is a DAG of about 5,400 nodes and a tree of
+    480,000 (tests/tools/fuzz_shared_second_order.py): every stage walks the DAG, not the tree,
+    so it is checked in seconds and passes (it once took minutes in the structural-zeros demand
+    walk and in LLVM, with a 59 MB stage function)."""
+    path = os.path.join(os.path.dirname(__file__), "fuzz_shared_second_order.py")
+    outcome = check(Program(open(path).read()), seed=0)
+    assert not outcome.failed, f"{outcome.kind}: {outcome.detail}"
+    assert "second order" in outcome.notes
 
 
 def test_the_generator_draws_mask_stages():

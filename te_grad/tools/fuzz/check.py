@@ -201,6 +201,8 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
             notes.append("a conditional index (if_then_else inside an index)")
         if "XM" in ns:
             notes.append("a causal or band mask (zeros carried across tensors)")
+        if "XS" in ns:
+            notes.append("a subexpression shared level after level (a DAG)")
         fallbacks = sum(1 for w in caught if issubclass(w.category, SimplificationWarning))
         return Outcome(status, fallbacks=fallbacks, notes=notes)
     except _Mismatch as m:

@@ -317,6 +317,8 @@ class _Gen:
             stages.append(self.window_stage(len(stages)))
         elif self.chance(3):  # a causal or band mask on a square matrix: zeros carried across tensors
             stages.append(self.mask_stage(len(stages), stages[-1]))
+        elif self.chance(3):  # a subexpression shared by several parents, level after level (a DAG)
+            stages.append(self.shared_stage(len(stages), stages[-1]))
         self.lines.append(f"OUT = {stages[-1]}")
         self.lines.append(f"STAGES = [{', '.join(stages)}]")
         self.lines.append(f"INPUTS = [{', '.join([f'X{k}' for k in range(n_inputs)] + self.extra_inputs)}]")
@@ -556,6 +558,29 @@ class _Gen:
         self.lines.append(f"S{s} = tg.compute(({n}, 2), lambda i0, i1: tg.sum(P{s}[i0, ke{s}] * VM[ke{s}, i1], "
                           f"axis=ke{s}), name='S{s}')")
         self.sources.append((f"S{s}", (n, 2)))
+        return f"S{s}"
+
+    def shared_stage(self, s: int, prev: str) -> str:
+        """A last stage whose body reuses one Python value several times, level after level
+        (``e = f(e, e, e)``, 2 to 4 levels): a DAG whose tree grows as ``3 ** levels``, as
+        second-order gradients are. Every stage must walk it as a DAG, and the LLVM emitter's
+        shared values (one per block and per binding of their variables) must stay right in
+        vector loops and register blocks: with 16 columns or more the stage is vectorized."""
+        n, m = 2 + self.draw(3), (3 + self.draw(4)) if not self.chance(2) else 16 + self.draw(20)
+        self.lines.append(f"XS = tg.placeholder(({n}, {m}), dtype=DT, name='XS')")
+        self.extra_inputs.append("XS")
+        shape = next(sh for name, sh in reversed(self.sources) if name == prev)
+        scale = f"{prev}[{', '.join('0' for _ in shape)}]" if shape else f"{prev}[()]"
+        self.lines.append(f"def _S{s}(i0, i1):")
+        self.lines.append(f"    e = XS[i0, i1] * (C(0.5) + tg.tanh({scale}))")
+        for _ in range(2 + self.draw(3)):
+            step = self.pick(["tg.tanh(e) * e + e * C(0.5)", "tg.maximum(e, C(0.0)) * e - e * C(0.25)",
+                              "tg.if_then_else(e > C(0.0), e * C(0.5), -e) + tg.sigmoid(e)",
+                              "e * tg.exp(-(e * e)) + e", "tg.log(e * e + C(1.0)) - e * C(0.5)"])
+            self.lines.append(f"    e = {step}")
+        self.lines.append("    return tg.cast(DT, e)")
+        self.lines.append(f"S{s} = tg.compute(({n}, {m}), _S{s}, name='S{s}')")
+        self.sources.append((f"S{s}", (n, m)))
         return f"S{s}"
 
     def window_stage(self, s: int) -> str:

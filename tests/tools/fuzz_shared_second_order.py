@@ -1,8 +1,9 @@
-# A fuzzer program whose second-order kernels take minutes to compile (LLVM's emit_object in the
-# compile workers), with te_grad as of this file and before the mask stage was added alike.
-# Not run by the tests: kept to be reproduced and fixed,
-#   python -c "from te_grad.tools.fuzz import Program, check; print(check(Program(open(
-#   'tests/tools/fuzz_slow_compile.py').read())))"
+# A fuzzer program whose second-order gradient shares subexpressions heavily: its simplified
+# gradient dX0 is a DAG of about 5,400 nodes whose tree has 480,000. Once, the demand walk of
+# simplify/zeros.py followed every path of it (minutes, calling isl on each) and the LLVM
+# emitter emitted every path (a 59 MB stage function that kept emit_object busy for
+# minutes). tests/tools/test_fuzz.py::test_a_second_order_gradient_with_heavy_sharing_builds
+# checks it.
 # a random te_grad program (te_grad.tools.fuzz); DT is the float dtype
 C = lambda value: tg.const(value, DT)
 X0 = tg.placeholder((3, 2), dtype=DT, name='X0')
