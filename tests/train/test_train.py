@@ -146,7 +146,9 @@ def test_ragged_last_batch_save_load_and_profile(tmp_path):
         np.testing.assert_array_equal(other.params[k], v)
     # other predicts with its one kernel for every batch size, trainer with an exact one: the same up to rounding
     np.testing.assert_allclose(other.predict(x[:8]), trainer.predict(x[:8]), rtol=1e-6, atol=1e-7)
-    assert other.update(x[:8], y[:8]) == trainer.update(x[:8], y[:8])
+    # and so does a step: the same loss up to rounding (one kernel for every batch size against
+    # one for batches of 8), the same update of the same parameters
+    np.testing.assert_allclose(other.update(x[:8], y[:8]), trainer.update(x[:8], y[:8]), rtol=1e-6)
     rows = trainer.profile(x[:8], y[:8], repeat=2, show=False)
     assert rows and all(r["ms"] >= 0 for r in rows) and any("weight_new" in r["stage"] for r in rows)
     with pytest.raises(tg.UserError, match="float32"):
