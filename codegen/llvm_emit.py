@@ -35,8 +35,8 @@ from .llvm import ir
 from te_grad import dtypes
 from te_grad.errors import InternalError
 from te_grad.ops import identity_of, reduction
-from te_grad.graph import free_vars, reads_in
-from te_grad.ir import distinct_reads
+from te_grad.graph import free_var_ids, free_vars, reads_in
+from te_grad.ir import distinct_nodes, distinct_reads
 from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, Select, SizeVar, Tensor, Unary,
                         Var)
 
@@ -103,16 +103,9 @@ def _keeps_a_max(s: Store) -> bool:
 
 def _float_equalities(stage: Stage):
     """The float ``==`` / ``!=`` tests in ``stage``."""
-    pending = list(stmt_exprs(stage.body))
-    seen = set()  # a node shared by several parents is looked at once
-    while pending:
-        e = pending.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in distinct_nodes(*stmt_exprs(stage.body)):
         if isinstance(e, Compare) and e.op in ("eq", "ne") and dtypes.is_float(e.a.dtype):
             yield e
-        pending.extend(e.children())
 
 
 def compared_tensors(stages: Sequence[Stage]) -> set:
@@ -481,36 +474,12 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         return value
 
     def memo_key(self, e: Expr) -> tuple:
-        fv = self.free_ids(e)
+        fv = free_var_ids(e, self.fv)
         vec = self.vec
         lanes = None if vec is None else (vec[0] in fv, id(vec[1]), vec[2], vec[0] if vec[0] in fv else None)
         transposed = None if self.transposed is None else (id(self.transposed[0]), id(self.transposed[1]))
         env = tuple(id(self.env.get(v)) for v in fv)
         return (id(e), id(self.b.block), self.exact, self.undecided, lanes, transposed, env)
-
-    def free_ids(self, e: Expr) -> tuple:
-        """Ids of the variables ``e`` reads (memoized per node, iteratively)."""
-        got = self.fv.get(id(e))
-        if got is not None and got[0] is e:
-            return got[1]
-        stack = [(e, False)]
-        while stack:
-            x, done = stack.pop()
-            hit = self.fv.get(id(x))
-            if hit is not None and hit[0] is x:
-                continue
-            kids = [c for c in x.children() if isinstance(c, Expr)]
-            if not done:
-                stack.append((x, True))
-                stack.extend((c, False) for c in kids)
-                continue
-            ids = {id(x)} if isinstance(x, (Var, SizeVar)) else set()
-            for c in kids:
-                ids.update(self.fv[id(c)][1])
-            if isinstance(x, Reduce):
-                ids -= {id(a) for a in x.axes}
-            self.fv[id(x)] = (x, tuple(sorted(ids)))
-        return self.fv[id(e)][1]
 
     def e_Const(self, e: Const):
         return ir.Constant(SCALAR[e.dtype], int(e.value) if e.dtype == "bool" else e.value)

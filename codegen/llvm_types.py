@@ -6,7 +6,7 @@ from typing import List, Sequence
 from te_grad import ops
 from te_grad.errors import InternalError
 from te_grad.graph import reads_in
-from te_grad.ir import Call, Expr, Read
+from te_grad.ir import Call, Expr, Read, distinct_nodes
 
 from .llvm import ir
 
@@ -44,17 +44,11 @@ SIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 def vectorizable(e: Expr, dtype: str) -> bool:
     """True if ``e`` has a lane-wise vector form: no opaque library calls, no data-dependent
     or boolean reads. Each distinct node is looked at once (iterative, linear in a DAG)."""
-    seen, stack = set(), [e]
-    while stack:
-        x = stack.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
+    for x in distinct_nodes(e):
         if isinstance(x, Call) and lowering(x.name, x.dtype)[0] == "libm":
             return False
         if isinstance(x, Read) and (x.tensor.dtype == "bool" or any(reads_in(i) for i in x.indices)):
             return False
-        stack.extend(x.children())
     return True
 
 

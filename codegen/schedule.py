@@ -55,7 +55,7 @@ from te_grad.ops import identity_of, reduction
 from te_grad.graph import topo_order
 from te_grad.transform import summands
 from te_grad.errors import UserError
-from te_grad.ir import Const, Expr, PlaceholderOp, Reduce, ScatterOp, Select, Tensor, Var
+from te_grad.ir import Const, Expr, PlaceholderOp, Reduce, ScatterOp, Select, Tensor, Var, distinct_nodes
 from te_grad.transform import sum_terms
 from te_grad.sizes import uses_sizes
 
@@ -82,15 +82,7 @@ SYMBOLIC_WORK = 1 << 20
 
 
 def _has_reduce(e: Expr) -> bool:
-    seen, stack = set(), [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, Reduce):
-            return True
-        if id(x) not in seen:
-            seen.add(id(x))
-            stack.extend(x.children())
-    return False
+    return any(isinstance(x, Reduce) for x in distinct_nodes(e))
 
 
 def split_terms(body: Expr):

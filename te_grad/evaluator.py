@@ -36,7 +36,7 @@ from .deep import deep_entry
 from .errors import InternalError, UserError
 from . import sizes as size_vars
 from .argcheck import check_feed  # the kernels' own check
-from .graph import free_vars, reads_in, topo_order
+from .graph import free_var_ids, free_vars, reads_in, topo_order
 from .ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, PlaceholderOp, Read, Reduce,
                  ScatterOp, Select, SizeVar, Tensor, Unary, Var)
 from .printer import expr_to_str
@@ -229,7 +229,7 @@ class _ExprEvaluator:
         the value it gave before: the same computation, done once."""
         leaf = isinstance(e, (Const, Var, SizeVar))
         if not leaf:
-            env = tuple(self.env.get(v) for v in self._free_ids(e))
+            env = tuple(self.env.get(v) for v in free_var_ids(e, self.free))
             hit = self.memo.get(id(e))
             if hit is not None and hit[0] is e and hit[1] is mask and hit[2] == self.shape and \
                     all(a is b for a, b in zip(hit[3], env)):
@@ -244,29 +244,6 @@ class _ExprEvaluator:
         if not leaf:
             self.memo[id(e)] = (e, mask, self.shape, env, out)
         return out
-
-    def _free_ids(self, e: Expr) -> tuple:
-        """Ids of the variables (and sizes) ``e`` uses, reduce axes it binds included (memoized
-        per node, bottom-up, iteratively)."""
-        got = self.free.get(id(e))
-        if got is not None and got[0] is e:
-            return got[1]
-        stack = [(e, False)]
-        while stack:
-            x, done = stack.pop()
-            hit = self.free.get(id(x))
-            if hit is not None and hit[0] is x:
-                continue
-            kids = [c for c in x.children() if isinstance(c, Expr)]
-            if not done:
-                stack.append((x, True))
-                stack.extend((c, False) for c in kids)
-                continue
-            ids = {id(x)} if isinstance(x, (Var, SizeVar)) else set()
-            for c in kids:
-                ids.update(self.free[id(c)][1])
-            self.free[id(x)] = (x, tuple(sorted(ids)))
-        return self.free[id(e)][1]
 
     # -- leaves ---------------------------------------------------------------
     def e_Const(self, e: Const, mask):

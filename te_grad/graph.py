@@ -1,8 +1,36 @@
 """Queries over expressions and tensor graphs: reads, free variables, order."""
 from typing import Dict, Iterable, List, Tuple
 
-from .ir import Expr, Reduce, Tensor, Var, ComputeOp
+from .ir import Expr, Reduce, SizeVar, Tensor, Var, ComputeOp
 from .ir import reads_in, tensors_read  # noqa: F401 - the walks the nodes themselves need
+
+
+def free_var_ids(e: Expr, memo: Dict[int, tuple]) -> tuple:
+    """Sorted ids of the variables and sizes ``e``'s value depends on: those it uses, less the
+    axes its own reductions bind. Memoized in ``memo`` (``id(node) -> (node, ids)``, which the
+    caller keeps for as long as its nodes live), bottom-up and iteratively, so a DAG's shared
+    node is walked once. Evaluators key their per-node caches by the values bound to these."""
+    got = memo.get(id(e))
+    if got is not None and got[0] is e:
+        return got[1]
+    stack = [(e, False)]
+    while stack:
+        x, done = stack.pop()
+        hit = memo.get(id(x))
+        if hit is not None and hit[0] is x:
+            continue
+        kids = [c for c in x.children() if isinstance(c, Expr)]
+        if not done:
+            stack.append((x, True))
+            stack.extend((c, False) for c in kids)
+            continue
+        ids = {id(x)} if isinstance(x, (Var, SizeVar)) else set()
+        for c in kids:
+            ids.update(memo[id(c)][1])
+        if isinstance(x, Reduce):
+            ids -= {id(a) for a in x.axes}
+        memo[id(x)] = (x, tuple(sorted(ids)))
+    return memo[id(e)][1]
 
 
 def free_vars(expr: Expr) -> Tuple[Var, ...]:

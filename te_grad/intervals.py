@@ -21,7 +21,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from .ir import distinct_reads
+from .ir import distinct_nodes, distinct_reads
 from .ir import Binary, Cast, Compare, Const, Expr, ReduceAxis, Select, SizeVar, Unary, Var
 
 Interval = Optional[Tuple[int, int]]
@@ -84,17 +84,8 @@ def has_variable_int_division(e: Expr) -> bool:
 
 
 def _has_variable_int_division(e: Expr) -> bool:
-    seen, stack = set(), [e]  # each distinct node once: linear in a DAG
-    while stack:
-        x = stack.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        if isinstance(x, Binary) and x.op in ("floordiv", "floormod") and \
-                (not isinstance(x.b, Const) or x.b.value == 0):
-            return True
-        stack.extend(x.children())
-    return False
+    return any(isinstance(x, Binary) and x.op in ("floordiv", "floormod") and
+               (not isinstance(x.b, Const) or x.b.value == 0) for x in distinct_nodes(e))
 
 
 class NotAnIndex(Exception):

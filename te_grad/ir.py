@@ -25,7 +25,7 @@ import builtins
 import numbers
 import operator
 from dataclasses import dataclass, fields
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -537,22 +537,25 @@ def reads_in(expr: Expr) -> List[Read]:
     return reads
 
 
-def distinct_reads(expr: Expr) -> List[Read]:
-    """Every Read node of ``expr`` once, in the order of :func:`reads_in`'s first occurrences. A
-    node shared by several parents (a DAG) is walked once: linear in the DAG, where
-    :func:`reads_in`, which keeps repeats, is linear in the tree."""
-    reads: List[Read] = []
+def distinct_nodes(*roots: Expr) -> Iterator[Expr]:
+    """Every node under ``roots`` once (by identity), in pre-order, left to right. A node shared
+    by several parents (a DAG) is yielded and walked once: linear in the DAG, not the tree.
+    Iterative (an explicit stack): depth does not matter."""
     seen = set()
-    stack = [expr]
+    stack = list(reversed(roots))
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if isinstance(node, Read):
-            reads.append(node)
+        yield node
         stack.extend(reversed(node.children()))
-    return reads
+
+
+def distinct_reads(expr: Expr) -> List[Read]:
+    """Every Read node of ``expr`` once, in the order of :func:`reads_in`'s first occurrences
+    (linear in the DAG, where :func:`reads_in`, which keeps repeats, is linear in the tree)."""
+    return [node for node in distinct_nodes(expr) if isinstance(node, Read)]
 
 
 def read_uses(expr: Expr) -> List[Read]:
@@ -561,16 +564,8 @@ def read_uses(expr: Expr) -> List[Read]:
     a tree, with every node walked once, so linear in a DAG where a subexpression shared by
     several parents would make the tree exponential."""
     uses: List[Read] = [expr] if isinstance(expr, Read) else []
-    walked = set()
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        if id(node) in walked:
-            continue
-        walked.add(id(node))
-        children = node.children()
-        uses.extend(c for c in children if isinstance(c, Read))
-        stack.extend(reversed(children))
+    for node in distinct_nodes(expr):
+        uses.extend(c for c in node.children() if isinstance(c, Read))
     return uses
 
 
