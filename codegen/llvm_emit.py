@@ -49,15 +49,16 @@ from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, St
                      ragged_loop_vars, stmt_exprs, stmt_stores, tensors_of)
 from .ragged_split import balanced_range
 from .symbolic_bounds import speculatable_within, stage_size_vars, symbolic_inside
-from .vecmath import (acos_f32, acos_f64, asin_f32, asin_f64, atan2_f32, atan2_f64, atan_f32, atan_f64, cos_f32,
+from .vecmath import (acos_f32, acos_f64, asin_f32, asin_f64, atan2_f32, atan2_f64, atan_f32, atan_f64, cos_f32, cos_f64,
                       erf_f32, erf_f64, exp_f32, exp_f64, expm1_f32, expm1_f64, intrinsic, log1p_f32, log1p_f64,
-                      log_f32, log_f64, pow_f32, pow_f64, sigmoid_f32, sigmoid_f64, sin_f32, tanh_f32,
+                      log_f32, log_f64, pow_f32, pow_f64, sigmoid_f32, sigmoid_f64, sin_f32, sin_f64, tanh_f32,
                       tanh_f64)
 
 _VECMATH = {("exp", "float32"): exp_f32, ("tanh", "float32"): tanh_f32, ("tanh", "float64"): tanh_f64, ("sigmoid", "float32"): sigmoid_f32,
             ("erf", "float32"): erf_f32, ("erf", "float64"): erf_f64,
             ("log", "float32"): log_f32, ("log", "float64"): log_f64,
             ("sin", "float32"): sin_f32, ("cos", "float32"): cos_f32,
+            ("sin", "float64"): sin_f64, ("cos", "float64"): cos_f64,
             ("exp", "float64"): exp_f64, ("sigmoid", "float64"): sigmoid_f64,
             ("log1p", "float32"): log1p_f32, ("log1p", "float64"): log1p_f64,
             ("expm1", "float32"): expm1_f32, ("expm1", "float64"): expm1_f64,

@@ -17,7 +17,7 @@ FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 #: intrinsics with an inline vector form (:mod:`.vecmath`), by dtype
 _ARC = ("atan", "atan2", "asin", "acos")
 INLINE = {"float32": ("exp", "tanh", "sigmoid", "erf", "log", "sin", "cos", "log1p", "expm1") + _ARC,
-          "float64": ("exp", "tanh", "sigmoid", "erf", "log", "log1p", "expm1") + _ARC}
+          "float64": ("exp", "tanh", "sigmoid", "erf", "log", "sin", "cos", "log1p", "expm1") + _ARC}
 #: intrinsics lowered to other operations (no call at all)
 EXPANDED = ("sigmoid", "stop_gradient")
 

@@ -1,5 +1,5 @@
-"""Vectorizable math (float32 sin, cos; tanh, exp, sigmoid, erf, log, log1p, expm1, pow, atan, atan2, asin,
-acos in float32 and float64), emitted inline as LLVM IR.
+"""Vectorizable math (sin, cos, tanh, exp, sigmoid, erf, log, log1p, expm1, pow, atan, atan2, asin, acos
+in float32 and float64), emitted inline as LLVM IR.
 
 libm's ``expf``/``tanhf``/``erf`` are opaque calls that stop LLVM's loop vectorizer
 (and register blocking); these are plain branch-free arithmetic (both sides of a
@@ -17,8 +17,8 @@ tanh          1.5 (1.14) 1.5 (1.19)
 sigmoid       1 to 3     2 (1.89)
 erf           1.5 (1.0)  1.5 (1.26)  measured maximum in parentheses
 log           1 (0.75)   1 (0.78)   NaN below 0, -inf at +-0, subnormals exact
-sin, cos      1 (0.50)   (libm)     every float32 up to the largest, exactly
-                                    reduced; NaN at +-inf
+sin, cos      1 (0.50)   1 (0.75,   every float up to the largest, exactly
+                         0.85)      reduced; NaN at +-inf
 log1p         1 (0.50)   1.5 (1.11) -inf at -1, NaN below
 expm1         1 (0.50)   1 (0.81)   -1 below -45, inf above 709.78
 pow           1 (0.50)   1.5 (1.25) IEEE pow's special cases (C99 Annex F)
@@ -56,6 +56,13 @@ acos          1 (0.50)   1 (0.87)   NaN outside [-1, 1]
   (to ``r^17`` and ``r^16``), rounded once to float32. The reduction's absolute error, about ``|x| 2^-213 <= 2^-85``,
   stays far below ``r`` even at the float32s closest to multiples of pi/2 (the tests include
   them: convergents of pi/2 scaled by powers of 2), up to the largest float32.
+- ``sin``, ``cos`` (float64): for ``|x| <= 2^26`` Cody and Waite's reduction, ``k = roundeven(x 2/pi)``,
+  ``x - k P1`` exact in one fused multiply-add, ``k P2`` split exactly, pi/2 in three doubles,
+  ``r`` in double-double; above, Payne and Hanek's with a table: ``x = m 2^E``, and ``2^E 2/pi mod 4``
+  for each exponent ``E`` stored as four 53-bit chunks (998 rows cut from 1280 bits of 2/pi, 32 KB,
+  one constant per module), ``m`` times each chunk split exactly and summed mod 4 in
+  double-double to about 2^-150. Both reductions run in every lane (no branch, so loops
+  vectorize), each lane takes its own; then the float32 form's polynomials in double-double.
 - ``exp`` (float64): ``exp_f64`` (see erf).
 - ``log1p``: ``u + c = 1 + x`` exactly (two-sum), ``log(u) + c / u`` with the float64 ``log``;
   ``x - x^2/2 + x^3/3 - x^4/4`` for ``|x| < 2^-20``. float32 computes in float64.
@@ -431,6 +438,153 @@ def sin_f32(b: ir.IRBuilder, module: ir.Module, x):
 def cos_f32(b: ir.IRBuilder, module: ir.Module, x):
     """cos(x) for a float32 scalar or vector ``x``."""
     return _sincos_f32(b, module, x, True)
+
+
+# float64 sin and cos. pi/2 in three doubles (to about 2^-164) for Cody and Waite's reduction
+_PIO2_D = (1.5707963267948966, 6.123233995736766e-17, -1.4973849048591698e-33)
+def _reduce_medium_f64(b, module, x):
+    """``(k, r, rr)`` with ``x = k pi/2 + r + rr``, ``|r| <= pi/4 (1 + 2^-27)``, for ``|x| <= 2^26``:
+    ``k = roundeven(x 2/pi)``; ``x - k P1`` is exact (one fused multiply-add: both are multiples of
+    ``2^-52`` or of ``ulp(x)``, and the difference is below 1); ``k P2`` split exactly into two
+    doubles, the sum carried in double-double, ``k P3`` added to the low part (absolute error
+    about ``2^-130``, far below the smallest ``|r|`` of a double in this range)."""
+    c = lambda v: _like(x, v)  # noqa: E731
+    p1, p2, p3 = _PIO2_D
+    k = b.call(_fn(module, "llvm.roundeven", x, 1), [b.fmul(x, c(2 / 3.141592653589793))])
+    t1 = _fma(b, module, b.fneg(k), c(p1), x)
+    p2h = b.fmul(k, c(p2))
+    p2l = _fma(b, module, k, c(p2), b.fneg(p2h))
+    r, e = _two_sum(b, t1, b.fneg(p2h))
+    rr = b.fsub(b.fsub(e, p2l), b.fmul(k, c(p3)))
+    r, rr = _fast_two_sum(b, r, rr)
+    return k, r, rr
+
+
+#: above this |x| the reduction takes its words of 2/pi from a table indexed by the exponent
+_SINCOS_BIG = 2.0 ** 26
+#: floor(2/pi 2^1280), the bits of 2/pi the table is cut from
+_TWO_OVER_PI_BITS = int(
+    "a2f9836e4e441529fc2757d1f534ddc0db6295993c439041fe5163abdebbc561b7246e3a424dd2e006492eea09d1921c"
+    "fe1deb1cb129a73ee88235f52ebb4484e99c7026b45f7e413991d639835339f49c845f8bbdf9283b1ff897ffde05980f"
+    "ef2f118b5a0a6d1f6d367ecf27cb09b74f463f669e5fea2d7527bac7ebe5f17b3d0739f78a5292ea6bfb5fb11f8d5d08"
+    "56033046fc7b6babf0cfbc209af4361d", 16)
+#: biased exponents of the doubles above 2^26 (the table's rows) and the chunks per row
+_EXP_FIRST, _EXP_LAST, _CHUNKS = 1049, 2046, 4
+
+
+def _two_over_pi_table():
+    """Row ``B - 1049`` for biased exponent ``B`` (``x = m 2^E``, ``m`` an integer below 2^53,
+    ``E = B - 1075``): ``T_E = 2^E 2/pi mod 4`` (the bits of 2/pi whose products with ``m`` are
+    multiples of 4 dropped) cut into four chunks, each exactly a double: bits 2^1 to 2^-51,
+    2^-52 to 2^-104, 2^-105 to 2^-157, 2^-158 to 2^-210; the part cut off, times ``m``, is below
+    2^-157."""
+    rows = []
+    for B in range(_EXP_FIRST, _EXP_LAST + 1):
+        shift = 1280 - (B - 1075)  # T_E = (Q mod 2^(shift + 2)) 2^-shift
+        t = _TWO_OVER_PI_BITS % (1 << (shift + 2))
+        for j in range(_CHUNKS):
+            lsb = 51 + 53 * j  # chunk j: bits 2^(52 - lsb) .. 2^-lsb
+            top = shift - lsb
+            chunk = (t >> top if top >= 0 else t << -top) & ((1 << 53) - 1)
+            rows.append(float(chunk) * 2.0 ** -lsb)
+    return rows
+
+
+def _table(module):
+    """The module's constant table of :func:`_two_over_pi_table` (defined once per module)."""
+    name = "te_grad_two_over_pi"
+    g = module.globals.get(name)
+    if g is None:
+        rows = _two_over_pi_table()
+        ty = ir.ArrayType(F64, len(rows))
+        g = ir.GlobalVariable(module, ty, name)
+        g.global_constant = True
+        g.linkage = "internal"
+        g.initializer = ir.Constant(ty, rows)
+    return g
+
+
+def _lanes(b, v, f):
+    """``f`` applied to each lane of ``v`` (``f(v)`` for a scalar), the results as a vector."""
+    if not isinstance(v.type, ir.VectorType):
+        return f(v)
+    out = None
+    for k in range(v.type.count):
+        lane = ir.Constant(I32, k)
+        y = f(b.extract_element(v, lane))
+        out = ir.Constant(ir.VectorType(y.type, v.type.count), ir.Undefined) if out is None else out
+        out = b.insert_element(out, y, lane)
+    return out
+
+
+def _reduce_big_f64(b, module, x):
+    """``(k, r, rr)`` for ``|x| > 2^26``, every such double: Payne and Hanek's reduction. With
+    ``x = m 2^E`` (``m = x 2^-E`` an integer below 2^53, exactly), ``x 2/pi mod 4 = m T_E mod 4``,
+    ``T_E = c0 + c1 + c2 + c3`` from the table (:func:`_two_over_pi_table`). The chunks sit at
+    fixed bits, so (each product split exactly into ``h + l`` by a fused multiply-add):
+
+    - ``m c0`` (below 2^55, a multiple of 2^-51): ``h0 mod 4 + l0 mod 4`` is exact;
+    - ``m c1`` (below 4): ``h1`` joins that sum in a two-sum, ``S + e1`` exactly;
+    - ``e1 + l1 + h2`` (below 2^-48) in double-double by two two-sums, ``l2`` and ``m c3`` (below
+      2^-101) added to its low word: absolute error about 2^-150.
+
+    ``k = roundeven(S)``, ``S - k`` exact, plus the tail, times pi/2 in double-double. +-inf gives
+    NaN; the row index is clamped, so no lane reads outside the table."""
+    c = lambda v: _like(x, v)  # noqa: E731
+    it = _int_type(x)
+    ic = lambda v: _int_like(x, v)  # noqa: E731
+    B = b.and_(b.lshr(b.bitcast(x, it), ic(52)), ic(0x7FF))
+    B = b.select(b.icmp_signed("<", B, ic(_EXP_FIRST)), ic(_EXP_FIRST), B)
+    B = b.select(b.icmp_signed(">", B, ic(_EXP_LAST)), ic(_EXP_LAST), B)
+    m = b.fmul(x, b.bitcast(b.shl(b.sub(ic(2098), B), ic(52)), x.type))  # x 2^-(B - 1075)
+    table = _table(module)
+    row = b.mul(b.sub(B, ic(_EXP_FIRST)), ic(_CHUNKS))
+    zero = ir.Constant(I64, 0)
+    c0, c1, c2, c3 = (_lanes(b, row, lambda i, j=j: b.load(b.gep(table, [zero, b.add(i, ir.Constant(I64, j))])))
+                      for j in range(_CHUNKS))
+
+    def split(cj):
+        h = b.fmul(m, cj)
+        return h, _fma(b, module, m, cj, b.fneg(h))
+
+    (h0, l0), (h1, l1), (h2, l2) = split(c0), split(c1), split(c2)
+    S, e1 = _two_sum(b, b.fadd(_mod4(b, module, h0), _mod4(b, module, l0)), h1)
+    t, tt1 = _two_sum(b, e1, l1)
+    t, tt2 = _two_sum(b, t, h2)
+    tt = b.fadd(b.fadd(tt1, tt2), b.fadd(l2, b.fmul(m, c3)))
+    k = b.call(_fn(module, "llvm.roundeven", S, 1), [S])
+    f, e = _two_sum(b, b.fsub(S, k), t)
+    e = b.fadd(e, tt)
+    p1, p2 = _PIO2_D[:2]
+    rh = b.fmul(f, c(p1))
+    rl = b.fadd(_fma(b, module, f, c(p1), b.fneg(rh)), b.fadd(b.fmul(f, c(p2)), b.fmul(e, c(p1))))
+    r, rr = _fast_two_sum(b, rh, rl)
+    return k, r, rr
+
+
+def _sincos_f64(b, module, x, cosine):
+    """Both reductions for every lane (branch free, so loops over it vectorize), the table's
+    where ``|x| > 2^26`` (or infinite), then the float32 form's polynomials and quadrant in
+    float64. NaN and +-inf give NaN; sin(-0) = -0."""
+    c = lambda v: _like(x, v)  # noqa: E731
+    near = _reduce_medium_f64(b, module, x)
+    far = _reduce_big_f64(b, module, x)
+    big = b.fcmp_ordered(">", b.call(_fn(module, "llvm.fabs", x, 1), [x]), c(_SINCOS_BIG))
+    k, r, rr = (b.select(big, u, v) for u, v in zip(far, near))
+    y = _quadrant_pick(b, k, r, rr, cosine)
+    if not cosine:  # sin(-0) = -0
+        y = b.select(b.fcmp_ordered("==", x, c(0.0)), x, y)
+    return y
+
+
+def sin_f64(b: ir.IRBuilder, module: ir.Module, x):
+    """sin(x) for a float64 scalar or vector ``x``."""
+    return _sincos_f64(b, module, x, False)
+
+
+def cos_f64(b: ir.IRBuilder, module: ir.Module, x):
+    """cos(x) for a float64 scalar or vector ``x``."""
+    return _sincos_f64(b, module, x, True)
 
 
 def _widen(b, x):
