@@ -48,14 +48,16 @@ acos          1 (0.50)   1 (0.87)   NaN outside [-1, 1]
   (subnormals scaled by ``2^23`` / ``2^52`` first), ``log(1 + f) = f - (f^2/2 - s (f^2/2 + R))``
   with ``s = f / (2 + f)`` and ``R`` the Taylor series of ``2 atanh(s) / s - 2`` in ``s^2``
   (4 terms in float32, 10 in float64), plus ``e ln2`` split in two parts.
-- ``sin``, ``cos`` (float32): computed in float64. Payne-Hanek's reduction without a table:
-  ``x 2/pi`` as the sum of ``x P_i`` over four float64 words of 2/pi (to ``2^-213``), each product
-  split exactly into ``h + l`` by a fused multiply-add, each part taken mod 4 exactly
-  (``t - 4 roundeven(t/4)``), the parts summed in double-double; the nearest integer ``k`` of the
-  sum picks the quadrant and ``r = (sum - k) pi/2``, ``|r| <= pi/4``, goes to Taylor polynomials
-  (to ``r^17`` and ``r^16``), rounded once to float32. The reduction's absolute error, about ``|x| 2^-213 <= 2^-85``,
-  stays far below ``r`` even at the float32s closest to multiples of pi/2 (the tests include
-  them: convergents of pi/2 scaled by powers of 2), up to the largest float32.
+- ``sin``, ``cos`` (float32): computed in float64. Up to ``|x| = 2^26`` Cody and Waite's
+  reduction, ``k = roundeven(x 2/pi)``, ``x - k P1`` exact and ``k P2`` off it in one fused
+  multiply-add (error about 2^-80); above, Payne and Hanek's with a table of 2/pi's bits per
+  exponent in 29-bit chunks, so that each product with the 24-bit significand is exact (the
+  float64 table's arrangement, below). The nearest integer ``k`` picks the quadrant and ``r``,
+  ``|r| <= pi/4``, goes to Taylor polynomials (to ``r^11`` and ``r^12``, truncation below
+  2^-37), rounded once to float32. Both reductions run in every lane, each lane takes its
+  own. The reduction's error stays far below ``r`` even at the float32s closest to multiples of
+  pi/2 (the tests include them: convergents of pi/2 scaled by powers of 2), up to the largest
+  float32.
 - ``sin``, ``cos`` (float64): for ``|x| <= 2^26`` Cody and Waite's reduction, ``k = roundeven(x 2/pi)``,
   ``x - k P1`` exact in one fused multiply-add, ``k P2`` split exactly, pi/2 in three doubles,
   ``r`` in double-double; above, Payne and Hanek's with a table: ``x = m 2^E``, and ``2^E 2/pi mod 4``
@@ -341,16 +343,86 @@ def log_f64(b: ir.IRBuilder, module: ir.Module, x):
     return _log(b, module, x, True)
 
 
-# sin and cos. 2/pi and pi/2 as sums of doubles (each the double nearest the remainder)
-_TWO_OVER_PI_WORDS = (0.6366197723675814, -3.935735335036497e-17, -2.1442872565786008e-33,
-                      1.6107127853188224e-49, -3.1205531813639427e-66)
-_PIO2 = 1.5707963267948966
+# sin and cos (see the module docstring): pi/2 in three doubles (to about 2^-164)
+_PIO2_D = (1.5707963267948966, 6.123233995736766e-17, -1.4973849048591698e-33)
+#: above this |x| the reduction takes its words of 2/pi from a table indexed by the exponent
+_SINCOS_BIG = 2.0 ** 26
+#: floor(2/pi 2^1280), the bits of 2/pi the tables are cut from
+_TWO_OVER_PI_BITS = int(
+    "a2f9836e4e441529fc2757d1f534ddc0db6295993c439041fe5163abdebbc561b7246e3a424dd2e006492eea09d1921c"
+    "fe1deb1cb129a73ee88235f52ebb4484e99c7026b45f7e413991d639835339f49c845f8bbdf9283b1ff897ffde05980f"
+    "ef2f118b5a0a6d1f6d367ecf27cb09b74f463f669e5fea2d7527bac7ebe5f17b3d0739f78a5292ea6bfb5fb11f8d5d08"
+    "56033046fc7b6babf0cfbc209af4361d", 16)
+#: per significand width (53: float64, 24: a float32 widened to float64): the biased float64
+#: exponents of the arguments above 2^26 (the table's rows), the bias of ``E`` in ``x = m 2^E``
+#: (``m`` an integer of that many bits) and the bits per chunk (``m`` times a chunk is exact for
+#: float32's 29-bit chunks; float64's products are split by a fused multiply-add)
+_TABLES = {53: (1049, 2046, 1075, 53), 24: (1049, 1150, 1046, 29)}
+_CHUNKS = 4
+
+
+def _two_over_pi_table(first, last, unbias, width):
+    """Row ``B - first`` for biased exponent ``B`` (``x = m 2^E``, ``E = B - unbias``):
+    ``T_E = 2^E 2/pi mod 4`` (the bits of 2/pi whose products with ``m`` are multiples of 4
+    dropped) cut into four chunks of ``width`` bits from 2^1 down, each exactly a double
+    (float64: bits 2^1 to 2^-51, 2^-52 to 2^-104, 2^-105 to 2^-157, 2^-158 to 2^-210, the part
+    cut off, times ``m``, below 2^-157; float32: 2^1 to 2^-27, ..., 2^-86 to 2^-114, the part
+    cut off below 2^-90)."""
+    rows = []
+    for B in range(first, last + 1):
+        shift = 1280 - (B - unbias)  # T_E = (Q mod 2^(shift + 2)) 2^-shift
+        t = _TWO_OVER_PI_BITS % (1 << (shift + 2))
+        for j in range(_CHUNKS):
+            lsb = width - 2 + width * j  # chunk j: bits 2^(width - 1 - lsb) .. 2^-lsb
+            top = shift - lsb
+            chunk = (t >> top if top >= 0 else t << -top) & ((1 << width) - 1)
+            rows.append(float(chunk) * 2.0 ** -lsb)
+    return rows
+
+
+def _lanes(b, v, f):
+    """``f`` applied to each lane of ``v`` (``f(v)`` for a scalar), the results as a vector."""
+    if not isinstance(v.type, ir.VectorType):
+        return f(v)
+    out = None
+    for k in range(v.type.count):
+        lane = ir.Constant(I32, k)
+        y = f(b.extract_element(v, lane))
+        out = ir.Constant(ir.VectorType(y.type, v.type.count), ir.Undefined) if out is None else out
+        out = b.insert_element(out, y, lane)
+    return out
+
+
+def _table_chunks(b, module, x, bits):
+    """``(m, [c0, c1, c2, c3])`` for a float64 ``x`` holding a ``bits``-bit significand:
+    ``m = x 2^-E`` (an integer, exactly) and the chunks of ``T_E`` from the module's constant
+    table (defined once per module). The row index is clamped, so no lane reads outside the
+    table: a lane below 2^26 reads the first row (its result is not taken), +-inf the last
+    (``m`` is infinite: NaN)."""
+    first, last, unbias, width = _TABLES[bits]
+    name = f"te_grad_two_over_pi_{bits}"
+    table = module.globals.get(name)
+    if table is None:
+        rows = _two_over_pi_table(first, last, unbias, width)
+        ty = ir.ArrayType(F64, len(rows))
+        table = ir.GlobalVariable(module, ty, name)
+        table.global_constant = True
+        table.linkage = "internal"
+        table.initializer = ir.Constant(ty, rows)
+    ic = lambda v: _int_like(x, v)  # noqa: E731
+    B = b.and_(b.lshr(b.bitcast(x, _int_type(x)), ic(52)), ic(0x7FF))
+    B = b.select(b.icmp_signed("<", B, ic(first)), ic(first), B)
+    B = b.select(b.icmp_signed(">", B, ic(last)), ic(last), B)
+    m = b.fmul(x, b.bitcast(b.shl(b.sub(ic(1023 + unbias), B), ic(52)), x.type))  # x 2^-(B - unbias)
+    row = b.mul(b.sub(B, ic(first)), ic(_CHUNKS))
+    zero = ir.Constant(I64, 0)
+    return m, [_lanes(b, row, lambda i, j=j: b.load(b.gep(table, [zero, b.add(i, ir.Constant(I64, j))])))
+               for j in range(_CHUNKS)]
 
 
 def _fma(b, module, a, x, y):
     """``a x + y`` rounded once (llvm.fma: exact products for the double-word arithmetic below)."""
     return b.call(_fn(module, "llvm.fma", a, 3), [a, x, y])
-
 
 def _two_sum(b, a, z):
     """``(s, e)`` with ``s = fl(a + z)`` and ``a + z = s + e`` exactly (Knuth)."""
@@ -359,89 +431,11 @@ def _two_sum(b, a, z):
     e = b.fadd(b.fsub(a, b.fsub(s, bb)), b.fsub(z, bb))
     return s, e
 
-
 def _mod4(b, module, t):
     """``t - 4 roundeven(t / 4)``, in ``[-2, 2]``: exact for every double ``t``."""
     q = b.call(_fn(module, "llvm.roundeven", t, 1), [b.fmul(t, _like(t, 0.25))])
     return _fma(b, module, q, _like(t, -4.0), t)
 
-
-def _sin_poly(b, r, rr):
-    """sin(r + rr) for ``|r| <= pi/4 (1 + 2^-20)``, ``|rr| <= ulp(r)``: Taylor to ``r^17``
-    (truncation below ``2^-62 r``), the leading ``r`` added last."""
-    z = b.fmul(r, r)
-    fact = [1.0]
-    for k in range(1, 18):
-        fact.append(fact[-1] * k)
-    s = _poly(b, z, [(-1.0) ** n / fact[2 * n + 1] for n in range(8, 0, -1)])
-    return b.fadd(r, b.fadd(b.fmul(b.fmul(r, z), s), rr))
-
-
-def _cos_poly(b, r, rr):
-    """cos(r + rr): ``1 - z/2`` with its rounding error carried (fdlibm's arrangement), Taylor to ``r^16``."""
-    c = lambda v: _like(r, v)  # noqa: E731
-    z = b.fmul(r, r)
-    fact = [1.0]
-    for k in range(1, 17):
-        fact.append(fact[-1] * k)
-    q = _poly(b, z, [(-1.0) ** n / fact[2 * n] for n in range(8, 1, -1)])
-    hz = b.fmul(z, c(0.5))
-    w = b.fsub(c(1.0), hz)
-    tail = b.fsub(b.fmul(b.fmul(z, z), q), b.fmul(r, rr))
-    return b.fadd(w, b.fadd(b.fsub(b.fsub(c(1.0), w), hz), tail))
-
-
-def _quadrant_pick(b, k, r, rr, cosine):
-    """sin or cos of ``k pi/2 + r`` from the polynomials at ``r``: ``k mod 4`` (a float, exact)
-    picks the function and the sign."""
-    c = lambda v: _like(r, v)  # noqa: E731
-    kq = b.fsub(k, b.fmul(b.call(_fn(b.module, "llvm.floor", k, 1), [b.fmul(k, c(0.25))]), c(4.0)))
-    sn, cs = _sin_poly(b, r, rr), _cos_poly(b, r, rr)
-    odd = b.or_(b.fcmp_ordered("==", kq, c(1.0)), b.fcmp_ordered("==", kq, c(3.0)))
-    y = b.select(odd, cs, sn) if not cosine else b.select(odd, sn, cs)
-    neg = b.fcmp_ordered(">=", kq, c(2.0)) if not cosine else \
-        b.or_(b.fcmp_ordered("==", kq, c(1.0)), b.fcmp_ordered("==", kq, c(2.0)))
-    return b.select(neg, b.fneg(y), y)
-
-
-def _sincos_f32(b, module, x, cosine):
-    """Every float32 is reduced exactly: in float64, ``x (2/pi)`` as a sum of ``x P_i`` over the
-    words ``P_i`` of 2/pi, each product split exactly by a fused multiply-add into ``h + l`` and
-    each part taken mod 4 exactly; the parts summed in double-double, the nearest integer ``k``
-    taken off; ``r = (frac) pi/2`` and the float64 polynomials, rounded once to float32."""
-    X = b.fpext(x, ir.VectorType(F64, x.type.count) if isinstance(x.type, ir.VectorType) else F64)
-    s = c = None
-    for p in _TWO_OVER_PI_WORDS[:4]:
-        h = b.fmul(X, _like(X, p))
-        lo = _fma(b, module, X, _like(X, p), b.fneg(h))
-        for t in (h, lo):
-            t = _mod4(b, module, t)
-            if s is None:
-                s, c = t, _like(X, 0.0)
-            else:
-                s, e = _two_sum(b, s, t)
-                c = b.fadd(c, e)
-    s = _mod4(b, module, s)
-    k = b.call(_fn(module, "llvm.roundeven", s, 1), [s])
-    r = b.fmul(b.fadd(b.fsub(s, k), c), _like(X, _PIO2))
-    y = b.fptrunc(_quadrant_pick(b, k, r, _like(X, 0.0), cosine), x.type)
-    if not cosine:  # sin(-0) = -0
-        y = b.select(b.fcmp_ordered("==", x, _like(x, 0.0)), x, y)
-    return y
-
-
-def sin_f32(b: ir.IRBuilder, module: ir.Module, x):
-    """sin(x) for a float32 scalar or vector ``x``."""
-    return _sincos_f32(b, module, x, False)
-
-
-def cos_f32(b: ir.IRBuilder, module: ir.Module, x):
-    """cos(x) for a float32 scalar or vector ``x``."""
-    return _sincos_f32(b, module, x, True)
-
-
-# float64 sin and cos. pi/2 in three doubles (to about 2^-164) for Cody and Waite's reduction
-_PIO2_D = (1.5707963267948966, 6.123233995736766e-17, -1.4973849048591698e-33)
 def _reduce_medium_f64(b, module, x):
     """``(k, r, rr)`` with ``x = k pi/2 + r + rr``, ``|r| <= pi/4 (1 + 2^-27)``, for ``|x| <= 2^26``:
     ``k = roundeven(x 2/pi)``; ``x - k P1`` is exact (one fused multiply-add: both are multiples of
@@ -460,68 +454,11 @@ def _reduce_medium_f64(b, module, x):
     return k, r, rr
 
 
-#: above this |x| the reduction takes its words of 2/pi from a table indexed by the exponent
-_SINCOS_BIG = 2.0 ** 26
-#: floor(2/pi 2^1280), the bits of 2/pi the table is cut from
-_TWO_OVER_PI_BITS = int(
-    "a2f9836e4e441529fc2757d1f534ddc0db6295993c439041fe5163abdebbc561b7246e3a424dd2e006492eea09d1921c"
-    "fe1deb1cb129a73ee88235f52ebb4484e99c7026b45f7e413991d639835339f49c845f8bbdf9283b1ff897ffde05980f"
-    "ef2f118b5a0a6d1f6d367ecf27cb09b74f463f669e5fea2d7527bac7ebe5f17b3d0739f78a5292ea6bfb5fb11f8d5d08"
-    "56033046fc7b6babf0cfbc209af4361d", 16)
-#: biased exponents of the doubles above 2^26 (the table's rows) and the chunks per row
-_EXP_FIRST, _EXP_LAST, _CHUNKS = 1049, 2046, 4
-
-
-def _two_over_pi_table():
-    """Row ``B - 1049`` for biased exponent ``B`` (``x = m 2^E``, ``m`` an integer below 2^53,
-    ``E = B - 1075``): ``T_E = 2^E 2/pi mod 4`` (the bits of 2/pi whose products with ``m`` are
-    multiples of 4 dropped) cut into four chunks, each exactly a double: bits 2^1 to 2^-51,
-    2^-52 to 2^-104, 2^-105 to 2^-157, 2^-158 to 2^-210; the part cut off, times ``m``, is below
-    2^-157."""
-    rows = []
-    for B in range(_EXP_FIRST, _EXP_LAST + 1):
-        shift = 1280 - (B - 1075)  # T_E = (Q mod 2^(shift + 2)) 2^-shift
-        t = _TWO_OVER_PI_BITS % (1 << (shift + 2))
-        for j in range(_CHUNKS):
-            lsb = 51 + 53 * j  # chunk j: bits 2^(52 - lsb) .. 2^-lsb
-            top = shift - lsb
-            chunk = (t >> top if top >= 0 else t << -top) & ((1 << 53) - 1)
-            rows.append(float(chunk) * 2.0 ** -lsb)
-    return rows
-
-
-def _table(module):
-    """The module's constant table of :func:`_two_over_pi_table` (defined once per module)."""
-    name = "te_grad_two_over_pi"
-    g = module.globals.get(name)
-    if g is None:
-        rows = _two_over_pi_table()
-        ty = ir.ArrayType(F64, len(rows))
-        g = ir.GlobalVariable(module, ty, name)
-        g.global_constant = True
-        g.linkage = "internal"
-        g.initializer = ir.Constant(ty, rows)
-    return g
-
-
-def _lanes(b, v, f):
-    """``f`` applied to each lane of ``v`` (``f(v)`` for a scalar), the results as a vector."""
-    if not isinstance(v.type, ir.VectorType):
-        return f(v)
-    out = None
-    for k in range(v.type.count):
-        lane = ir.Constant(I32, k)
-        y = f(b.extract_element(v, lane))
-        out = ir.Constant(ir.VectorType(y.type, v.type.count), ir.Undefined) if out is None else out
-        out = b.insert_element(out, y, lane)
-    return out
-
-
 def _reduce_big_f64(b, module, x):
-    """``(k, r, rr)`` for ``|x| > 2^26``, every such double: Payne and Hanek's reduction. With
-    ``x = m 2^E`` (``m = x 2^-E`` an integer below 2^53, exactly), ``x 2/pi mod 4 = m T_E mod 4``,
-    ``T_E = c0 + c1 + c2 + c3`` from the table (:func:`_two_over_pi_table`). The chunks sit at
-    fixed bits, so (each product split exactly into ``h + l`` by a fused multiply-add):
+    """``(k, r, rr)`` for ``|x| > 2^26``, every such double: Payne and Hanek's reduction,
+    ``x 2/pi mod 4 = m T_E mod 4`` with ``T_E = c0 + c1 + c2 + c3`` from the table
+    (:func:`_table_chunks`). The chunks sit at fixed bits, so (each product split exactly into
+    ``h + l`` by a fused multiply-add):
 
     - ``m c0`` (below 2^55, a multiple of 2^-51): ``h0 mod 4 + l0 mod 4`` is exact;
     - ``m c1`` (below 4): ``h1`` joins that sum in a two-sum, ``S + e1`` exactly;
@@ -529,19 +466,9 @@ def _reduce_big_f64(b, module, x):
       2^-101) added to its low word: absolute error about 2^-150.
 
     ``k = roundeven(S)``, ``S - k`` exact, plus the tail, times pi/2 in double-double. +-inf gives
-    NaN; the row index is clamped, so no lane reads outside the table."""
+    NaN."""
     c = lambda v: _like(x, v)  # noqa: E731
-    it = _int_type(x)
-    ic = lambda v: _int_like(x, v)  # noqa: E731
-    B = b.and_(b.lshr(b.bitcast(x, it), ic(52)), ic(0x7FF))
-    B = b.select(b.icmp_signed("<", B, ic(_EXP_FIRST)), ic(_EXP_FIRST), B)
-    B = b.select(b.icmp_signed(">", B, ic(_EXP_LAST)), ic(_EXP_LAST), B)
-    m = b.fmul(x, b.bitcast(b.shl(b.sub(ic(2098), B), ic(52)), x.type))  # x 2^-(B - 1075)
-    table = _table(module)
-    row = b.mul(b.sub(B, ic(_EXP_FIRST)), ic(_CHUNKS))
-    zero = ir.Constant(I64, 0)
-    c0, c1, c2, c3 = (_lanes(b, row, lambda i, j=j: b.load(b.gep(table, [zero, b.add(i, ir.Constant(I64, j))])))
-                      for j in range(_CHUNKS))
+    m, (c0, c1, c2, c3) = _table_chunks(b, module, x, 53)
 
     def split(cj):
         h = b.fmul(m, cj)
@@ -562,10 +489,95 @@ def _reduce_big_f64(b, module, x):
     return k, r, rr
 
 
+def _reduce_f32(b, module, X):
+    """``(k, r)`` for a float32 ``X`` widened to float64, ``X = k pi/2 + r`` to about 2^-80
+    absolute, far below the smallest ``|r|`` of a float32. Up to 2^26: ``X - k P1`` exact (as in
+    :func:`_reduce_medium_f64`), ``k P2`` off it in one fused multiply-add. Above: ``m`` has 24
+    bits and the chunks 29, so each ``m c_j`` is exact: ``(m c0) mod 4`` plus ``m c1`` in a
+    two-sum, ``m c2 + m c3`` added to its low part, ``k`` taken off exactly. Both in every lane,
+    each lane takes its own."""
+    c = lambda v: _like(X, v)  # noqa: E731
+    p1, p2 = _PIO2_D[:2]
+    k1 = b.call(_fn(module, "llvm.roundeven", X, 1), [b.fmul(X, c(2 / 3.141592653589793))])
+    r1 = _fma(b, module, b.fneg(k1), c(p2), _fma(b, module, b.fneg(k1), c(p1), X))
+    m, (c0, c1, c2, c3) = _table_chunks(b, module, X, 24)
+    S, e = _two_sum(b, _mod4(b, module, b.fmul(m, c0)), b.fmul(m, c1))
+    tail = b.fadd(e, b.fadd(b.fmul(m, c2), b.fmul(m, c3)))
+    k2 = b.call(_fn(module, "llvm.roundeven", S, 1), [S])
+    r2 = b.fmul(b.fadd(b.fsub(S, k2), tail), c(p1))
+    big = b.fcmp_ordered(">", b.call(_fn(module, "llvm.fabs", X, 1), [X]), c(_SINCOS_BIG))
+    return b.select(big, k2, k1), b.select(big, r2, r1)
+
+
+def _taylor(b, z, first, last, step):
+    """The Taylor coefficients ``(-1)^n / (2n + step)!`` for n from ``last`` down to ``first``, in ``z``."""
+    fact = [1.0]
+    for k in range(1, 2 * last + step + 1):
+        fact.append(fact[-1] * k)
+    return _poly(b, z, [(-1.0) ** n / fact[2 * n + step] for n in range(last, first - 1, -1)])
+
+
+def _sin_poly(b, r, rr, last=8):
+    """sin(r + rr) for ``|r| <= pi/4 (1 + 2^-20)``, ``|rr| <= ulp(r)`` (``None``: 0): Taylor to
+    ``r^(2 last + 1)`` (to ``r^17``: truncation below ``2^-62 r``; to ``r^11``, for float32, below
+    ``2^-37 r``), the leading ``r`` added last."""
+    z = b.fmul(r, r)
+    s = b.fmul(b.fmul(r, z), _taylor(b, z, 1, last, 1))
+    return b.fadd(r, s if rr is None else b.fadd(s, rr))
+
+
+def _cos_poly(b, r, rr, last=8):
+    """cos(r + rr): ``1 - z/2`` with its rounding error carried (fdlibm's arrangement), Taylor to
+    ``r^(2 last)`` (``r^16``; ``r^12`` for float32, truncation below 2^-41)."""
+    c = lambda v: _like(r, v)  # noqa: E731
+    z = b.fmul(r, r)
+    q = _taylor(b, z, 2, last, 0)
+    hz = b.fmul(z, c(0.5))
+    w = b.fsub(c(1.0), hz)
+    tail = b.fmul(b.fmul(z, z), q)
+    if rr is not None:
+        tail = b.fsub(tail, b.fmul(r, rr))
+    return b.fadd(w, b.fadd(b.fsub(b.fsub(c(1.0), w), hz), tail))
+
+
+def _quadrant_pick(b, k, r, rr, cosine, degrees=(8, 8)):
+    """sin or cos of ``k pi/2 + r`` from the polynomials at ``r`` (their ``last`` terms:
+    ``degrees``): ``k mod 4`` (a float, exact) picks the function and the sign."""
+    c = lambda v: _like(r, v)  # noqa: E731
+    kq = b.fsub(k, b.fmul(b.call(_fn(b.module, "llvm.floor", k, 1), [b.fmul(k, c(0.25))]), c(4.0)))
+    sn, cs = _sin_poly(b, r, rr, degrees[0]), _cos_poly(b, r, rr, degrees[1])
+    odd = b.or_(b.fcmp_ordered("==", kq, c(1.0)), b.fcmp_ordered("==", kq, c(3.0)))
+    y = b.select(odd, cs, sn) if not cosine else b.select(odd, sn, cs)
+    neg = b.fcmp_ordered(">=", kq, c(2.0)) if not cosine else \
+        b.or_(b.fcmp_ordered("==", kq, c(1.0)), b.fcmp_ordered("==", kq, c(2.0)))
+    return b.select(neg, b.fneg(y), y)
+
+
+def _sincos_f32(b, module, x, cosine):
+    """Every float32 reduced exactly in float64 (:func:`_reduce_f32`), the polynomials to
+    ``r^11`` and ``r^12`` in float64, rounded once to float32."""
+    X = _widen(b, x)
+    k, r = _reduce_f32(b, module, X)
+    y = b.fptrunc(_quadrant_pick(b, k, r, None, cosine, degrees=(5, 6)), x.type)
+    if not cosine:  # sin(-0) = -0
+        y = b.select(b.fcmp_ordered("==", x, _like(x, 0.0)), x, y)
+    return y
+
+
+def sin_f32(b: ir.IRBuilder, module: ir.Module, x):
+    """sin(x) for a float32 scalar or vector ``x``."""
+    return _sincos_f32(b, module, x, False)
+
+
+def cos_f32(b: ir.IRBuilder, module: ir.Module, x):
+    """cos(x) for a float32 scalar or vector ``x``."""
+    return _sincos_f32(b, module, x, True)
+
+
 def _sincos_f64(b, module, x, cosine):
     """Both reductions for every lane (branch free, so loops over it vectorize), the table's
-    where ``|x| > 2^26`` (or infinite), then the float32 form's polynomials and quadrant in
-    float64. NaN and +-inf give NaN; sin(-0) = -0."""
+    where ``|x| > 2^26`` (or infinite), then the polynomials in double-double. NaN and +-inf
+    give NaN; sin(-0) = -0."""
     c = lambda v: _like(x, v)  # noqa: E731
     near = _reduce_medium_f64(b, module, x)
     far = _reduce_big_f64(b, module, x)
