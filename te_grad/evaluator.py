@@ -199,6 +199,7 @@ class _ExprEvaluator:
         # the last value of each shared node: a DAG (second-order gradients share heavily) is
         # evaluated once per node and context, not once per path (see eval)
         self.memo: Dict[int, tuple] = {}
+        self.mask_uses = 0  # counts what makes a value or an error depend on the mask (see eval)
         self.free: Dict[int, tuple] = {}
 
     def run(self) -> np.ndarray:
@@ -224,25 +225,32 @@ class _ExprEvaluator:
         return out
 
     def eval(self, e: Expr, mask) -> np.ndarray:
-        """The value of ``e`` where ``mask`` holds. A node met again under the same mask
-        object, broadcast shape and values of its free variables (a DAG's shared node) gives
-        the value it gave before: the same computation, done once."""
+        """The value of ``e`` where ``mask`` holds. A node met again with the same broadcast
+        shape and values of its free variables (a DAG's shared node) gives the value it gave
+        before, the same computation done once, when it was met under the same mask object or
+        was *mask-free*: nothing below it depends on the mask, neither a value (a reduction
+        fills the points outside it with its identity) nor an error (no read had an index out
+        of bounds and no integer division a zero divisor, at any point). A mask-free node's
+        value is the same under every mask, and no mask can make it fail; a node under nested
+        data-dependent branches is met under many masks."""
         leaf = isinstance(e, (Const, Var, SizeVar))
         if not leaf:
             env = tuple(self.env.get(v) for v in free_var_ids(e, self.free))
             hit = self.memo.get(id(e))
-            if hit is not None and hit[0] is e and hit[1] is mask and hit[2] == self.shape and \
+            if hit is not None and hit[0] is e and (hit[1] is mask or hit[5]) and hit[2] == self.shape and \
                     all(a is b for a, b in zip(hit[3], env)):
+                self.mask_uses += not hit[5]
                 return hit[4]
         method = getattr(self, "e_" + type(e).__name__, None)
         if method is None:
             raise InternalError(f"the evaluator does not know the node {type(e).__name__} "
                                 f"(in {self.tensor.name})")
+        before = self.mask_uses
         out = method(e, mask)
         if out.dtype != np.dtype(e.dtype):
             out = out.astype(e.dtype)
         if not leaf:
-            self.memo[id(e)] = (e, mask, self.shape, env, out)
+            self.memo[id(e)] = (e, mask, self.shape, env, out, self.mask_uses == before)
         return out
 
     # -- leaves ---------------------------------------------------------------
@@ -269,6 +277,7 @@ class _ExprEvaluator:
         b = self.eval(e.b, mask)
         if e.op in ("floordiv", "floormod"):
             zero = b == 0
+            self.mask_uses += bool(np.any(zero))
             if np.any(_and(mask, zero)):
                 raise UserError(f"integer division by zero in {expr_to_str(e)} "
                                 f"(compute {self.tensor.name})")
@@ -309,6 +318,7 @@ class _ExprEvaluator:
         for d, ix in enumerate(idx):
             n = arr.shape[d]  # the tensor's extent (bound, when it is a size expression)
             if ix.size and (ix.min() < 0 or ix.max() >= n):
+                self.mask_uses += 1  # out of bounds somewhere: an error or not, by the mask
                 ok = (ix >= 0) & (ix < n)
                 miss = _and(mask, np.logical_not(ok))
                 if np.any(miss):
@@ -334,6 +344,7 @@ class _ExprEvaluator:
 
     # -- reductions ------------------------------------------------------------------
     def e_Reduce(self, e: Reduce, mask):
+        self.mask_uses += 1  # its domain and its value outside the mask follow the mask
         outer_shape = self.shape
         solutions, rest = plan_reduction(e.axes, e.where)
         where = None

@@ -33,28 +33,30 @@ def free_var_ids(e: Expr, memo: Dict[int, tuple]) -> tuple:
     return memo[id(e)][1]
 
 
+_NOTHING = frozenset()
+
+
 def free_vars(expr: Expr) -> Tuple[Var, ...]:
     """Variables used in ``expr`` and not bound by a reduction inside it (in order of first use)."""
     free: Dict[int, Var] = {}
     bound: Dict[int, int] = {}
-    active = 0  # how many axes are bound here
-    # nodes walked with no axis bound: a second walk of one (a DAG's shared node), bound or
-    # not, finds no variable the first did not, so it is skipped (linear in the DAG)
-    open_walked = set()
+    scope = _NOTHING  # the axes bound here
+    # (node, scope) pairs walked: a second walk of a node (a DAG's shared node) with the same
+    # axes bound finds no variable the first did not, so it is skipped (linear in the DAG,
+    # inside reductions too: a second-order gradient sums a shared DAG over reduce axes)
+    walked = set()
     stack = [("visit", expr)]
     while stack:
         action, item = stack.pop()
         if action == "bind" or action == "unbind":
             for ax in item:
-                before = bound.get(id(ax), 0)
-                bound[id(ax)] = before + (1 if action == "bind" else -1)
-                active += (bound[id(ax)] > 0) - (before > 0)
+                bound[id(ax)] = bound.get(id(ax), 0) + (1 if action == "bind" else -1)
+            scope = frozenset(k for k, count in bound.items() if count > 0)
             continue
         node = item
-        if id(node) in open_walked:
-            continue
-        if not active:
-            open_walked.add(id(node))
+        if (id(node), scope) in walked or (id(node), _NOTHING) in walked:
+            continue  # walked with fewer axes bound (none): it found every variable this walk would
+        walked.add((id(node), scope))
         if isinstance(node, Var):  # also ReduceAxis: a use of the variable
             if not bound.get(id(node)):
                 free.setdefault(id(node), node)
@@ -114,19 +116,44 @@ def consumers(order: List[Tensor]) -> Dict[int, List[Tensor]]:
     return out
 
 
+def _with_reductions(expr: Expr) -> set:
+    """Ids of the nodes of ``expr`` that are, or have below them, a reduction (one
+    bottom-up pass over the DAG, iterative)."""
+    holds = set()
+    stack = [(expr, False)]
+    done = set()
+    while stack:
+        e, after = stack.pop()
+        if after:
+            if isinstance(e, Reduce) or any(id(c) in holds for c in e.children()):
+                holds.add(id(e))
+            continue
+        if id(e) in done:
+            continue
+        done.add(id(e))
+        stack.append((e, True))
+        stack.extend((c, False) for c in e.children())
+    return holds
+
+
 def reductions_in(expr: Expr, guards=(), loops=()) -> List[Tuple[Reduce, list, list]]:
     """Every reduction of ``expr`` with the conditions of the ``if_then_else`` branches that
     lead to it (``guards``) and the reduce axes of the reductions around it (``loops``),
     outer reductions first, left to right (iterative: an explicit stack). A node shared by
     several parents (a DAG) is walked once per context (the same guards and loops): a
-    reduction reached twice in one context is listed once."""
+    reduction reached twice in one context is listed once. Only nodes with a reduction
+    below them are walked, so an expression without one costs one pass over its DAG,
+    however many contexts its shared nodes have."""
     from .ir import Select
     out = []
     stack = [(expr, list(guards), list(loops))]
     seen = set()
     negated: Dict[int, Expr] = {}  # one ~cond per Select, so that its contexts compare by identity
+    holds = _with_reductions(expr)
     while stack:
         e, gs, ls = stack.pop()
+        if id(e) not in holds:
+            continue
         key = (id(e), tuple(map(id, gs)), tuple(map(id, ls)))
         if key in seen:
             continue

@@ -31,6 +31,10 @@ the points where they hold. A partial that is infinite where the branch is not
 taken (``sqrt`` at 0 under ``x > 0``, ``log`` under ``p > 0``) is never multiplied
 by the zero of the other branch, so the gradient stays finite, as the function's
 is; and an index valid only under the guard (a padded read) is never used outside it.
+A node shared by paths with different guards is evaluated wherever any of them holds: a
+context whose guards include another's merges into it, and the two branches of one select
+into the context around them (:func:`_merge_contexts`); neither changes a point at which
+anything is evaluated.
 """
 from __future__ import annotations
 
@@ -163,19 +167,27 @@ def backprop(expr: Expr, seed: Expr, top_value: Expr = None) -> List[Tuple[Read,
     ``top_value`` (optional) stands for the value of ``expr`` itself in rules
     that reuse the forward result. Returns ``(read, guards, adjoint)``: the
     conditions of the ``if_then_else`` branches the read is under (the read, and so
-    its contribution, exists only where they hold) and its adjoint there, in order
-    of first visit (depth first, left to right); reads of the same element under
-    the same guards are merged.
+    its contribution, exists only where they hold) and its adjoint there, in the
+    order the reads are reached (parents first, left to right); reads of the same
+    element under the same guards are merged.
 
-    Reverse mode over the expression as a DAG: a node shared by several parents (under
-    the same guards) gets the sum of their contributions and passes it on once, so the
+    Reverse mode over the expression as a DAG: the nodes are taken in a topological
+    order, parents first (the reverse of a post-order that visits children right to
+    left, which for a tree is the depth-first, left-to-right order), so a node shared
+    by several parents gets the sum of their contributions and passes it on once: the
     work and the size of the adjoints follow the DAG, not its tree (``e = f(e, e, e)``
-    level after level has a tree of ``3 ** levels`` nodes). The nodes are taken in a
-    topological order, parents first: the reverse of a post-order that visits children
-    right to left, which for a tree is the depth-first, left-to-right order. Explicit
-    stacks (no recursion), so deep expressions are fine.
+    level after level has a tree of ``3 ** levels`` nodes). Explicit stacks (no
+    recursion), so deep expressions are fine.
+
+    A node reached along paths with different guards (its *contexts*) keeps one adjoint
+    per context, except where contexts merge without changing where anything is
+    evaluated (:func:`_merge_contexts`): a context whose guards include another's is
+    folded into it, and the two branches of one ``if_then_else`` into the context around
+    it. A shared node under data-dependent branches would otherwise have contexts that
+    multiply level after level.
     """
     negation: Dict[int, Expr] = {}  # one logical_not per select: contexts compare by identity
+    negated: Dict[int, Expr] = {}  # id(logical_not) -> the condition it negates
 
     def below(n: Expr, guards: tuple):
         if isinstance(n, Read) or not _differentiable(n):
@@ -185,54 +197,97 @@ def backprop(expr: Expr, seed: Expr, top_value: Expr = None) -> List[Tuple[Read,
             neg = negation.get(id(n))
             if neg is None:
                 neg = negation[id(n)] = dsl.logical_not(n.cond)
+                negated[id(neg)] = n.cond
             return [(n.t, guards + (n.cond,)), (n.f, guards + (neg,))]
         return [(c, guards) for c in n.children() if isinstance(c, Expr)]
 
-    def key(n: Expr, guards: tuple) -> tuple:
-        return (id(n), tuple(map(id, guards)))
-
-    order = []  # post-order, children right to left
+    order = []  # post-order of the distinct nodes, children right to left
     walked = set()
-    stack = [(expr, (), False)]
+    stack = [(expr, False)]
     while stack:
-        n, guards, done = stack.pop()
+        n, done = stack.pop()
         if done:
-            order.append((n, guards))
+            order.append(n)
             continue
-        if key(n, guards) in walked:
+        if id(n) in walked:
             continue
-        walked.add(key(n, guards))
-        stack.append((n, guards, True))
-        stack.extend((c, g, False) for c, g in below(n, guards))
-    adjoint: Dict[tuple, Expr] = {key(expr, ()): seed}
+        walked.add(id(n))
+        stack.append((n, True))
+        stack.extend((c, False) for c, _ in below(n, ()))
+    # id(node) -> {guard ids: (guards, adjoint)}, in the order the contexts arrive
+    contexts: Dict[int, Dict[tuple, Tuple[tuple, Expr]]] = {id(expr): {(): ((), seed)}}
 
     def give(n: Expr, guards: tuple, g: Expr):
-        k = key(n, guards)
-        prev = adjoint.get(k)
-        adjoint[k] = g if prev is None else add(prev, g)
+        mine = contexts.setdefault(id(n), {})
+        k = tuple(map(id, guards))
+        prev = mine.get(k)
+        mine[k] = (guards, g if prev is None else add(prev[1], g))
 
     found: Dict[Tuple[Read, Tuple[Expr, ...]], Expr] = {}
-    for n, guards in reversed(order):
-        g = adjoint.pop(key(n, guards), None)
-        if g is None or not _differentiable(n):
+    for n in reversed(order):
+        mine = contexts.pop(id(n), None)
+        if not mine or not _differentiable(n):
             continue
-        if isinstance(n, Read):
-            k = (n, guards)
-            prev = found.get(k)
-            found[k] = g if prev is None else add(prev, g)
-            continue
-        if isinstance(n, Select):
-            for c, cg in below(n, guards):
-                give(c, cg, g)
-            continue
-        y = top_value if (top_value is not None and n is expr) else n
-        for child, child_adj in local_partials(n, g, y):
-            if isinstance(child_adj, Const) and child_adj.value == 0:
+        for guards, g in _merge_contexts(list(mine.values()), negated):
+            if isinstance(n, Read):
+                k = (n, guards)
+                prev = found.get(k)
+                found[k] = g if prev is None else add(prev, g)
                 continue
-            give(child, guards, child_adj)
-    if adjoint:  # a contribution to a node the walk did not reach: never silently dropped
-        raise InternalError(f"backprop left {len(adjoint)} adjoint(s) undelivered in {expr}")
+            if isinstance(n, Select):
+                for c, cg in below(n, guards):
+                    give(c, cg, g)
+                continue
+            y = top_value if (top_value is not None and n is expr) else n
+            for child, child_adj in local_partials(n, g, y):
+                if isinstance(child_adj, Const) and child_adj.value == 0:
+                    continue
+                give(child, guards, child_adj)
+    if contexts:  # a contribution to a node the walk did not reach: never silently dropped
+        raise InternalError(f"backprop left {len(contexts)} adjoint(s) undelivered in {expr}")
     return [(read, guards, adj) for (read, guards), adj in found.items()]
+
+
+def _merge_contexts(ctx: List[Tuple[tuple, Expr]], negated: Dict[int, Expr]) -> List[Tuple[tuple, Expr]]:
+    """The contexts ``(guards, adjoint)`` of one node, merged where that changes no point at
+    which anything is evaluated, until none merges:
+
+    - guards ``G`` and ``G' ⊇ G``: one context ``(G, g + if_then_else(G' - G, g', 0))``. The
+      node is evaluated wherever ``G`` holds, and the partials below it, linear in the
+      adjoint, give ``g p + (g' p where G')``, as the two contexts did (a partial that is
+      infinite outside ``G'`` is multiplied there by ``g``, as before, never by a 0 of its own);
+    - ``P + (c,)`` and ``P + (not c,)``, the two branches of one ``if_then_else``:
+      ``(P, if_then_else(c, g1, g2))``, the node being evaluated on both sides of ``c``.
+
+    A single context is returned as it is, so a tree's adjoints are unchanged."""
+    if len(ctx) < 2:
+        return ctx
+    merged = True
+    while merged and len(ctx) > 1:
+        merged = False
+        ids = [frozenset(map(id, guards)) for guards, _ in ctx]
+        for a in range(len(ctx)):
+            for b in range(len(ctx)):
+                if a == b:
+                    continue
+                (ga, xa), (gb, xb) = ctx[a], ctx[b]
+                if ids[a] <= ids[b]:  # b's guards include a's: b folds into a
+                    extra = [c for c in gb if id(c) not in ids[a]]
+                    ctx[a] = (ga, add(xa, dsl.if_then_else(dsl.all(*extra), xb, _zero(xb)) if extra else xb))
+                elif len(ids[a]) == len(ids[b]) and len(ids[a] - ids[b]) == 1:
+                    (ca,), (cb,) = ids[a] - ids[b], ids[b] - ids[a]
+                    cond = next(c for c in ga if id(c) == ca)
+                    if negated.get(cb) is not cond:
+                        continue
+                    ctx[a] = (tuple(c for c in ga if id(c) != ca), dsl.if_then_else(cond, xa, xb))
+                else:
+                    continue
+                del ctx[b]
+                merged = True
+                break
+            if merged:
+                break
+    return ctx
 
 
 # ---------------------------------------------------------------------------------------------

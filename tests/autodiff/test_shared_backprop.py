@@ -54,3 +54,135 @@ def test_the_gradient_of_a_deep_dag_is_derived_once_per_node():
     np.testing.assert_allclose(raw_value, fd, rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(evaluate([grad], {X: x})[0], raw_value, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(kernel(x), raw_value, rtol=1e-10, atol=1e-12)
+
+
+def _branchy(e, levels):
+    """``e`` used outside and inside both branches of a data-dependent ``if_then_else``, level
+    after level: reverse mode reaches each level's ``e`` under three guard contexts (none,
+    ``e > 0``, ``not e > 0``), which used to multiply to ``3 ** levels`` adjoints."""
+    for _ in range(levels):
+        e = tg.tanh(e) * e + tg.if_then_else(e > 0.0, e * 0.5, -e * 0.25)
+    return e
+
+
+def _branchy_np(e, levels):
+    for _ in range(levels):
+        e = np.tanh(e) * e + np.where(e > 0.0, e * 0.5, -e * 0.25)
+    return e
+
+
+def _nested(e, levels):
+    """``e`` only inside the branches (``t`` and ``f`` of one select per level): each level's
+    contexts are the two branches of the one below, nested."""
+    for _ in range(levels):
+        e = tg.if_then_else(tg.sin(e) > 0.0, tg.tanh(e) * 1.5, e * 0.5 + 0.1)
+    return e
+
+
+def _nested_np(e, levels):
+    for _ in range(levels):
+        e = np.where(np.sin(e) > 0.0, np.tanh(e) * 1.5, e * 0.5 + 0.1)
+    return e
+
+
+@pytest.mark.parametrize("chain, chain_np", [(_branchy, _branchy_np), (_nested, _nested_np)])
+def test_guard_contexts_of_a_shared_node_merge(chain, chain_np):
+    """The contexts of a node whose guards include another context's fold into it, and the
+    two branches of one select into the context around them: the backprop of 12 such levels
+    returns one adjoint (not 3**12 or 2**12), and the gradient is right, three ways."""
+    from te_grad import dsl
+    from te_grad.autodiff.rules import backprop
+    levels = 12
+    X = tg.placeholder((6,), dtype="float64", name="X")
+    Y = tg.compute((6,), lambda i: chain(X[i], levels), name="Y")
+
+    def ring(*_):
+        raise TimeoutError
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(120)
+    try:
+        terms = backprop(Y.op.body, dsl.const(1.0, "float64"))
+        assert [(r.tensor.name, len(g)) for r, g, _ in terms] == [("X", 0)]
+        k = tg.reduce_axis((0, 6), name="k")
+        L = tg.compute((), lambda: tg.sum(Y[k], axis=k), name="L")
+        raw, = tg.differentiate(L, [X], simplify=False)
+        grad, = tg.differentiate(L, [X])
+        kernel = tg.build([grad], inputs=[X])
+    except TimeoutError:
+        pytest.fail("the guard contexts of a shared node multiplied")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    x = np.array([-1.3, -0.4, 0.2, 0.7, 1.1, 2.3])
+    assert np.allclose(evaluate([Y], {X: x})[0], chain_np(x, levels), rtol=1e-12, atol=1e-12)
+    eps = 1e-7
+    fd = np.array([(evaluate([L], {X: x + eps * u})[0] - evaluate([L], {X: x - eps * u})[0]) / (2 * eps)
+                   for u in np.eye(6)])
+    raw_value = evaluate([raw], {X: x})[0]
+    np.testing.assert_allclose(raw_value, fd, rtol=1e-5, atol=1e-6 * np.abs(fd).max())
+    np.testing.assert_allclose(evaluate([grad], {X: x})[0], raw_value, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(kernel(x), raw_value, rtol=1e-10, atol=1e-12)
+
+
+def test_contexts_that_do_not_cover_each_other_stay_apart():
+    """Guards that neither include one another nor are the two branches of one select (``a``
+    and ``b`` of two different selects) keep their own adjoints: merging them would evaluate
+    a partial where neither branch is taken (here ``log(x)`` at ``x <= 0``, a NaN times 0)."""
+    from te_grad import dsl
+    from te_grad.autodiff.rules import backprop
+    X = tg.placeholder((4,), dtype="float64", name="X")
+    W = tg.placeholder((4,), dtype="float64", name="W")
+
+    def body(i):
+        shared = tg.log(X[i])
+        return tg.if_then_else(X[i] > 0.5, shared, 0.0) + tg.if_then_else(W[i] > 0.0, shared * 2.0, 0.0)
+    Y = tg.compute((4,), body, name="Y")
+    terms = backprop(Y.op.body, dsl.const(1.0, "float64"))
+    assert sorted(len(g) for r, g, _ in terms if r.tensor is X) == [1, 1]
+    (dX,) = tg.gradient(Y, [X])
+    x, w = np.array([-1.0, 0.0, 0.7, 2.0]), np.array([-1.0, -1.0, 1.0, -1.0])
+    got = tg.build([dX], [X, W])(x, w)
+    want = np.where(x > 0.5, 1 / np.where(x > 0, x, 1), 0) + np.where(w > 0, 2 / np.where(x > 0, x, 1), 0)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_the_evaluator_computes_a_node_under_nested_branches_once():
+    """The reference evaluator evaluates a branch under the mask where it is taken; a node
+    inside both branches of a select, level after level, is met under ``2 ** levels`` masks.
+    Its value does not depend on the mask (no reduction, no read out of bounds below it), so
+    it is computed once: 24 levels evaluate at once and match numpy."""
+    def ring(*_):
+        raise TimeoutError
+    X = tg.placeholder((5,), dtype="float64", name="X")
+    Y = tg.compute((5,), lambda i: _nested(X[i], 24), name="Y")
+    x = np.array([-1.3, -0.4, 0.2, 0.7, 2.3])
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(60)
+    try:
+        got = evaluate([Y], {X: x})[0]
+    except TimeoutError:
+        pytest.fail("the evaluator computed a shared node once per mask")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    np.testing.assert_allclose(got, _nested_np(x, 24), rtol=1e-13)
+
+
+def test_the_evaluator_still_refuses_a_read_out_of_bounds_under_a_shared_node():
+    """A shared node whose read leaves the tensor somewhere depends on the mask (an error
+    where the mask holds, nothing elsewhere): it is not reused across masks, so a read out of
+    bounds on the taken side of a branch is still refused, though the same node was computed
+    before, without error, under the other branch's mask."""
+    X = tg.placeholder((4,), dtype="float64", name="X")
+    I = tg.placeholder((4,), dtype="int64", name="I")
+
+    def body(i):
+        shared = X[I[i]] * 2.0
+        return tg.if_then_else(X[i] > 0.0, shared, 0.0) + tg.if_then_else(X[i] < -2.0, shared, 1.0)
+    Y = tg.compute((4,), body, name="Y")
+    x = np.array([0.5, -1.0, 2.0, -3.0])
+    ok = evaluate([Y], {X: x, I: np.array([1, 9, 3, 0])})[0]  # out of bounds only where neither is taken
+    np.testing.assert_allclose(ok, [x[1] * 2 + 1.0, 1.0, x[3] * 2 + 1.0, x[0] * 2])
+    with pytest.raises(tg.TeGradError, match="outside tensor X"):
+        evaluate([Y], {X: x, I: np.array([1, 0, 3, 7])})  # out of bounds at i = 3, where X < -2

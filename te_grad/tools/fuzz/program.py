@@ -562,10 +562,12 @@ class _Gen:
 
     def shared_stage(self, s: int, prev: str) -> str:
         """A last stage whose body reuses one Python value several times, level after level
-        (``e = f(e, e, e)``, 2 to 4 levels): a DAG whose tree grows as ``3 ** levels``, as
+        (``e = f(e, e, e)``, 2 to 8 levels): a DAG whose tree grows as ``3 ** levels``, as
         second-order gradients are. Every stage must walk it as a DAG, and the LLVM emitter's
         shared values (one per block and per binding of their variables) must stay right in
-        vector loops and register blocks: with 16 columns or more the stage is vectorized."""
+        vector loops and register blocks: with 16 columns or more the stage is vectorized. Some
+        levels use ``e`` inside and outside the branches of a data-dependent ``if_then_else``, so
+        that reverse mode reaches it in several guard contexts (which it merges)."""
         n, m = 2 + self.draw(3), (3 + self.draw(4)) if not self.chance(2) else 16 + self.draw(20)
         self.lines.append(f"XS = tg.placeholder(({n}, {m}), dtype=DT, name='XS')")
         self.extra_inputs.append("XS")
@@ -573,10 +575,12 @@ class _Gen:
         scale = f"{prev}[{', '.join('0' for _ in shape)}]" if shape else f"{prev}[()]"
         self.lines.append(f"def _S{s}(i0, i1):")
         self.lines.append(f"    e = XS[i0, i1] * (C(0.5) + tg.tanh({scale}))")
-        for _ in range(2 + self.draw(3)):
+        for _ in range(2 + self.draw(7)):
             step = self.pick(["tg.tanh(e) * e + e * C(0.5)", "tg.maximum(e, C(0.0)) * e - e * C(0.25)",
                               "tg.if_then_else(e > C(0.0), e * C(0.5), -e) + tg.sigmoid(e)",
-                              "e * tg.exp(-(e * e)) + e", "tg.log(e * e + C(1.0)) - e * C(0.5)"])
+                              "e * tg.exp(-(e * e)) + e", "tg.log(e * e + C(1.0)) - e * C(0.5)",
+                              "tg.tanh(e) * e + tg.if_then_else(e > C(0.0), e * C(0.5), -e * C(0.25))",
+                              "tg.if_then_else(tg.sin(e) > C(0.0), tg.tanh(e), e * C(0.5))"])
             self.lines.append(f"    e = {step}")
         self.lines.append("    return tg.cast(DT, e)")
         self.lines.append(f"S{s} = tg.compute(({n}, {m}), _S{s}, name='S{s}')")
