@@ -48,16 +48,16 @@ acos          1 (0.50)   1 (0.87)   NaN outside [-1, 1]
   (subnormals scaled by ``2^23`` / ``2^52`` first), ``log(1 + f) = f - (f^2/2 - s (f^2/2 + R))``
   with ``s = f / (2 + f)`` and ``R`` the Taylor series of ``2 atanh(s) / s - 2`` in ``s^2``
   (4 terms in float32, 10 in float64), plus ``e ln2`` split in two parts.
-- ``sin``, ``cos`` (float32): computed in float64. Up to ``|x| = 2^26`` Cody and Waite's
-  reduction, ``k = roundeven(x 2/pi)``, ``x - k P1`` exact and ``k P2`` off it in one fused
-  multiply-add (error about 2^-80); above, Payne and Hanek's with a table of 2/pi's bits per
-  exponent in 29-bit chunks, so that each product with the 24-bit significand is exact (the
-  float64 table's arrangement, below). The nearest integer ``k`` picks the quadrant and ``r``,
-  ``|r| <= pi/4``, goes to Taylor polynomials (to ``r^11`` and ``r^12``, truncation below
-  2^-37), rounded once to float32. Both reductions run in every lane, each lane takes its
-  own. The reduction's error stays far below ``r`` even at the float32s closest to multiples of
-  pi/2 (the tests include them: convergents of pi/2 scaled by powers of 2), up to the largest
-  float32.
+- ``sin``, ``cos`` (float32): computed in float64. Payne-Hanek's reduction without a table:
+  ``x 2/pi`` as the sum of ``x P_i`` over four float64 words of 2/pi (to ``2^-213``), each product
+  split exactly into ``h + l`` by a fused multiply-add, each part taken mod 4 exactly
+  (``t - 4 roundeven(t/4)``), the parts summed in double-double; the nearest integer ``k`` of the
+  sum picks the quadrant and ``r = (sum - k) pi/2``, ``|r| <= pi/4``, goes to Taylor polynomials
+  (to ``r^11`` and ``r^12``: truncation below ``2^-37``), rounded once to float32. The
+  reduction's absolute error, about ``|x| 2^-213 <= 2^-85``, stays far below ``r`` even at the
+  float32s closest to multiples of pi/2 (the tests include them: convergents of pi/2 scaled by
+  powers of 2), up to the largest float32. (float64's table, below, cut in 29-bit chunks for
+  exact products, measured no faster for float32: its gathers cost what the words saved.)
 - ``sin``, ``cos`` (float64): for ``|x| <= 2^26`` Cody and Waite's reduction, ``k = roundeven(x 2/pi)``,
   ``x - k P1`` exact in one fused multiply-add, ``k P2`` split exactly, pi/2 in three doubles,
   ``r`` in double-double; above, Payne and Hanek's with a table: ``x = m 2^E``, and ``2^E 2/pi mod 4``
@@ -345,6 +345,9 @@ def log_f64(b: ir.IRBuilder, module: ir.Module, x):
 
 # sin and cos (see the module docstring): pi/2 in three doubles (to about 2^-164)
 _PIO2_D = (1.5707963267948966, 6.123233995736766e-17, -1.4973849048591698e-33)
+#: 2/pi in four doubles (each the double nearest the remainder), for float32's reduction
+_TWO_OVER_PI_WORDS = (0.6366197723675814, -3.935735335036497e-17, -2.1442872565786008e-33,
+                      1.6107127853188224e-49)
 #: above this |x| the reduction takes its words of 2/pi from a table indexed by the exponent
 _SINCOS_BIG = 2.0 ** 26
 #: floor(2/pi 2^1280), the bits of 2/pi the tables are cut from
@@ -353,29 +356,25 @@ _TWO_OVER_PI_BITS = int(
     "fe1deb1cb129a73ee88235f52ebb4484e99c7026b45f7e413991d639835339f49c845f8bbdf9283b1ff897ffde05980f"
     "ef2f118b5a0a6d1f6d367ecf27cb09b74f463f669e5fea2d7527bac7ebe5f17b3d0739f78a5292ea6bfb5fb11f8d5d08"
     "56033046fc7b6babf0cfbc209af4361d", 16)
-#: per significand width (53: float64, 24: a float32 widened to float64): the biased float64
-#: exponents of the arguments above 2^26 (the table's rows), the bias of ``E`` in ``x = m 2^E``
-#: (``m`` an integer of that many bits) and the bits per chunk (``m`` times a chunk is exact for
-#: float32's 29-bit chunks; float64's products are split by a fused multiply-add)
-_TABLES = {53: (1049, 2046, 1075, 53), 24: (1049, 1150, 1046, 29)}
+#: the biased exponents of the doubles above 2^26 (the table's rows)
+_EXP_FIRST, _EXP_LAST = 1049, 2046
 _CHUNKS = 4
 
 
-def _two_over_pi_table(first, last, unbias, width):
-    """Row ``B - first`` for biased exponent ``B`` (``x = m 2^E``, ``E = B - unbias``):
-    ``T_E = 2^E 2/pi mod 4`` (the bits of 2/pi whose products with ``m`` are multiples of 4
-    dropped) cut into four chunks of ``width`` bits from 2^1 down, each exactly a double
-    (float64: bits 2^1 to 2^-51, 2^-52 to 2^-104, 2^-105 to 2^-157, 2^-158 to 2^-210, the part
-    cut off, times ``m``, below 2^-157; float32: 2^1 to 2^-27, ..., 2^-86 to 2^-114, the part
-    cut off below 2^-90)."""
+def _two_over_pi_table():
+    """Row ``B - 1049`` for biased exponent ``B`` (``x = m 2^E``, ``m`` an integer below 2^53,
+    ``E = B - 1075``): ``T_E = 2^E 2/pi mod 4`` (the bits of 2/pi whose products with ``m`` are
+    multiples of 4 dropped) cut into four 53-bit chunks, each exactly a double: bits 2^1 to
+    2^-51, 2^-52 to 2^-104, 2^-105 to 2^-157, 2^-158 to 2^-210 (the part cut off, times ``m``,
+    below 2^-157)."""
     rows = []
-    for B in range(first, last + 1):
-        shift = 1280 - (B - unbias)  # T_E = (Q mod 2^(shift + 2)) 2^-shift
+    for B in range(_EXP_FIRST, _EXP_LAST + 1):
+        shift = 1280 - (B - 1075)  # T_E = (Q mod 2^(shift + 2)) 2^-shift
         t = _TWO_OVER_PI_BITS % (1 << (shift + 2))
         for j in range(_CHUNKS):
-            lsb = width - 2 + width * j  # chunk j: bits 2^(width - 1 - lsb) .. 2^-lsb
+            lsb = 51 + 53 * j  # chunk j: bits 2^(52 - lsb) .. 2^-lsb
             top = shift - lsb
-            chunk = (t >> top if top >= 0 else t << -top) & ((1 << width) - 1)
+            chunk = (t >> top if top >= 0 else t << -top) & ((1 << 53) - 1)
             rows.append(float(chunk) * 2.0 ** -lsb)
     return rows
 
@@ -393,17 +392,16 @@ def _lanes(b, v, f):
     return out
 
 
-def _table_chunks(b, module, x, bits):
-    """``(m, [c0, c1, c2, c3])`` for a float64 ``x`` holding a ``bits``-bit significand:
-    ``m = x 2^-E`` (an integer, exactly) and the chunks of ``T_E`` from the module's constant
-    table (defined once per module). The row index is clamped, so no lane reads outside the
+def _table_chunks(b, module, x):
+    """``(m, [c0, c1, c2, c3])`` for a float64 ``x``: ``m = x 2^-E`` (an integer, exactly) and
+    the chunks of ``T_E`` from the module's constant table (defined once per module). The row index is clamped, so no lane reads outside the
     table: a lane below 2^26 reads the first row (its result is not taken), +-inf the last
     (``m`` is infinite: NaN)."""
-    first, last, unbias, width = _TABLES[bits]
-    name = f"te_grad_two_over_pi_{bits}"
+    first, last = _EXP_FIRST, _EXP_LAST
+    name = "te_grad_two_over_pi"
     table = module.globals.get(name)
     if table is None:
-        rows = _two_over_pi_table(first, last, unbias, width)
+        rows = _two_over_pi_table()
         ty = ir.ArrayType(F64, len(rows))
         table = ir.GlobalVariable(module, ty, name)
         table.global_constant = True
@@ -413,7 +411,7 @@ def _table_chunks(b, module, x, bits):
     B = b.and_(b.lshr(b.bitcast(x, _int_type(x)), ic(52)), ic(0x7FF))
     B = b.select(b.icmp_signed("<", B, ic(first)), ic(first), B)
     B = b.select(b.icmp_signed(">", B, ic(last)), ic(last), B)
-    m = b.fmul(x, b.bitcast(b.shl(b.sub(ic(1023 + unbias), B), ic(52)), x.type))  # x 2^-(B - unbias)
+    m = b.fmul(x, b.bitcast(b.shl(b.sub(ic(2098), B), ic(52)), x.type))  # x 2^-(B - 1075)
     row = b.mul(b.sub(B, ic(first)), ic(_CHUNKS))
     zero = ir.Constant(I64, 0)
     return m, [_lanes(b, row, lambda i, j=j: b.load(b.gep(table, [zero, b.add(i, ir.Constant(I64, j))])))
@@ -468,7 +466,7 @@ def _reduce_big_f64(b, module, x):
     ``k = roundeven(S)``, ``S - k`` exact, plus the tail, times pi/2 in double-double. +-inf gives
     NaN."""
     c = lambda v: _like(x, v)  # noqa: E731
-    m, (c0, c1, c2, c3) = _table_chunks(b, module, x, 53)
+    m, (c0, c1, c2, c3) = _table_chunks(b, module, x)
 
     def split(cj):
         h = b.fmul(m, cj)
@@ -490,23 +488,28 @@ def _reduce_big_f64(b, module, x):
 
 
 def _reduce_f32(b, module, X):
-    """``(k, r)`` for a float32 ``X`` widened to float64, ``X = k pi/2 + r`` to about 2^-80
-    absolute, far below the smallest ``|r|`` of a float32. Up to 2^26: ``X - k P1`` exact (as in
-    :func:`_reduce_medium_f64`), ``k P2`` off it in one fused multiply-add. Above: ``m`` has 24
-    bits and the chunks 29, so each ``m c_j`` is exact: ``(m c0) mod 4`` plus ``m c1`` in a
-    two-sum, ``m c2 + m c3`` added to its low part, ``k`` taken off exactly. Both in every lane,
-    each lane takes its own."""
-    c = lambda v: _like(X, v)  # noqa: E731
-    p1, p2 = _PIO2_D[:2]
-    k1 = b.call(_fn(module, "llvm.roundeven", X, 1), [b.fmul(X, c(2 / 3.141592653589793))])
-    r1 = _fma(b, module, b.fneg(k1), c(p2), _fma(b, module, b.fneg(k1), c(p1), X))
-    m, (c0, c1, c2, c3) = _table_chunks(b, module, X, 24)
-    S, e = _two_sum(b, _mod4(b, module, b.fmul(m, c0)), b.fmul(m, c1))
-    tail = b.fadd(e, b.fadd(b.fmul(m, c2), b.fmul(m, c3)))
-    k2 = b.call(_fn(module, "llvm.roundeven", S, 1), [S])
-    r2 = b.fmul(b.fadd(b.fsub(S, k2), tail), c(p1))
-    big = b.fcmp_ordered(">", b.call(_fn(module, "llvm.fabs", X, 1), [X]), c(_SINCOS_BIG))
-    return b.select(big, k2, k1), b.select(big, r2, r1)
+    """``(k, r)`` for a float32 ``X`` widened to float64, every float32 reduced exactly:
+    Payne and Hanek's reduction without a table, ``X 2/pi`` as the sum of ``X P_i`` over four
+    float64 words of 2/pi (to ``2^-213``), each product split exactly into ``h + l`` by a fused
+    multiply-add, each part taken mod 4 exactly, the parts summed in double-double; ``k`` the
+    nearest integer of the sum, ``r = (sum - k) pi/2``. The absolute error, about
+    ``|x| 2^-213 <= 2^-85``, stays far below ``r`` at the float32s closest to multiples of pi/2.
+    (A table indexed by the exponent, as for float64, measured no faster: its gathers cost
+    what the words it saves do.)"""
+    s = c = None
+    for p in _TWO_OVER_PI_WORDS:
+        h = b.fmul(X, _like(X, p))
+        lo = _fma(b, module, X, _like(X, p), b.fneg(h))
+        for t in (h, lo):
+            t = _mod4(b, module, t)
+            if s is None:
+                s, c = t, _like(X, 0.0)
+            else:
+                s, e = _two_sum(b, s, t)
+                c = b.fadd(c, e)
+    s = _mod4(b, module, s)
+    k = b.call(_fn(module, "llvm.roundeven", s, 1), [s])
+    return k, b.fmul(b.fadd(b.fsub(s, k), c), _like(X, _PIO2_D[0]))
 
 
 def _taylor(b, z, first, last, step):
