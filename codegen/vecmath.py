@@ -53,7 +53,7 @@ acos          1 (0.50)   1 (0.87)   NaN outside [-1, 1]
   split exactly into ``h + l`` by a fused multiply-add, each part taken mod 4 exactly
   (``t - 4 roundeven(t/4)``), the parts summed in double-double; the nearest integer ``k`` of the
   sum picks the quadrant and ``r = (sum - k) pi/2``, ``|r| <= pi/4``, goes to Taylor polynomials
-  (to ``r^11`` and ``r^12``: truncation below ``2^-37``), rounded once to float32. The
+  (to ``r^11`` and ``r^12``: truncation below ``2^-36``), rounded once to float32. The
   reduction's absolute error, about ``|x| 2^-213 <= 2^-85``, stays far below ``r`` even at the
   float32s closest to multiples of pi/2 (the tests include them: convergents of pi/2 scaled by
   powers of 2), up to the largest float32. (float64's table, below, cut in 29-bit chunks for
@@ -523,7 +523,7 @@ def _taylor(b, z, first, last, step):
 def _sin_poly(b, r, rr, last=8):
     """sin(r + rr) for ``|r| <= pi/4 (1 + 2^-20)``, ``|rr| <= ulp(r)`` (``None``: 0): Taylor to
     ``r^(2 last + 1)`` (to ``r^17``: truncation below ``2^-62 r``; to ``r^11``, for float32, below
-    ``2^-37 r``), the leading ``r`` added last."""
+    ``2^-36 r``), the leading ``r`` added last."""
     z = b.fmul(r, r)
     s = b.fmul(b.fmul(r, z), _taylor(b, z, 1, last, 1))
     return b.fadd(r, s if rr is None else b.fadd(s, rr))

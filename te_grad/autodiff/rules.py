@@ -256,8 +256,10 @@ def _merge_contexts(ctx: List[Tuple[tuple, Expr]], negated: Dict[int, Expr]) -> 
       node is evaluated wherever ``G`` holds, and the partials below it, linear in the
       adjoint, give ``g p + (g' p where G')``, as the two contexts did (a partial that is
       infinite outside ``G'`` is multiplied there by ``g``, as before, never by a 0 of its own);
-    - ``P + (c,)`` and ``P + (not c,)``, the two branches of one ``if_then_else``:
-      ``(P, if_then_else(c, g1, g2))``, the node being evaluated on both sides of ``c``.
+    - ``P + (c,)`` and ``P + (not c,)``, the two branches of one ``if_then_else``, the rest
+      ``P`` in the same order on both (guards are tested in order, each only where those
+      before it hold): ``(P, if_then_else(c, g1, g2))``, the node being evaluated on both
+      sides of ``c``.
 
     A single context is returned as it is, so a tree's adjoints are unchanged."""
     if len(ctx) < 2:
@@ -277,9 +279,13 @@ def _merge_contexts(ctx: List[Tuple[tuple, Expr]], negated: Dict[int, Expr]) -> 
                 elif len(ids[a]) == len(ids[b]) and len(ids[a] - ids[b]) == 1:
                     (ca,), (cb,) = ids[a] - ids[b], ids[b] - ids[a]
                     cond = next(c for c in ga if id(c) == ca)
-                    if negated.get(cb) is not cond:
+                    rest = tuple(c for c in ga if id(c) != ca)
+                    # the rest in the same order: a guard is evaluated only where those before
+                    # it hold, so another order could test one where neither path does
+                    if negated.get(cb) is not cond or \
+                            tuple(map(id, rest)) != tuple(id(c) for c in gb if id(c) != cb):
                         continue
-                    ctx[a] = (tuple(c for c in ga if id(c) != ca), dsl.if_then_else(cond, xa, xb))
+                    ctx[a] = (rest, dsl.if_then_else(cond, xa, xb))
                 else:
                     continue
                 del ctx[b]

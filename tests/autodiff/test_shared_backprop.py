@@ -186,3 +186,28 @@ def test_the_evaluator_still_refuses_a_read_out_of_bounds_under_a_shared_node():
     np.testing.assert_allclose(ok, [x[1] * 2 + 1.0, 1.0, x[3] * 2 + 1.0, x[0] * 2])
     with pytest.raises(tg.TeGradError, match="outside tensor X"):
         evaluate([Y], {X: x, I: np.array([1, 0, 3, 7])})  # out of bounds at i = 3, where X < -2
+
+
+def test_branches_merge_only_when_the_other_guards_come_in_the_same_order():
+    """A guard is tested only where the guards before it hold (``p`` below divides by a value
+    that is 0 where neither ``c`` nor ``q`` holds). ``n`` is reached under ``(c, p, q)`` and
+    ``(not c, q, p)``: merging the two branches of ``c`` into ``(p, q)`` would test ``p`` where
+    no path does, so they stay apart, and the gradient is computed without a division by zero."""
+    X = tg.placeholder((4,), dtype="float64", name="X")
+    Z = tg.placeholder((4,), dtype="float64", name="Z")
+
+    def body(i):
+        n = X[i] * X[i]
+        c, q = Z[i] > 0.0, Z[i] < -1.0
+        p = 7 // tg.if_then_else(c | q, 1, 0) > 0  # divides by 0 where neither c nor q holds
+        a = tg.if_then_else(p, tg.if_then_else(q, n, 0.0), 0.0)
+        b = tg.if_then_else(q, tg.if_then_else(p, n, 0.0), 0.0)
+        return tg.if_then_else(c, a, b)
+    Y = tg.compute((4,), body, name="Y")
+    k = tg.reduce_axis((0, 4), name="k")
+    L = tg.compute((), lambda: tg.sum(Y[k], axis=k), name="L")
+    grad, = tg.differentiate(L, [X])
+    x, z = np.arange(1.0, 5.0), np.array([1.0, -2.0, 0.0, 1.0])
+    want = np.where(z < -1.0, 2 * x, 0.0)  # only the branch not c, q, p carries n
+    np.testing.assert_allclose(evaluate([grad], {X: x, Z: z})[0], want)
+    np.testing.assert_allclose(tg.build([grad], [X, Z])(x, z), want)
