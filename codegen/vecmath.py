@@ -84,6 +84,8 @@ acos          1 (0.50)   1 (0.87)   NaN outside [-1, 1]
 """
 from __future__ import annotations
 
+import functools
+
 from .llvm import ir
 
 F32 = ir.FloatType()
@@ -361,7 +363,8 @@ _EXP_FIRST, _EXP_LAST = 1049, 2046
 _CHUNKS = 4
 
 
-def _two_over_pi_table():
+@functools.lru_cache(maxsize=None)
+def _two_over_pi_table() -> tuple:
     """Row ``B - 1049`` for biased exponent ``B`` (``x = m 2^E``, ``m`` an integer below 2^53,
     ``E = B - 1075``): ``T_E = 2^E 2/pi mod 4`` (the bits of 2/pi whose products with ``m`` are
     multiples of 4 dropped) cut into four 53-bit chunks, each exactly a double: bits 2^1 to
@@ -376,7 +379,7 @@ def _two_over_pi_table():
             top = shift - lsb
             chunk = (t >> top if top >= 0 else t << -top) & ((1 << 53) - 1)
             rows.append(float(chunk) * 2.0 ** -lsb)
-    return rows
+    return tuple(rows)
 
 
 def _lanes(b, v, f):
