@@ -15,7 +15,7 @@ exp           1          1 (0.81)   float32 results below the smallest normal
                                     flush to 0; float64's underflow gradually
 tanh          1.5 (1.14) 1.5 (1.19)
 sigmoid       1 to 3     2 (1.89)
-erf           1.5 (1.0)  1.5 (1.26)  measured maximum in parentheses
+erf           1 (0.95)   1.5 (1.44)  measured maximum in parentheses
 log           1 (0.75)   1 (0.78)   NaN below 0, -inf at +-0, subnormals exact
 sin, cos      1 (0.50)   1 (0.75,   every float up to the largest, exactly
                          0.85)      reduced; NaN at +-inf
@@ -39,11 +39,13 @@ acos          1 (0.50)   1 (0.87)   NaN outside [-1, 1]
   form's ``1 - 2 / (exp(2|x|) + 1)`` above, the sign restored.
 - ``sigmoid``: ``1 / (1 + exp(-x))``, exact limits 0 and 1; float64: with ``e = exp_f64(-|x|)``,
   ``1 / (1 + e)`` or ``e / (1 + e)`` (no overflow in either tail).
-- ``erf``: ``|x| < 0.875``: ``x + x (P(x^2) - 1)``; above, ``1 - e^Q(|x|)`` with ``Q``
-  a polynomial approximation of ``log(erfc)`` (two intervals, coefficients selected
-  per lane), the sign restored; clamped where erf rounds to 1 (4 in float32, 6 in
-  float64); NaN stays NaN, subnormals keep ``2 x / sqrt(pi)``. Its float64 form uses
-  ``exp_f64`` (degree-13 Taylor polynomial, gradual underflow).
+- ``erf``: ``|x| < 0.875``: ``x + x (P(x^2) - 1)``; above, ``1 - erfc(|x|)``, the sign
+  restored; clamped where erf rounds to 1 (4 in float32, 6 in float64); NaN stays NaN,
+  subnormals keep ``2 x / sqrt(pi)``. float32: ``erfc = 2^Q`` with ``Q`` one polynomial
+  approximation of ``log2(erfc)`` on ``[0.875, 4]`` and ``2^Q = 2^n 2^f`` (``f`` a degree-6
+  fit, ``n`` added into the exponent bits: no clamps, as ``Q`` stays in ``[-26, -2.2]``).
+  float64: ``e^Q`` with ``Q`` approximating ``log(erfc)`` on two intervals (coefficients
+  selected per lane) and ``exp_f64`` (degree-13 Taylor polynomial, gradual underflow).
 - ``log``: fdlibm's reduction ``x = 2^e (1 + f)``, ``1 + f`` in ``[sqrt(1/2), sqrt(2))``
   (subnormals scaled by ``2^23`` / ``2^52`` first), ``log(1 + f) = f - (f^2/2 - s (f^2/2 + R))``
   with ``s = f / (2 + f)`` and ``R`` the Taylor series of ``2 atanh(s) / s - 2`` in ``s^2``
@@ -240,20 +242,21 @@ def exp_f64(b: ir.IRBuilder, module: ir.Module, x):
     return b.select(b.fcmp_unordered("uno", x, x), x, y)
 
 
-# erf. |x| < 0.875: x P(x^2); above: 1 - e^Q(|x|) with Q ~ log(erfc), evaluated at |x| minus
-# the centre of its interval; clamped where erf rounds to 1 (erfc(4) < 2^-26 in float32,
-# erfc(6) < 2^-55 in float64). Chebyshev fits (mpmath.chebyfit) of erf(sqrt t) / sqrt t and
-# of log(erfc(x)); fit errors 2e-10, 4e-9 (float32), 3e-19, 2e-16, 2e-14 (float64, the last
-# two scaled by erfc(0.875) = 0.22 and erfc(2.5) = 4e-4 in erf).
+# erf. |x| < 0.875: x P(x^2); above: 1 - erfc(|x|), the sign restored, clamped where erf rounds
+# to 1 (erfc(4) < 2^-25 in float32, erfc(6) < 2^-55 in float64). Chebyshev fits (mpmath.chebyfit)
+# of erf(sqrt t) / sqrt t (relative fit error 8e-9 in float32, 3e-19 in float64), of log2(erfc(x))
+# on [0.875, 4] at x - 0.875 (float32, absolute 3e-8; evaluated from the split up, where erfc
+# is largest, so the rounding that grows with x - 0.875 is scaled by an erfc that falls faster) and of log(erfc(x)) on two intervals at x
+# minus their centres (float64, 2e-16 and 2e-14, scaled by erfc(0.875) = 0.22 and erfc(2.5) = 4e-4
+# in erf), and of 2^f on [-1/2, 1/2] (relative 2e-9).
 _ERF_SPLIT = 0.875
-_ERF32_SMALL = (8.690368907390262e-05, -0.0008214570887454587, 0.0052070489106000265, -0.026861705831181606,
-                0.11283735210155595, -0.3761263621367055, 1.1283791668855805)
-_ERF32_MID = (1.5625, 2.25, (-2.2075486892897343e-06, -2.133775078390786e-05, 0.00020615855895636152,
-                            -0.0011788820626515905, 0.005626289990504654, -0.024370418956632143,
-                            -0.8973445929992877, -3.620677702135322, -3.6072852302065836))
-_ERF32_TAIL = (3.125, 4.0, (9.439392676247113e-07, -6.329230915714349e-06, 3.729078572341916e-05,
-                            -0.00021548255432294735, 0.001209383845607128, -0.0067720276513207394,
-                            -0.9600514508577377, -6.543439394141575, -11.523305691065309))
+_ERF32_SMALL = (-0.0006214585361977137, 0.005034370663204096, -0.02679294777783731, 0.11282496599586316,
+                -0.37612554506584434, 1.1283791581332128)
+_ERF32_FAR = (0.875, 4.0, (2.367627606105127e-06, -4.996258881992303e-05, 0.0005047306967534174,
+                           -0.003325676668774106, 0.01650103688865174, -0.06772860717851939,
+                           -1.1924304586863432, -3.506067677683156, -2.211398180795371))
+_EXP2_F32 = (0.0001546144469856913, 0.0013400428177615838, 0.009618056678524637, 0.05550327226670302,
+             0.24022650922288757, 0.6931472067028326, 1.0)
 _ERF64_SMALL = (-8.666276629203472e-10, 1.4122777660357666e-08, -1.6289242608284092e-07, 1.6456607597388118e-06,
                 -1.492538720169797e-05, 0.00012055324561705379, -0.0008548326845690305, 0.005223977623059443,
                 -0.026866170644942594, 0.11283791670954353, -0.3761263890318374, 1.1283791670955126)
@@ -271,35 +274,56 @@ _ERF64_TAIL = (4.25, 6.0, (2.787088451017419e-13, -9.972921296100604e-13, -2.845
                            -20.107769901469695))
 
 
-def _erf(b, module, x, small, pieces, exp):
+def _erf(b, module, x, small, top, erfc):
+    """erf from its two sides: ``small`` the coefficients of ``erf(sqrt t) / sqrt t`` (below
+    0.875), ``erfc(b, module, a)`` its complement for ``a = min(|x|, top)`` (above)."""
     c = lambda v: _like(x, v)  # noqa: E731
     ax = b.call(_fn(module, "llvm.fabs", x, 1), [x])
     # x + x (P(x^2) - 1): the leading x exact, the correction (at most 0.13 x) by a fused multiply-add
     near = b.fadd(b.fmul(x, _poly(b, b.fmul(x, x), small[:-1] + (small[-1] - 1.0,)), flags=("contract",)), x,
                   flags=("contract",))
-    top = pieces[-1][1]
     a = b.call(_fn(module, "llvm.minnum", x, 2), [ax, c(top)])
-    if len(pieces) == 1:
-        centre, coeffs = c(pieces[0][0]), pieces[0][2]
-    else:  # two pieces: each coefficient selected by the interval (no branch)
-        (c1, e1, k1), (c2, _, k2) = pieces
-        first = b.fcmp_ordered("<", a, c(e1))
-        centre = b.select(first, c(c1), c(c2))
-        coeffs = _pick(b, first, x, list(zip(k1, k2)))
-    q = _poly(b, b.fsub(a, centre), coeffs)
-    far = b.call(_fn(module, "llvm.copysign", x, 2), [b.fsub(c(1.0), exp(b, module, q)), x])
-    y = b.select(b.fcmp_ordered("<", ax, c(_ERF_SPLIT)), near, far)
-    return b.select(b.fcmp_unordered("uno", x, x), x, y)
+    far = b.call(_fn(module, "llvm.copysign", x, 2), [b.fsub(c(1.0), erfc(b, module, a)), x])
+    # unordered: a NaN takes the near side, which keeps it
+    return b.select(b.fcmp_unordered("<", ax, c(_ERF_SPLIT)), near, far)
+
+
+def _erfc32(b, module, a):
+    """erfc(a) for float32 ``a`` in [0.875, 4] (other lanes: finite, unused): ``2^Q(a)``,
+    ``Q = c0 + u P(u)`` in [-26, -2.2] (``u = a - 0.875``), so ``2^n 2^f`` (``n = roundeven(Q)``)
+    is normal and ``2^n`` goes straight into the exponent bits. ``f = (c0 - n) + u P(u)`` is
+    rounded once (``c0 - n`` is exact), not from a rounded ``Q``."""
+    centre, _, coeffs = _ERF32_FAR
+    u = b.fsub(a, _like(a, centre))
+    p = _poly(b, u, coeffs[:-1])
+    c0 = _like(a, coeffs[-1])
+    n = b.call(_fn(module, "llvm.roundeven", a, 1), [b.fadd(b.fmul(u, p), c0, flags=("contract",))])
+    f = _fma(b, module, u, p, b.fsub(c0, n))
+    e = _poly(b, f, _EXP2_F32)
+    ity = _int_type(a)
+    bits = b.add(b.bitcast(e, ity), b.shl(b.fptosi(n, ity), _int_like(a, 23)))
+    return b.bitcast(bits, a.type)
+
+
+def _erfc64(b, module, a):
+    """erfc(a) for float64 ``a`` in [0.875, 6]: ``e^Q(a)``, ``Q`` from one of two intervals
+    (each coefficient selected per lane, no branch)."""
+    c = lambda v: _like(a, v)  # noqa: E731
+    (c1, e1, k1), (c2, _, k2) = _ERF64_MID, _ERF64_TAIL
+    first = b.fcmp_ordered("<", a, c(e1))
+    centre = b.select(first, c(c1), c(c2))
+    q = _poly(b, b.fsub(a, centre), _pick(b, first, a, list(zip(k1, k2))))
+    return exp_f64(b, module, q)
 
 
 def erf_f32(b: ir.IRBuilder, module: ir.Module, x):
     """erf(x) for a float32 scalar or vector ``x``."""
-    return _erf(b, module, x, _ERF32_SMALL, [_ERF32_MID, _ERF32_TAIL], exp_f32)
+    return _erf(b, module, x, _ERF32_SMALL, _ERF32_FAR[1], _erfc32)
 
 
 def erf_f64(b: ir.IRBuilder, module: ir.Module, x):
     """erf(x) for a float64 scalar or vector ``x``."""
-    return _erf(b, module, x, _ERF64_SMALL, [_ERF64_MID, _ERF64_TAIL], exp_f64)
+    return _erf(b, module, x, _ERF64_SMALL, _ERF64_TAIL[1], _erfc64)
 
 
 _LN2_HI_F = 0.693359375          # float32 ln2 split (e * hi exact for every exponent e)

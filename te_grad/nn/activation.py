@@ -51,7 +51,11 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     ``approximate="tanh"`` is ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))``."""
     if approximate == "none":
         inv_sqrt2 = 1.0 / math.sqrt(2.0)
-        return _elementwise("gelu", x, lambda v: 0.5 * v * (1.0 + dsl.erf(v * inv_sqrt2)))
+
+        def exact(v):  # h + h erf(...): one fused multiply-add, where h (1 + erf) is two roundings
+            h = 0.5 * v
+            return h + h * dsl.erf(v * inv_sqrt2)
+        return _elementwise("gelu", x, exact)
     if approximate == "tanh":
         c = math.sqrt(2.0 / math.pi)
         return _elementwise("gelu", x, lambda v: 0.5 * v * (1.0 + dsl.tanh(c * (v + 0.044715 * (v * v * v)))))
