@@ -49,10 +49,10 @@ from .loopir import (Carried, If, Loop, RegisterBlock, RegisterBlocked, Scan, St
                      ragged_loop_vars, stmt_exprs, stmt_stores, tensors_of)
 from .ragged_split import balanced_range
 from .symbolic_bounds import speculatable_within, stage_size_vars, symbolic_inside
-from .vecmath import (acos_f32, acos_f64, asin_f32, asin_f64, atan2_f32, atan2_f64, atan_f32, atan_f64, cos_f32, cos_f64,
-                      erf_f32, erf_f64, exp_f32, exp_f64, expm1_f32, expm1_f64, intrinsic, log1p_f32, log1p_f64,
-                      log_f32, log_f64, pow_f32, pow_f64, sigmoid_f32, sigmoid_f64, sin_f32, sin_f64, tanh_f32,
-                      tanh_f64)
+from .trig import cos_f32, cos_f64, sin_f32, sin_f64
+from .vecmath import (acos_f32, acos_f64, asin_f32, asin_f64, atan2_f32, atan2_f64, atan_f32, atan_f64, erf_f32,
+                      erf_f64, exp_f32, exp_f64, expm1_f32, expm1_f64, intrinsic, lanewise, log1p_f32, log1p_f64,
+                      log_f32, log_f64, pow_f32, pow_f64, sigmoid_f32, sigmoid_f64, tanh_f32, tanh_f64)
 
 _VECMATH = {("exp", "float32"): exp_f32, ("tanh", "float32"): tanh_f32, ("tanh", "float64"): tanh_f64, ("sigmoid", "float32"): sigmoid_f32,
             ("erf", "float32"): erf_f32, ("erf", "float64"): erf_f64,
@@ -677,12 +677,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         fn = self.module.globals.get(symbol)
         if fn is None:
             fn = ir.Function(self.module, ir.FunctionType(vt.element, [vt.element] * len(args)), symbol)
-        out = ir.Constant(vt, ir.Undefined)
-        for k in range(vt.count):
-            lane = ir.Constant(I32, k)
-            value = self.b.call(fn, [self.b.extract_element(a, lane) for a in args])
-            out = self.b.insert_element(out, value, lane)
-        return out
+        return lanewise(self.b, list(args), lambda *lanes: self.b.call(fn, list(lanes)))
 
     def call_intrinsic(self, name: str, dtype: str, args):
         args = self.match(*args)
