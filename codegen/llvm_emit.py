@@ -167,6 +167,14 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         self.exact = 0  # > 0: float arithmetic without contraction (see stored_value)
         self.pair_acc = {}  # id(indexed store) -> its winner's (value, index) registers (pair_loop)
         self.memo: Dict[tuple, tuple] = {}  # emitted values of shared subexpressions (see expr)
+        # the regions of the blocks the expressions that branch open (a select, a short-circuit
+        # and/or, a run-time check): the block after one continues the region of the block
+        # before it (which dominates it), each branch opens a region inside that one; a value
+        # memoized in a region serves the rest of it and the regions inside (see expr)
+        self.region: Dict[int, int] = {}  # id(block) -> its region (a block's own id if none)
+        self.region_parent: Dict[int, int] = {}
+        self.hoisted: Dict[int, set] = {}  # region -> ids of the nodes hoist_safe_parts walked there
+        self.decided: Dict[int, tuple] = {}  # id(cond) -> (cond, _decided(cond))
         self.fv: Dict[int, tuple] = {}  # id(expr) -> (expr, ids of its free variables)
         # reciprocal multiplies (LLVM's arcp) only in stages that never test floats for
         # equality: once LLVM rewrites a division into a multiply by a reciprocal it may share
@@ -259,7 +267,10 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
     @contextmanager
     def guarded_by(self, cond: Expr):
         """Around code that runs only where ``cond`` (or its negation) holds."""
-        opaque = not _decided(cond)
+        hit = self.decided.get(id(cond))
+        if hit is None or hit[0] is not cond:
+            hit = self.decided[id(cond)] = (cond, _decided(cond))
+        opaque = not hit[1]
         self.undecided += opaque
         try:
             yield
@@ -432,8 +443,10 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
             if dims is not None and d not in dims:
                 continue
             bad = self.b.icmp_unsigned(">=", ix, self.extent(n))  # negatives wrap to huge
+            before = self.b.block
             with self.b.if_then(bad, likely=False):
                 self.fail(1, [self.buffer_index[id(t)], d], ix)
+            self.continues(self.b.block, before)
 
     def check_ragged(self, lo_e: Expr, hi_e: Expr, lo, hi, var: Var):
         """A loop whose bounds read data (a ragged loop, ``range(rowptr[v], rowptr[v + 1])``)
@@ -460,19 +473,40 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
     # -- expressions ------------------------------------------------------------------------
     def expr(self, e: Expr):
         """The value of ``e`` here. A subexpression shared by several parents (a DAG: second-order
-        gradients share heavily) is emitted once per basic block and emission context, not once
-        per path: the key holds the block (a value defined earlier in the same block dominates
-        this use) and what the value depends on (the values bound to its free variables, the
-        register block's lanes, exactness and bound-check state)."""
+        gradients share heavily) is emitted once per emission context and region, not once per
+        path: a value emitted earlier in this region or in one around it is used again (the
+        blocks of a region are this block and those before it that dominate it, across the
+        selects, short-circuit ``and``/``or`` and run-time checks emitted since; a branch of
+        one is a region inside); the key holds what the value depends on besides (the values
+        bound to its free variables, the register block's lanes, exactness). Keyed by block
+        alone, nested selects whose branches share values emitted them again after every
+        select: exponential in the nesting."""
         if isinstance(e, (Const, Var)):
             return getattr(self, "e_" + type(e).__name__)(e)
         key = self.memo_key(e)
-        hit = self.memo.get(key)
-        if hit is not None and hit[0] is e:
-            return hit[1]
+        region = self.region_of(self.b.block)
+        while region is not None:  # this region, then the regions around it
+            hit = self.memo.get((region,) + key)
+            if hit is not None and hit[0] is e:
+                return hit[1]
+            region = self.region_parent.get(region)
         value = getattr(self, "e_" + type(e).__name__)(e)
-        self.memo[key] = (e, value)
+        # the region emission ended in (a branching child moves on to its join block, which
+        # continues the region), where the value's definition dominates what follows
+        self.memo[(self.region_of(self.b.block),) + key] = (e, value)
         return value
+
+    def region_of(self, block) -> int:
+        return self.region.get(id(block), id(block))
+
+    def continues(self, block, before) -> None:
+        """``block`` comes after a branch opened in ``before`` (which dominates it)."""
+        self.region[id(block)] = self.region_of(before)
+
+    def opens(self, block, before) -> None:
+        """``block`` is a branch opened in ``before``: a region inside ``before``'s."""
+        self.region[id(block)] = id(block)
+        self.region_parent[id(block)] = self.region_of(before)
 
     def memo_key(self, e: Expr) -> tuple:
         fv = free_var_ids(e, self.fv)
@@ -480,7 +514,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         lanes = None if vec is None else (vec[0] in fv, id(vec[1]), vec[2], vec[0] if vec[0] in fv else None)
         transposed = None if self.transposed is None else (id(self.transposed[0]), id(self.transposed[1]))
         env = tuple(id(self.env.get(v)) for v in fv)
-        return (id(e), id(self.b.block), self.exact, self.undecided, lanes, transposed, env)
+        return (id(e), self.exact, lanes, transposed, env)
 
     def e_Const(self, e: Const):
         return ir.Constant(SCALAR[e.dtype], int(e.value) if e.dtype == "bool" else e.value)
@@ -586,9 +620,11 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
             return self.b.select(negative, self.b.add(r, c), r)
         if b_const is None or b_const == 0:  # a divisor folded to the constant 0 fails where it runs
             zero = self.b.icmp_signed("==", b, self.const(b, 0))
+            before = self.b.block
             with self.b.if_then(zero, likely=False):
                 self.fail(2, [self.buffer_index[id(self.stage.tensor)], 0], self.b.sext(b, I64)
                           if b.type != I64 else b)
+            self.continues(self.b.block, before)
         # x86 traps on MIN // -1; divide by 1 instead and negate (wrapping, as numpy does)
         minus_one = self.b.icmp_signed("==", b, self.const(b, -1))
         safe_b = self.b.select(minus_one, self.const(b, 1), b)
@@ -612,6 +648,8 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         start = self.b.block
         rhs = self.fn.append_basic_block("rhs")
         join = self.fn.append_basic_block("join")
+        self.opens(rhs, start)
+        self.continues(join, start)
         if e.op == "and":
             self.b.cbranch(a, rhs, join)
         else:
@@ -637,17 +675,78 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
                 t, f = self.match(t, f) if not isinstance(cond.type, ir.VectorType) else \
                     (self.as_vector(t), self.as_vector(f))
             return self.b.select(cond, t, f)
+        self.hoist_safe_parts(e)
+        start = self.b.block
         with self.b.if_else(cond) as (then, otherwise):
             with then, self.guarded_by(e.cond):
+                self.opens(self.b.block, start)
                 t = self.expr(e.t)
                 t_end = self.b.block
             with otherwise, self.guarded_by(e.cond):
+                self.opens(self.b.block, start)
                 f = self.expr(e.f)
                 f_end = self.b.block
+        self.continues(self.b.block, start)
         phi = self.b.phi(t.type)
         phi.add_incoming(t, t_end)
         phi.add_incoming(f, f_end)
         return phi
+
+    def hoist_safe_parts(self, e: Select):
+        """Before the branches of a select that cannot evaluate both sides everywhere: the
+        largest subexpressions of either side that can (speculatable: no read that may leave
+        its tensor, no integer division by a variable), emitted here, where both branches
+        and whatever follows the select see them. A value shared by the branches of nested
+        selects, or by sibling selects (a gradient's ``if_then_else(guard, g_i, 0)`` terms),
+        is then emitted once, not once per path (exponential in the nesting); branch-free
+        selects compute both sides anyway."""
+        if self.sizes:  # bounds known at run time: speculatable_within decides per select
+            return
+        safe: Dict[int, bool] = {}
+        order = []
+        stack = [(e.t, False), (e.f, False)]
+        while stack:  # post-order of the distinct nodes of both sides
+            n, done = stack.pop()
+            if done:
+                order.append(n)
+            elif id(n) not in safe:
+                safe[id(n)] = False
+                stack.append((n, True))
+                stack.extend((c, False) for c in n.children() if isinstance(c, Expr))
+        for n in order:
+            kids = [c for c in n.children() if isinstance(c, Expr)]
+            safe[id(n)] = all(safe[id(c)] for c in kids) and not self.traps(n)
+        region = self.region_of(self.b.block)
+        seen = self.hoisted.setdefault(region, set())
+        around = []
+        r = self.region_parent.get(region)
+        while r is not None:
+            around.append(self.hoisted.get(r, ()))
+            r = self.region_parent.get(r)
+        stack = [e.t, e.f]
+        while stack:  # the largest safe ones, top down (a hoist here or around walked the rest)
+            n = stack.pop()
+            if id(n) in seen or isinstance(n, (Const, Var)) or any(id(n) in w for w in around):
+                continue
+            seen.add(id(n))
+            if safe[id(n)]:
+                self.expr(n)
+            else:
+                stack.extend(c for c in n.children() if isinstance(c, Expr))
+
+    def traps(self, n: Expr) -> bool:
+        """Whether ``n`` itself (not its operands) may fail where it is not meant to run: a
+        read not provably inside its tensor, an integer division by a variable or by 0, a
+        reduction."""
+        if isinstance(n, Read):
+            for ix, size in zip(n.indices, n.tensor.shape):
+                iv = interval(ix, self.ranges)
+                if iv is None or isinstance(size, Expr) or iv[0] < 0 or iv[1] >= size:
+                    return True
+            return False
+        if isinstance(n, Binary) and n.op in ("floordiv", "floormod"):
+            return not isinstance(n.b, Const) or n.b.value == 0
+        return isinstance(n, Reduce)
 
     def e_Call(self, e: Call):
         args = [self.expr(a) for a in e.args]

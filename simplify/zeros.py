@@ -16,7 +16,10 @@ They follow the expression (producers first)::
 
     nz(0) = false                      fin(-inf) = false
     nz(T[g]) = nz(T)[axes := g]        fin(T[g]) = fin(T)[axes := g]
-    nz(if_then_else(c, a, 0)) = c & nz(a)   (and symmetrically; the same for fin and -inf)
+    nz(if_then_else(c, a, 0)) = c & nz(a)   (and symmetrically; the same for fin and -inf;
+                                            c's quasi-affine conjuncts only: a test on data
+                                            is nothing isl can scan, and kept, it would grow
+                                            with every nested branch of a gradient)
     nz(a * b) = nz(a) & nz(b)          fin(a + b) = fin(a) & fin(b)
     nz(a / b) = nz(a)                  fin(a - b) = fin(a)     (b never -inf by structure)
     nz(a + b) = nz(a) | nz(b)          fin(max_k a) = fin(a) when it does not use k
@@ -206,9 +209,9 @@ class Structure:
         if isinstance(e, Select):
             a, b = self.nz(e.t), self.nz(e.f)
             if _is_false(b):
-                return _and(e.cond, a)
+                return _and(_usable(e.cond, None), a)
             if _is_false(a):
-                return _and(~e.cond, b)
+                return _and(_usable(~e.cond, None), b)
             return None
         if isinstance(e, Binary):
             if e.op == "mul":
@@ -249,9 +252,9 @@ class Structure:
         if isinstance(e, Select):
             a, b = self.fin(e.t), self.fin(e.f)
             if _is_false(b):
-                return _and(e.cond, a)
+                return _and(_usable(e.cond, None), a)
             if _is_false(a):
-                return _and(~e.cond, b)
+                return _and(_usable(~e.cond, None), b)
             return None
         if isinstance(e, Binary):
             if e.op == "add":

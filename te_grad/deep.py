@@ -71,11 +71,13 @@ def _op_parts(op) -> Iterable[Expr]:
 def run_deep(depth: int, fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, on a thread with room for walkers ``depth`` levels deep when
     ``depth`` exceeds :data:`SHALLOW` (and this thread is not already such a thread)."""
-    if depth <= SHALLOW or getattr(_state, "deep", False):
+    if depth <= SHALLOW:
         return fn(*args, **kwargs)
     needed = FRAMES_PER_LEVEL * depth + 2000
     if sys.getrecursionlimit() < needed:
         sys.setrecursionlimit(needed)  # global, and never lowered: other deep calls may be running
+    if getattr(_state, "deep", False):  # already on a deep thread: its stack has room, the limit now too
+        return fn(*args, **kwargs)
     outcome = {}
 
     def target():

@@ -199,7 +199,10 @@ class _ExprEvaluator:
         # the last value of each shared node: a DAG (second-order gradients share heavily) is
         # evaluated once per node and context, not once per path (see eval)
         self.memo: Dict[int, tuple] = {}
-        self.mask_uses = 0  # counts what makes a value or an error depend on the mask (see eval)
+        self.collected: Dict[int, tuple] = {}  # id -> (node, shape, env, value, error points)
+        self.collecting = False  # evaluating a reduction-free node for its value and error points
+        self.errors = None  # while collecting: where the node evaluated so far would fail
+        self.reduce_free: Dict[int, tuple] = {}  # id -> (node, no reduction below it)
         self.free: Dict[int, tuple] = {}
 
     def run(self) -> np.ndarray:
@@ -217,41 +220,113 @@ class _ExprEvaluator:
                     [hi - lo if e == d else 1 for e in range(nd)])
             self.shape = tuple(hi - lo for lo, hi in box)
             self.memo.clear()
+            self.collected.clear()
             value = self.eval(op.body, None)
             out[tuple(slice(lo, hi) for lo, hi in box)] = np.broadcast_to(value, self.shape)
         for ax in op.axes:
             self.env.pop(id(ax), None)
         self.memo.clear()
+        self.collected.clear()
         return out
 
     def eval(self, e: Expr, mask) -> np.ndarray:
-        """The value of ``e`` where ``mask`` holds. A node met again with the same broadcast
-        shape and values of its free variables (a DAG's shared node) gives the value it gave
-        before, the same computation done once, when it was met under the same mask object or
-        was *mask-free*: nothing below it depends on the mask, neither a value (a reduction
-        fills the points outside it with its identity) nor an error (no read had an index out
-        of bounds and no integer division a zero divisor, at any point). A mask-free node's
-        value is the same under every mask, and no mask can make it fail; a node under nested
-        data-dependent branches is met under many masks."""
+        """The value of ``e`` where ``mask`` holds (an error where it fails there).
+
+        Below a reduction the value depends on the mask (the reduction's domain follows it,
+        the points outside get its identity): such a node met again (a DAG's shared node)
+        gives its last value only under the same mask object and values of its free variables.
+
+        Everything else is evaluated at every point regardless of the mask (numpy computes
+        whole arrays; a zero divisor is replaced by 1, an index out of bounds by 0), so its
+        value does not depend on the mask, and neither does *where* it fails: a node
+        evaluated on all points gives its value and the points ``E`` where it would fail (a
+        division by zero or a read out of bounds, each under the conditions of the branches,
+        ``and``/``or`` operands and reductions inside the node that lead to it), and under a
+        mask ``M`` it fails exactly on ``M & E``. So it is computed once per shape and values
+        of its free variables (:meth:`collect`) and reused under every mask: a node under
+        nested data-dependent branches is met under many masks. Where ``M & E`` is not empty
+        the node is evaluated again under ``M``, which raises the error as it is found."""
         leaf = isinstance(e, (Const, Var, SizeVar))
-        if not leaf:
-            env = tuple(self.env.get(v) for v in free_var_ids(e, self.free))
-            hit = self.memo.get(id(e))
-            if hit is not None and hit[0] is e and (hit[1] is mask or hit[5]) and hit[2] == self.shape and \
-                    all(a is b for a, b in zip(hit[3], env)):
-                self.mask_uses += not hit[5]
-                return hit[4]
+        if leaf:
+            return self.node(e, mask)
+        if self.collecting:
+            value, errors = self.collect(e)
+            if errors is not None:
+                here = _and(mask, errors)
+                if np.any(here):
+                    self.errors = here if self.errors is None else np.logical_or(self.errors, here)
+            return value
+        if self.reduction_free(e):
+            value, errors = self.collect(e)
+            if errors is None or not np.any(_and(mask, errors)):
+                return value
+            return self.node(e, mask)  # it fails under this mask: raise the error found first
+        env = tuple(self.env.get(v) for v in free_var_ids(e, self.free))
+        hit = self.memo.get(id(e))
+        if hit is not None and hit[0] is e and hit[1] is mask and hit[2] == self.shape and \
+                all(a is b for a, b in zip(hit[3], env)):
+            return hit[4]
+        out = self.node(e, mask)
+        self.memo[id(e)] = (e, mask, self.shape, env, out)
+        return out
+
+    def node(self, e: Expr, mask) -> np.ndarray:
+        """``e`` evaluated by its own rule (its children through :meth:`eval`)."""
         method = getattr(self, "e_" + type(e).__name__, None)
         if method is None:
             raise InternalError(f"the evaluator does not know the node {type(e).__name__} "
                                 f"(in {self.tensor.name})")
-        before = self.mask_uses
         out = method(e, mask)
         if out.dtype != np.dtype(e.dtype):
             out = out.astype(e.dtype)
-        if not leaf:
-            self.memo[id(e)] = (e, mask, self.shape, env, out, self.mask_uses == before)
         return out
+
+    def collect(self, e: Expr):
+        """``(value, E)`` of reduction-free ``e`` on every point: its value and where it would
+        fail (None: nowhere), computed once per shape and values of its free variables."""
+        env = tuple(self.env.get(v) for v in free_var_ids(e, self.free))
+        hit = self.collected.get(id(e))
+        if hit is not None and hit[0] is e and hit[1] == self.shape and all(a is b for a, b in zip(hit[2], env)):
+            return hit[3], hit[4]
+        outer, outer_errors = self.collecting, self.errors
+        self.collecting, self.errors = True, None
+        try:
+            value = self.node(e, None)
+            errors = self.errors
+        finally:
+            self.collecting, self.errors = outer, outer_errors
+        self.collected[id(e)] = (e, self.shape, env, value, errors)
+        return value, errors
+
+    def failing(self, bad, raise_error) -> None:
+        """A division by zero or a read out of bounds at the points ``bad`` (already under the
+        mask): recorded while collecting, raised otherwise."""
+        if not np.any(bad):
+            return
+        if self.collecting:
+            self.errors = bad if self.errors is None else np.logical_or(self.errors, bad)
+            return
+        raise_error()
+
+    def reduction_free(self, e: Expr) -> bool:
+        """Whether no reduction is at or below ``e`` (each node decided once)."""
+        known = self.reduce_free
+        hit = known.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        stack = [(e, False)]
+        while stack:
+            n, done = stack.pop()
+            hit = known.get(id(n))
+            if hit is not None and hit[0] is n:
+                continue
+            kids = [c for c in n.children() if isinstance(c, Expr)]
+            if done:
+                known[id(n)] = (n, not isinstance(n, Reduce) and all(known[id(c)][1] for c in kids))
+            else:
+                stack.append((n, True))
+                stack.extend((c, False) for c in kids)
+        return known[id(e)][1]
 
     # -- leaves ---------------------------------------------------------------
     def e_Const(self, e: Const, mask):
@@ -277,11 +352,12 @@ class _ExprEvaluator:
         b = self.eval(e.b, mask)
         if e.op in ("floordiv", "floormod"):
             zero = b == 0
-            self.mask_uses += bool(np.any(zero))
-            if np.any(_and(mask, zero)):
-                raise UserError(f"integer division by zero in {expr_to_str(e)} "
-                                f"(compute {self.tensor.name})")
-            b = np.where(zero, 1, b) if np.any(zero) else b
+            if np.any(zero):
+                def fail():
+                    raise UserError(f"integer division by zero in {expr_to_str(e)} "
+                                    f"(compute {self.tensor.name})")
+                self.failing(_and(mask, zero), fail)
+                b = np.where(zero, 1, b)
         return ops.BINARY_OPS[e.op].numpy(a, b)
 
     def e_Unary(self, e: Unary, mask):
@@ -318,7 +394,6 @@ class _ExprEvaluator:
         for d, ix in enumerate(idx):
             n = arr.shape[d]  # the tensor's extent (bound, when it is a size expression)
             if ix.size and (ix.min() < 0 or ix.max() >= n):
-                self.mask_uses += 1  # out of bounds somewhere: an error or not, by the mask
                 ok = (ix >= 0) & (ix < n)
                 miss = _and(mask, np.logical_not(ok))
                 if np.any(miss):
@@ -328,7 +403,7 @@ class _ExprEvaluator:
                 ix = np.zeros_like(ix)
             safe.append(ix)
         if bad is not None:
-            self._out_of_bounds(e, idx, bad)
+            self.failing(bad, lambda: self._out_of_bounds(e, idx, bad))
         if not safe:
             return np.asarray(arr[()])
         if arr.size == 0:  # an empty tensor: every point of this read was guarded off
@@ -344,7 +419,6 @@ class _ExprEvaluator:
 
     # -- reductions ------------------------------------------------------------------
     def e_Reduce(self, e: Reduce, mask):
-        self.mask_uses += 1  # its domain and its value outside the mask follow the mask
         outer_shape = self.shape
         solutions, rest = plan_reduction(e.axes, e.where)
         where = None

@@ -31,7 +31,8 @@ from .errors import UserError
 from .graph import free_vars, reductions_in
 from .sizes import is_size_expr
 from .intervals import interval, speculatable
-from .ir import Binary, ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Select, Tensor, Var
+from .deep import run_deep
+from .ir import Binary, ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Select, Tensor, Var, distinct_nodes
 from .transform import substitute
 from .visitor import Mutator
 
@@ -41,20 +42,23 @@ Path = Tuple[Tuple[int, bool], ...]
 MAX_PATHS = 32
 
 
-def guard_paths(top: Expr) -> Tuple[Dict[int, List[Path]], Dict[int, Expr]]:
+def guard_paths(top: Expr) -> Tuple[Dict[int, List[Path]], Dict[int, Expr], set]:
     """For every node below ``top``, the guards of each path by which evaluation reaches it
     (``if_then_else`` branches, the right operand of ``and`` / ``or``, a reduction's body
-    under its ``where``), and the conditions by id. A node reached by a path without guards
-    is evaluated wherever ``top`` is; so is one reached by more than :data:`MAX_PATHS` paths
-    (a superset of where it is evaluated, so that a DAG costs a bounded number of paths per
-    node, not one per path of its tree)."""
+    under its ``where``), the conditions by id, and the ids of the nodes taken as reached
+    unguarded only by approximation. A node reached by a path without guards is evaluated
+    wherever ``top`` is; one reached by more than :data:`MAX_PATHS` paths is taken as such
+    too (a superset of where it is evaluated, so that a DAG costs a bounded number of paths
+    per node, not one per path of its tree), and so is everything below it, but those are
+    marked approximate unless a real unguarded path reaches them as well."""
     paths: Dict[int, List[Path]] = {}
     conds: Dict[int, Expr] = {}
+    approximate: set = set()
     seen = set()
-    stack = [(top, ())]
+    stack = [(top, (), False)]
     while stack:
-        node, path = stack.pop()
-        if (id(node), path) in seen:
+        node, path, approx = stack.pop()
+        if (id(node), path, approx) in seen:
             continue
         mine = paths.setdefault(id(node), [])
         if mine and mine[-1] == () and path:
@@ -63,32 +67,36 @@ def guard_paths(top: Expr) -> Tuple[Dict[int, List[Path]], Dict[int, Expr]]:
             # a DAG whose shared nodes sit under many selections has exponentially many
             # paths: this node (and so everything below it) is taken as reached unguarded,
             # a superset of its paths (its lifted reductions are computed everywhere)
-            path = ()
-            if (id(node), path) in seen:
-                continue
-        seen.add((id(node), path))
+            path, approx = (), True
+        if approx and (id(node), (), False) in seen or (id(node), path, approx) in seen:
+            continue  # reached unguarded for real already, or this way already
+        seen.add((id(node), path, approx))
         if path == ():
             mine[:] = [()]
+            if approx:
+                approximate.add(id(node))
+            else:
+                approximate.discard(id(node))
         else:
             mine.append(path)
         if isinstance(node, Select):
             conds[id(node.cond)] = node.cond
-            stack += [(node.cond, path), (node.t, path + ((id(node.cond), True),)),
-                      (node.f, path + ((id(node.cond), False),))]
+            stack += [(node.cond, path, approx), (node.t, path + ((id(node.cond), True),), approx),
+                      (node.f, path + ((id(node.cond), False),), approx)]
         elif isinstance(node, Binary) and node.op in ("and", "or"):
             conds[id(node.a)] = node.a
-            stack += [(node.a, path), (node.b, path + ((id(node.a), node.op == "and"),))]
+            stack += [(node.a, path, approx), (node.b, path + ((id(node.a), node.op == "and"),), approx)]
         elif isinstance(node, Reduce):
             inner = path
             if node.where is not None:
                 conds[id(node.where)] = node.where
-                stack.append((node.where, path))
+                stack.append((node.where, path, approx))
                 inner = path + ((id(node.where), True),)
-            stack.append((node.body, inner))
-            stack += [(b, path) for ax in node.axes for b in (ax.lo, ax.hi)]
+            stack.append((node.body, inner, approx))
+            stack += [(b, path, approx) for ax in node.axes for b in (ax.lo, ax.hi)]
         else:
-            stack += [(c, path) for c in node.children()]
-    return paths, conds
+            stack += [(c, path, approx) for c in node.children()]
+    return paths, conds, approximate
 
 
 class _Lifter(Mutator):
@@ -98,16 +106,27 @@ class _Lifter(Mutator):
         self.top = tensor.op.body
         self.lifted: List[Tensor] = []
         self.max_depth = max_depth
-        self.paths, self.conds = guard_paths(self.top)
+        self._pieces_decided = set()  # ids of the nodes whose lifting as a piece is decided
+        self.paths, self.conds, self.approximate = guard_paths(self.top)
 
     def visit_Reduce(self, node: Reduce):
         return self._lift(node, super().visit_Reduce(node), node.combiner)
 
+    def forget(self):
+        super().forget()
+        self._pieces_decided.clear()  # the nodes are built again, and their pieces decided again
+
     def visit(self, node):
         out = super().visit(node)
-        if (self.max_depth is not None and out is not self.top and isinstance(out, Expr)
-                and out.depth >= self.max_depth and self._liftable(out)
-                and self._guard(node, out) is None):  # a guarded piece stays where it is
+        if self.max_depth is None or id(node) in self._pieces_decided:
+            return out
+        # decided once per node: the guard of a piece visits conditions, which may reach back
+        # into nodes whose visit is under way; deciding again at each return would never end
+        self._pieces_decided.add(id(node))
+        if (out is not self.top and isinstance(out, Expr) and out.depth >= self.max_depth
+                and self._liftable(out) and self._guard(node, out) is None  # a guarded piece stays
+                # taken as unguarded only by approximation: lifted only if it may run everywhere
+                and (id(node) not in self.approximate or self._evaluable_everywhere(out))):
             out = self._lift(node, out, "part")
             self._memo[id(node)] = (node, out)
         return out
@@ -249,5 +268,10 @@ def normalized_body(tensor: Tensor, max_depth: int = None) -> Tuple[Expr, List[T
     if max_depth is not None and tensor.op.body.depth <= DEEP_BODY:
         max_depth = None
     lifter = _Lifter(tensor, max_depth)
-    body = lifter.run()
+    if max_depth is None:
+        body = lifter.run()
+    else:
+        # a piece's guard visits conditions from inside the walk, so the walk's stack is bounded
+        # by the number of distinct nodes (each on it at most once: the memo), not the depth
+        body = run_deep(sum(1 for _ in distinct_nodes(tensor.op.body)), lifter.run)
     return body, lifter.lifted

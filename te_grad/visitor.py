@@ -58,6 +58,10 @@ class Mutator:
         self._memo[key] = (node, out)
         return out
 
+    def forget(self):
+        """Drop what was built so far (an axis was renamed: its uses must be rebuilt)."""
+        self._memo.clear()
+
     def visit_Var(self, node):
         return node
 
@@ -75,12 +79,12 @@ class Mutator:
                 self._axis_map[ax] = fresh
                 new_axes.append(fresh)
         if any(a is not b for a, b in zip(new_axes, node.axes)):
-            self._memo.clear()  # uses of renamed axes must be revisited
+            self.forget()  # uses of renamed axes must be revisited
         body = self.visit(node.body)
         where = None if node.where is None else self.visit(node.where)
         for ax in node.axes:
             if self._axis_map.pop(ax, None) is not None:
-                self._memo.clear()
+                self.forget()
         if body is node.body and where is node.where and all(a is b for a, b in zip(new_axes, node.axes)):
             return node
         return Reduce(node.combiner, body, tuple(new_axes), where)

@@ -33,8 +33,9 @@ by the zero of the other branch, so the gradient stays finite, as the function's
 is; and an index valid only under the guard (a padded read) is never used outside it.
 A node shared by paths with different guards is evaluated wherever any of them holds: a
 context whose guards include another's merges into it, and the two branches of one select
-into the context around them (:func:`_merge_contexts`); neither changes a point at which
-anything is evaluated.
+into the context around them (:func:`_merge_contexts`); contexts that still differ on
+data join into one guarded by their lazy disjunction (:func:`_join_contexts`). None of
+these changes a point at which anything is evaluated.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from .. import dsl, dtypes, ops
 from ..errors import InternalError, UserError
 from ..intervals import interval
 from ..ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Select, Tensor,
-                  Unary, Var)
+                  Unary, Var, distinct_nodes)
 from ..transform import substitute
 from .algebra import add, div, mul, neg, sub
 
@@ -183,8 +184,10 @@ def backprop(expr: Expr, seed: Expr, top_value: Expr = None) -> List[Tuple[Read,
     per context, except where contexts merge without changing where anything is
     evaluated (:func:`_merge_contexts`): a context whose guards include another's is
     folded into it, and the two branches of one ``if_then_else`` into the context around
-    it. A shared node under data-dependent branches would otherwise have contexts that
-    multiply level after level.
+    it; the contexts of an inner node that still differ, on guards that test data, join into
+    one (:func:`_join_contexts`). A shared node under data-dependent branches would otherwise
+    have contexts that multiply level after level. A read's contexts stay apart: each is a
+    contribution of its own, whose guards on indices become its domain.
     """
     negation: Dict[int, Expr] = {}  # one logical_not per select: contexts compare by identity
     negated: Dict[int, Expr] = {}  # id(logical_not) -> the condition it negates
@@ -223,12 +226,23 @@ def backprop(expr: Expr, seed: Expr, top_value: Expr = None) -> List[Tuple[Read,
         prev = mine.get(k)
         mine[k] = (guards, g if prev is None else add(prev[1], g))
 
+    tests_data: Dict[int, bool] = {}
+
+    def on_data(guard: Expr) -> bool:
+        k = id(guard)
+        if k not in tests_data:
+            tests_data[k] = any(isinstance(m, Read) for m in distinct_nodes(guard))
+        return tests_data[k]
+
     found: Dict[Tuple[Read, Tuple[Expr, ...]], Expr] = {}
     for n in reversed(order):
         mine = contexts.pop(id(n), None)
         if not mine or not _differentiable(n):
             continue
-        for guards, g in _merge_contexts(list(mine.values()), negated):
+        merged = _merge_contexts(list(mine.values()), negated)
+        if len(merged) > 1 and not isinstance(n, Read) and any(on_data(c) for gs, _ in merged for c in gs):
+            merged = [_join_contexts(merged)]
+        for guards, g in merged:
             if isinstance(n, Read):
                 k = (n, guards)
                 prev = found.get(k)
@@ -294,6 +308,28 @@ def _merge_contexts(ctx: List[Tuple[tuple, Expr]], negated: Dict[int, Expr]) -> 
             if merged:
                 break
     return ctx
+
+
+def _join_contexts(ctx: List[Tuple[tuple, Expr]]) -> Tuple[tuple, Expr]:
+    """Contexts ``(P + R_i, g_i)`` that :func:`_merge_contexts` left apart (``P`` their longest
+    common prefix), joined into one: ``(P + (D,), sum_i if_then_else(all(R_i), g_i, 0))`` with
+    ``D = any(all(R_1), all(R_2), ...)``. ``and``/``or`` and ``if_then_else`` evaluate their
+    operands in order, each only where those before it decide nothing, so every guard is still
+    tested only where the guards before it on its own path hold; the node's partials are
+    evaluated where some ``P + R_i`` holds, as before; and the partials below it, linear in the
+    adjoint, give ``sum_i (g_i p where R_i)``. Used where the guards test data (contexts under
+    unrelated data-dependent branches would otherwise multiply level after level); contexts on
+    indices alone stay apart, as affine domains of their own."""
+    first = ctx[0][0]
+    k = 0
+    while k < len(first) and all(len(gs) > k and gs[k] is first[k] for gs, _ in ctx):
+        k += 1
+    rests = [dsl.all(*gs[k:]) for gs, _ in ctx]
+    adjoint = None
+    for rest, (_, g) in zip(rests, ctx):
+        term = dsl.if_then_else(rest, g, _zero(g))
+        adjoint = term if adjoint is None else add(adjoint, term)
+    return first[:k] + (dsl.any(*rests),), adjoint
 
 
 # ---------------------------------------------------------------------------------------------

@@ -567,7 +567,9 @@ class _Gen:
         shared values (one per block and per binding of their variables) must stay right in
         vector loops and register blocks: with 16 columns or more the stage is vectorized. Some
         levels use ``e`` inside and outside the branches of a data-dependent ``if_then_else``, so
-        that reverse mode reaches it in several guard contexts (which it merges)."""
+        that reverse mode reaches it in several guard contexts (which it merges), one nests two
+        guards in both orders, one of them dividing by zero off its paths (contexts that merge
+        only when their guards come in the same order)."""
         n, m = 2 + self.draw(3), (3 + self.draw(4)) if not self.chance(2) else 16 + self.draw(20)
         self.lines.append(f"XS = tg.placeholder(({n}, {m}), dtype=DT, name='XS')")
         self.extra_inputs.append("XS")
@@ -575,12 +577,27 @@ class _Gen:
         scale = f"{prev}[{', '.join('0' for _ in shape)}]" if shape else f"{prev}[()]"
         self.lines.append(f"def _S{s}(i0, i1):")
         self.lines.append(f"    e = XS[i0, i1] * (C(0.5) + tg.tanh({scale}))")
+        c, q = "(e > C(0.0))", "(e > C(1.0))"
+        p = f"(7 // tg.if_then_else({c} | {q}, 1, 0) > 0)"
+        nested = 0
         for _ in range(2 + self.draw(7)):
             step = self.pick(["tg.tanh(e) * e + e * C(0.5)", "tg.maximum(e, C(0.0)) * e - e * C(0.25)",
                               "tg.if_then_else(e > C(0.0), e * C(0.5), -e) + tg.sigmoid(e)",
                               "e * tg.exp(-(e * e)) + e", "tg.log(e * e + C(1.0)) - e * C(0.5)",
                               "tg.tanh(e) * e + tg.if_then_else(e > C(0.0), e * C(0.5), -e * C(0.25))",
-                              "tg.if_then_else(tg.sin(e) > C(0.0), tg.tanh(e), e * C(0.5))"])
+                              "tg.if_then_else(tg.sin(e) > C(0.0), tg.tanh(e), e * C(0.5))",
+                              # the same two guards nested in both orders, one (p) dividing by 0
+                              # where neither c nor q holds: the branches of c must not merge
+                              f"tg.if_then_else({c}, tg.if_then_else({p}, tg.if_then_else({q}, tg.tanh(e), "
+                              f"e * C(0.5)), e), tg.if_then_else({q}, tg.if_then_else({p}, e * e, C(0.0)), "
+                              f"e * C(0.5) + C(0.1)))"])
+            if "//" in step:
+                # one such level per program: the branches of a second-order gradient through
+                # several repeat values that may divide by zero, which the emitter cannot
+                # compute ahead of the branches (see codegen/llvm_emit.hoist_safe_parts)
+                nested += 1
+                if nested > 1:
+                    step = "tg.if_then_else(tg.sin(e) > C(0.0), tg.tanh(e), e * C(0.5))"
             self.lines.append(f"    e = {step}")
         self.lines.append("    return tg.cast(DT, e)")
         self.lines.append(f"S{s} = tg.compute(({n}, {m}), _S{s}, name='S{s}')")
