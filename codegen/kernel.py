@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -18,6 +19,7 @@ from .llvm_module import RUN_REGION, RUN_STAGES
 from .regions import plan, row_blocks
 from .loopir import Stage, program_text, ragged_loop_vars, stmt_reads, stmt_stores
 from .options import current_options
+from . import team as _team_module
 from .team import team
 
 #: the parallel range given to stages run whole (each clamps it to its own loop)
@@ -113,10 +115,13 @@ class Kernel:
         self._input_slots = [self._index[id(t)] for t in self.inputs]
         self._output_slots = [self._index[id(t)] for t in self.outputs]
         self._plans: Dict[int, np.ndarray] = {}
-        self._launch: Dict[object, tuple] = {}  # plan key -> (records, their address, count, shared)
+        self._launch: Dict[object, tuple] = {}  # plan key -> (team, records, shared, bound call)
         given = {id(t) for t in self.inputs} | {id(t) for t in self.outputs}
         self._intermediates = [n for n, t in enumerate(self.buffers) if id(t) not in given]
         self._table_type = ctypes.c_void_p * len(self.buffers)  # the address table of a kernel without sizes
+        #: no intermediates and the buffers are the inputs then the outputs: a call's table is its addresses
+        self._ordered = not self._intermediates and not self.size_vars and \
+            self._input_slots + self._output_slots == list(range(len(self.buffers)))
         self._scratch: List[Dict[int, np.ndarray]] = []
         self._lock = threading.Lock()
         self._run_stages = None
@@ -349,6 +354,12 @@ class Kernel:
         ``data_ptr()``): the same contract, no numpy object in between. A kernel with size
         variables needs their values: ``sizes``, a dict from the variables (or their names)
         to ints, which the arrays must follow."""
+        if self._ordered and len(inputs) + len(outputs) == len(self.buffers):  # the table is the addresses
+            self._run_plan(self._table_type(*inputs, *outputs))
+            return
+        if len(inputs) != len(self._input_slots) or len(outputs) != len(self._output_slots):
+            raise UserError(f"run_pointers needs {len(self._input_slots)} input and {len(self._output_slots)} "
+                            f"output addresses, got {len(inputs)} and {len(outputs)}")
         if self.size_vars:
             from te_grad.sizes import named_sizes
             sizes = self._aliased(named_sizes(self.size_vars, sizes))
@@ -458,22 +469,29 @@ class Kernel:
     def _run_plan(self, table, sizes=None):
         if self._pending is not None:
             self.wait()
-        if sizes and isinstance(sizes, dict):
-            sizes = self._size_values(sizes)
-        key = self.threads if not sizes else (self.threads, tuple(sizes))
+        if not sizes:
+            key = self.threads
+        else:
+            if isinstance(sizes, dict):
+                sizes = self._size_values(sizes)
+            key = (self.threads, tuple(sizes))
         launch = self._launch.get(key)
-        if launch is None:  # the plan's records, their address and whether a run is shared, once
-            records = self._plan_records(sizes)
+        crew = launch[0] if launch is not None else None
+        if crew is None or crew is not _team_module._team:  # new (or a forked child's team): bind the call once
+            crew = team(self.threads)
+            records = launch[1] if launch is not None else self._plan_records(sizes)
             if len(self._launch) > 64:
                 self._launch.clear()
-            launch = self._launch[key] = (records, records.ctypes.data, len(records),
-                                          bool((records[:, team_ir.REC_CHUNKS] > 0).any()))
-        crew = team(self.threads)
-        if launch[3] and crew.sleepers:  # a plan run whole on the calling thread wakes nobody
+            # (team, the plan's records, whether a run is shared, the runtime's call with all but
+            # the table and the error words bound)
+            launch = self._launch[key] = (
+                crew, records, bool((records[:, team_ir.REC_CHUNKS] > 0).any()),
+                functools.partial(crew.run_plan, crew.address, records.ctypes.data, len(records),
+                                  self._stages_fn, self._region_fn))
+        if launch[2] and crew.sleepers:  # a plan run whole on the calling thread wakes nobody
             crew.wake()
         err = _ERR()
-        rc = crew.run_plan(crew.address, launch[1], launch[2], self._stages_fn, self._region_fn,
-                           ctypes.addressof(table), ctypes.addressof(err))
+        rc = launch[3](table, err)
         if rc:
             self._check((rc, list(err)), sizes)
 

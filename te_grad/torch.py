@@ -132,15 +132,16 @@ class TorchOp(FrontendOp):
             # now, this object keeps running its own (eagerly, as an autograd.Function)
             results = _Superseded.apply(self, *args)
             return results[0] if len(results) == 1 else results
-        if _plain_eager(args):  # nothing for torch's dispatcher to do: te_grad's kernels directly
-            spec = self.recent(args)
+        eager = _plain_eager(args)
+        if eager is not None:  # nothing for torch's dispatcher to do: te_grad's kernels directly
+            spec = self.recent(args, eager[0])
             if spec is None:
                 spec, sizes = self.bind(*args)
             else:
                 sizes = NO_SIZES
             n_out = len(spec.outputs)
             lean = _lean(spec)
-            if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+            if eager[1] and torch.is_grad_enabled():
                 results = _apply_eager((self, spec, sizes, lean), *args)
             elif lean is not None:
                 results = lean.run_forward(args)[:n_out]
@@ -275,20 +276,40 @@ _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _C = torch._C
 
 
-def _plain_eager(args) -> bool:
-    """Whether a call is plain eager PyTorch on plain CPU tensors, so that running the kernels
-    directly (:class:`_Eager`) does what torch's dispatcher would: not traced by
+def _plain_eager(args) -> Optional[tuple]:
+    """For a call that is plain eager PyTorch on plain CPU tensors, ``(its fast key, whether an
+    argument requires gradients)``; ``None`` for any other. Running the kernels directly
+    (:class:`_Eager`) does what torch's dispatcher would when the call is not traced by
     ``torch.compile`` or ``torch.jit``, no ``TorchDispatchMode`` / ``TorchFunctionMode`` and no
-    ``torch.func`` transform (vmap, grad) active, every argument a strided CPU tensor whose
-    type is ``torch.Tensor`` (or ``Parameter``: no subclass, ``FakeTensor``, meta tensor).
+    ``torch.func`` transform (vmap, grad) is active, and every argument is a strided CPU tensor
+    whose type is ``torch.Tensor`` (or ``Parameter``: no subclass, ``FakeTensor``, meta tensor).
     Anything else goes through ``torch.ops`` as before."""
     if torch.compiler.is_compiling():  # first: Dynamo reads it as True and traces nothing below
-        return False
+        return None
+    if _C._len_torch_dispatch_stack() or _C._len_torch_function_stack() \
+            or _C._are_functorch_transforms_active() or _C._get_tracing_state() is not None:
+        return None
+    key, grad = [], False
     for a in args:
         if type(a) not in _PLAIN_TYPES or not a.is_cpu or a.layout is not torch.strided:
-            return False
-    return not (_C._len_torch_dispatch_stack() or _C._len_torch_function_stack()
-                or _C._are_functorch_transforms_active() or _C._get_tracing_state() is not None)
+            return None
+        key.append((a.shape, a.dtype, _CPU))  # TorchOp.fast_key, the device known
+        grad = grad or a.requires_grad
+    return tuple(key), grad
+
+
+_CPU = torch.device("cpu")
+
+
+def _allocator(shape: tuple, dtype):
+    """A function of no argument that returns a new ``torch.empty(shape, dtype=dtype)``: the
+    extents passed one by one, which torch parses faster than a tuple (a 0-d shape as ``()``)."""
+    if not shape:
+        return lambda: torch.empty((), dtype=dtype)
+    if len(shape) == 1:
+        n = shape[0]
+        return lambda: torch.empty(n, dtype=dtype)
+    return lambda: torch.empty(*shape, dtype=dtype)
 
 
 class _Lean:
@@ -300,51 +321,63 @@ class _Lean:
     def __init__(self, spec):  # kept by the spec: holds no reference to it (no cycle through the kernels)
         self.forward = spec.vjp.forward
         self.results = _torch_results(spec, self.forward)
+        self.new_results = [_allocator(shape, dt) for shape, dt in self.results]
         self.n_out = len(spec.outputs)
         self.n_saved = len(spec.vjp.saved)
         n_res = len(self.results) - self.n_out
         self.saved = spec.saved_from(range(self.n_out), range(self.n_out, self.n_out + n_res))
-        self._backward = {}  # ctx.needs_input_grad -> (needs, kernel, argument positions, results)
+        self._backward = {}  # ctx.needs_input_grad -> (needs, kernel, argument positions, allocators)
 
     def run_forward(self, args) -> list:
-        args = [a if a.is_contiguous() else a.contiguous() for a in args]
-        results = [torch.empty(shape, dtype=dt) for shape, dt in self.results]
-        self.forward.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
+        pointers = [a.data_ptr() for a in args if a.is_contiguous()]
+        if len(pointers) < len(args):
+            args = [a.contiguous() for a in args]  # kept until the kernel has run
+            pointers = [a.data_ptr() for a in args]
+        results = [new() for new in self.new_results]
+        self.forward.run_pointers(pointers, [r.data_ptr() for r in results])
         return results
 
     def backward_plan(self, spec, requested: tuple) -> tuple:
+        """``(needs, kernel, positions, allocators, spread)`` for ``_Eager``'s
+        ``ctx.needs_input_grad`` ``requested`` (its call, then the inputs):
+        the kernel's arguments are ``(ctx.saved_tensors + grads)[k]`` for ``k`` in
+        ``positions`` (the forward's inputs, then its saved results, then the output
+        gradients), its results made by ``allocators``; ``spread`` whether they must be spread
+        over the inputs (some input needs no gradient)."""
         got = self._backward.get(requested)
         if got is None:
-            needs = spec.needs(requested)
+            needs = spec.needs(requested[1:])  # the first is _Eager's call
             vjp = spec.backward_for(needs) if any(needs) else None
             kern = None if vjp is None else vjp.backward
             if kern is None:
-                got = (needs, None, (), ())
+                got = (needs, None, (), (), True)
             else:
-                n_in = len(spec.inputs)
-                positions = spec.backward_arguments(vjp, range(self.n_saved, self.n_saved + n_in),
-                                                    range(self.n_saved),
-                                                    range(self.n_saved + n_in, self.n_saved + n_in + self.n_out))
-                got = (needs, kern, positions, _torch_results(spec, kern))
+                n_in, n_saved = len(spec.inputs), self.n_saved
+                positions = tuple(spec.backward_arguments(vjp, range(n_in), range(n_in, n_in + n_saved),
+                                                          range(n_in + n_saved, n_in + n_saved + self.n_out)))
+                got = (needs, kern, positions,
+                       [_allocator(shape, dt) for shape, dt in _torch_results(spec, kern)], not all(needs))
             self._backward[requested] = got
         return got
 
     def run_backward(self, spec, ctx, grads) -> tuple:
         """The input gradients of :meth:`torch.autograd.Function.backward` (``None`` for the
         inputs that need none), from the tensors saved in ``ctx`` (inputs, then residuals)."""
-        needs, kern, positions, shapes = self.backward_plan(spec, ctx.needs_input_grad[1:])
+        requested = ctx.needs_input_grad
+        needs, kern, positions, allocators, spread = self._backward.get(requested) or \
+            self.backward_plan(spec, requested)
         if kern is None:
             return tuple([None] * len(needs))
-        tensors = ctx.saved_tensors
-        n_in = len(needs)
-        values = list(tensors[n_in:]) + list(tensors[:n_in])
-        for g, (shape, dt) in zip(grads[:self.n_out], self.results):
-            values.append(g if g is not None else torch.zeros(shape, dtype=dt))
+        # no gradient is None: _Eager materializes them (zeros for an output with no gradient)
+        values = ctx.saved_tensors + grads
         args = [values[k] for k in positions]
-        args = [a if a.is_contiguous() else a.contiguous() for a in args]
-        results = [torch.empty(shape, dtype=dt) for shape, dt in shapes]
-        kern.run_pointers([a.data_ptr() for a in args], [r.data_ptr() for r in results])
-        return spec.spread(results, needs)
+        pointers = [a.data_ptr() for a in args if a.is_contiguous()]
+        if len(pointers) < len(args):
+            args = [a.contiguous() for a in args]  # kept until the kernel has run
+            pointers = [a.data_ptr() for a in args]
+        results = [new() for new in allocators]
+        kern.run_pointers(pointers, [r.data_ptr() for r in results])
+        return spec.spread(results, needs) if spread else tuple(results)
 
 
 def _lean(spec):
@@ -365,11 +398,12 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call, *args):
         op, spec, sizes, lean = call
-        results = op._run_forward(spec, sizes, args) if lean is None else lean.run_forward(args)
         n_out = len(spec.outputs)
         if lean is None:
+            results = op._run_forward(spec, sizes, args)
             ctx.save_for_backward(*args, *spec.saved_from(results[:n_out], results[n_out:]))
         else:
+            results = lean.run_forward(args)
             ctx.save_for_backward(*args, *[results[k] for k in lean.saved])
         ctx.call, ctx.n_in, ctx.n_out = call, len(args), n_out
         return tuple(results[:n_out])

@@ -491,17 +491,18 @@ class FrontendOp:
             return self.bind(*args)
         return spec, sizes
 
-    def recent(self, args) -> Optional[Spec]:
-        """The spec of the op's most recent call when ``args`` have its fast key and it was
-        exact (no size variables): :meth:`bind` without its LRU bookkeeping, which that call
-        did. ``None`` otherwise (then :meth:`bind`)."""
+    def recent(self, args, fast=None) -> Optional[Spec]:
+        """The spec of the op's most recent call when ``args`` have its fast key (``fast``,
+        when the caller has it) and it was exact (no size variables): :meth:`bind` without its
+        LRU bookkeeping, which that call did. ``None`` otherwise (then :meth:`bind`)."""
         last = self._last
         if last is None:
             return None
-        try:
-            fast = self.fast_key(args)
-        except (AttributeError, TypeError):  # not arrays: bind() says what is wrong
-            return None
+        if fast is None:
+            try:
+                fast = self.fast_key(args)
+            except (AttributeError, TypeError):  # not arrays: bind() says what is wrong
+                return None
         return last[1] if fast is not None and fast == last[0] else None
 
     def _forget(self, spec: Spec):

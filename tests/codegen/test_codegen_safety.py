@@ -264,3 +264,19 @@ def test_a_constant_producer_read_out_of_bounds_is_not_folded_away():
         kern(taken)
     never = -np.ones(3)  # the read is never taken: both compute the other branch
     np.testing.assert_array_equal(kern(never), tg.evaluate([S2], {X: never})[0])
+
+
+@pytest.mark.parametrize("softmax", [False, True])  # a kernel whose table is its arguments; one with scratch
+def test_run_pointers_refuses_a_wrong_count_of_addresses(softmax):
+    """``run_pointers`` takes raw addresses: a missing one would leave a null entry in the
+    kernel's table, so the counts are checked before anything runs."""
+    X = tg.placeholder((3, 5), name="X")
+    Y = tg.nn.softmax(X) if softmax else tg.compute((3, 5), lambda i, j: X[i, j] * 2.0, name="Y")
+    kern = tg.build([Y], [X])
+    a = RNG.standard_normal((3, 5)).astype("float32")
+    out = np.empty((3, 5), dtype="float32")
+    for ins, outs in (([], [out.ctypes.data]), ([a.ctypes.data], []), ([a.ctypes.data] * 2, [out.ctypes.data])):
+        with pytest.raises(tg.UserError, match="run_pointers needs 1 input and 1 output addresses"):
+            kern.run_pointers(ins, outs)
+    kern.run_pointers([a.ctypes.data], [out.ctypes.data])
+    np.testing.assert_allclose(out, tg.evaluate([Y], {X: a})[0], rtol=1e-5, atol=1e-7)
