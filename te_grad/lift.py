@@ -22,12 +22,21 @@ division by a variable), it keeps the conditions under which the body reached
 it, as a filter: ``Y[j] = if_then_else(j <= 2, exp(sum(X[2 - j, k] ...)), 0)``
 lifts to ``Y_sum[j] = sum(X[2 - j, k] ... if j <= 2)``, never reading
 ``X[-1, k]``; such a piece of a deep body is not lifted.
+
+The filter is the disjunction, over the paths that reach the expression, of the conditions
+on each path (:func:`guard_paths`), with two widenings, both supersets of the points where
+the body evaluates it: an expression reached by more than :data:`MAX_PATHS` paths is taken
+as reached by the conditions they all share, and a condition that contains the expression
+itself (``if_then_else(D[i] != 0, if_then_else(r > 0, r, -r), 0)`` for a reduction ``r``
+dividing by ``D[i]``), or a reduction whose filter is being built, is left out of the paths
+that pass it (the test is evaluated, so ``r`` too, wherever ``D[i] != 0``: there the filter
+stays exact).
 """
 import numbers
 from typing import Dict, List, Tuple
 
 from . import dsl, dtypes
-from .errors import UserError
+from .errors import InternalError, UserError
 from .graph import free_vars, reductions_in
 from .sizes import is_size_expr
 from .intervals import interval, speculatable
@@ -46,15 +55,17 @@ def guard_paths(top: Expr) -> Tuple[Dict[int, List[Path]], Dict[int, Expr], set]
     """For every node below ``top``, the guards of each path by which evaluation reaches it
     (``if_then_else`` branches, the right operand of ``and`` / ``or``, a reduction's body
     under its ``where``), the conditions by id, and the ids of the nodes taken as reached
-    unguarded only by approximation. A node reached by a path without guards is evaluated
-    wherever ``top`` is; one reached by more than :data:`MAX_PATHS` paths is taken as such
-    too (a superset of where it is evaluated, so that a DAG costs a bounded number of paths
-    per node, not one per path of its tree), and so is everything below it, but those are
-    marked approximate unless a real unguarded path reaches them as well."""
+    taken as reached by wider paths than their own. A node reached by a path without guards
+    is evaluated wherever ``top`` is. One reached by more than :data:`MAX_PATHS` paths is taken
+    as reached by one path, the guards that all its paths share (in the order of the first):
+    a superset of where it is evaluated, so that a DAG costs a bounded number of paths per node,
+    not one per path of its tree; the nodes below it are reached through that path. Such a
+    node is marked approximate unless a real unguarded path reaches it as well."""
     paths: Dict[int, List[Path]] = {}
     conds: Dict[int, Expr] = {}
     approximate: set = set()
     seen = set()
+    widened: Dict[int, Path] = {}  # node -> the guards all its paths share, once it has too many
     stack = [(top, (), False)]
     while stack:
         node, path, approx = stack.pop()
@@ -63,21 +74,26 @@ def guard_paths(top: Expr) -> Tuple[Dict[int, List[Path]], Dict[int, Expr], set]
         mine = paths.setdefault(id(node), [])
         if mine and mine[-1] == () and path:
             continue  # reached unguarded already: a guarded path adds nothing below it either
-        if len(mine) >= MAX_PATHS and path:
+        if path and (id(node) in widened or len(mine) >= MAX_PATHS):
             # a DAG whose shared nodes sit under many selections has exponentially many
-            # paths: this node (and so everything below it) is taken as reached unguarded,
-            # a superset of its paths (its lifted reductions are computed everywhere)
-            path, approx = (), True
+            # paths: this node (and so everything below it) is taken as reached by the guards
+            # its paths share, a superset of its paths (they shrink as more paths come in)
+            shared = _shared_guards([widened[id(node)], path] if id(node) in widened else mine + [path])
+            if widened.get(id(node)) == shared:
+                continue  # nothing new: gone below already
+            path, approx = shared, True
+            widened[id(node)] = shared
+            mine[:] = [shared]
         if approx and (id(node), (), False) in seen or (id(node), path, approx) in seen:
             continue  # reached unguarded for real already, or this way already
         seen.add((id(node), path, approx))
+        if approx:
+            approximate.add(id(node))
         if path == ():
             mine[:] = [()]
-            if approx:
-                approximate.add(id(node))
-            else:
+            if not approx:
                 approximate.discard(id(node))
-        else:
+        elif id(node) not in widened or mine != [path]:
             mine.append(path)
         if isinstance(node, Select):
             conds[id(node.cond)] = node.cond
@@ -99,6 +115,12 @@ def guard_paths(top: Expr) -> Tuple[Dict[int, List[Path]], Dict[int, Expr], set]
     return paths, conds, approximate
 
 
+def _shared_guards(paths: List[Path]) -> Path:
+    """The guards that every one of ``paths`` has, in the order of the first."""
+    rest = [set(p) for p in paths[1:]]
+    return tuple(g for g in paths[0] if all(g in r for r in rest))
+
+
 class _Lifter(Mutator):
     def __init__(self, tensor: Tensor, max_depth: int = None):
         super().__init__()
@@ -107,6 +129,8 @@ class _Lifter(Mutator):
         self.lifted: List[Tensor] = []
         self.max_depth = max_depth
         self._pieces_decided = set()  # ids of the nodes whose lifting as a piece is decided
+        self._guarding = set()  # ids of the nodes whose guard is being built
+        self._inside: Dict[int, set] = {}  # id of a condition -> ids of the nodes in it
         self.paths, self.conds, self.approximate = guard_paths(self.top)
 
     def visit_Reduce(self, node: Reduce):
@@ -159,10 +183,42 @@ class _Lifter(Mutator):
         if self._evaluable_everywhere(red):
             return None
 
+        paths = self._own_paths(original, paths)
+        if not all(paths):
+            return None
+        if id(original) in self._guarding:
+            raise InternalError(f"lifting {self.tensor.name}: a guard reached back to its own reduction")
+        self._guarding.add(id(original))
+
         def condition(cid, value):
             c = self.visit(self.conds[cid])
             return c if value else dsl.logical_not(c)
-        return dsl.any(*[dsl.all(*[condition(cid, value) for cid, value in path]) for path in paths])
+        try:
+            return dsl.any(*[dsl.all(*[condition(cid, value) for cid, value in path]) for path in paths])
+        finally:
+            self._guarding.discard(id(original))
+
+    def _own_paths(self, original: Expr, paths: List[Path]) -> List[Path]:
+        """``paths`` without the conditions that contain ``original`` or a node whose guard is
+        being built (whose guard would then need this one), and without a path that extends
+        another (the other holds wherever it does). Dropping a condition widens a path: the
+        lifted tensor is computed at more points, never fewer. A test of ``original`` itself
+        (``if_then_else(D != 0, if_then_else(r > 0, r, -r), 0)``) is evaluated on a path of
+        its own without the test (``D != 0``), which absorbs the widened one: the guard stays
+        exact. Two reductions each guarded by a test of the other: the one whose guard is built
+        second is computed wherever the guards before that test hold."""
+        kept = []
+        for path in paths:
+            own = []
+            for cid, value in path:
+                inside = self._inside.get(cid)
+                if inside is None:
+                    inside = self._inside[cid] = {id(n) for n in distinct_nodes(self.conds[cid])}
+                if id(original) not in inside and self._guarding.isdisjoint(inside):
+                    own.append((cid, value))
+            kept.append(tuple(own))
+        kept = list(dict.fromkeys(kept))
+        return [p for p in kept if not any(len(q) < len(p) and p[:len(q)] == q for q in kept)]
 
     def _lift(self, original: Expr, red: Expr, suffix: str) -> Expr:
         op: ComputeOp = self.tensor.op

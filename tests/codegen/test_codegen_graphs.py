@@ -356,6 +356,58 @@ def test_guarded_reads():
     check_with_gradients([y], [x], feed, extra_inputs=[ids])
 
 
+def _self_guarded(i, X, D):  # |r| where D[i] != 0: r guarded by a test of r itself
+    k = tg.reduce_axis((0, 3), "k")
+    r = tg.sum(X[i, k] // D[i], axis=k)
+    return tg.if_then_else(D[i] != 0, tg.if_then_else(r > 0, r, -r), 0)
+
+
+def _mutually_guarded(i, X, D):  # r1 guarded by a test of r2 and r2 by a test of r1
+    k, m = tg.reduce_axis((0, 3), "k"), tg.reduce_axis((0, 3), "m")
+    r1 = tg.sum(X[i, k] // D[i], axis=k)
+    r2 = tg.sum(X[i, m] // D[i] - 1, axis=m)
+    return tg.if_then_else(D[i] != 0, tg.if_then_else(D[i] > 1, tg.if_then_else(r1 > 3, r2, 0),
+                                                      tg.if_then_else(r2 > 3, r1, 0)), 0)
+
+
+@pytest.mark.parametrize("body", [_self_guarded, _mutually_guarded])
+def test_reductions_guarded_by_tests_of_themselves_or_each_other(body):
+    """A reduction guarded by a division it needs (``D[i] != 0``) and by a test of itself, or
+    of another such reduction whose guard tests it: lifting builds each guard from the
+    conditions that do not lead back to the reduction (a test of the reduction itself is
+    evaluated wherever the guards before it hold). Before, building recursed without end."""
+    X = tg.placeholder((4, 3), dtype="int64", name="X")
+    D = tg.placeholder((4,), dtype="int64", name="D")
+    Y = tg.compute((4,), lambda i: body(i, X, D), name="Y")
+    x, d = np.arange(12).reshape(4, 3), np.array([2, 0, 3, 1])
+    want = tg.evaluate([Y], {X: x, D: d})[0]
+    np.testing.assert_array_equal(want, [1, 0, 6, 30] if body is _self_guarded else [0, 0, 3, 30])
+    np.testing.assert_array_equal(tg.build([Y], [X, D])(x, d), want)
+
+
+def test_a_reduction_reached_by_too_many_paths_keeps_the_guard_they_share():
+    """A reduction that divides by ``D[i]``, under ``D[i] != 0``, then read through six levels
+    of selections (3^6 paths, more than lifting enumerates): it is taken as reached by the
+    guard all its paths share, so the lifted sum is still filtered by ``D[i] != 0``. Before,
+    it was taken as reached unguarded and the kernel divided by zero."""
+    from te_grad.lift import MAX_PATHS
+    X = tg.placeholder((4, 3), dtype="int64", name="X")
+    D = tg.placeholder((4,), dtype="int64", name="D")
+
+    def body(i):
+        k = tg.reduce_axis((0, 3), "k")
+        e = tg.if_then_else(D[i] != 0, tg.sum(X[i, k] // D[i], axis=k), 0)
+        for _ in range(6):
+            e = tg.if_then_else(e > 1, e - 1, e * 2 + 1)
+        return e
+    assert 3 ** 6 > MAX_PATHS
+    Y = tg.compute((4,), body, name="Y")
+    x, d = np.arange(12).reshape(4, 3), np.array([2, 0, 3, 1])
+    want = tg.evaluate([Y], {X: x, D: d})[0]
+    np.testing.assert_array_equal(want, [1, 2, 3, 24])
+    np.testing.assert_array_equal(tg.build([Y], [X, D])(x, d), want)
+
+
 @pytest.mark.parametrize("name", ["bias_add", "row_sum", "exp_tanh_sigmoid", "embedding", "transpose"])
 def test_suite_workloads_at_full_size(name):
     """A few reference workloads at their real sizes, float32 (threads split these)."""

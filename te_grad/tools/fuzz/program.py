@@ -569,7 +569,8 @@ class _Gen:
         levels use ``e`` inside and outside the branches of a data-dependent ``if_then_else``, so
         that reverse mode reaches it in several guard contexts (which it merges), one nests two
         guards in both orders, one of them dividing by zero off its paths (contexts that merge
-        only when their guards come in the same order)."""
+        only when their guards come in the same order), and one may sum a row under a guard it
+        needs, testing the sum against ``e`` under that guard."""
         n, m = 2 + self.draw(3), (3 + self.draw(4)) if not self.chance(2) else 16 + self.draw(20)
         self.lines.append(f"XS = tg.placeholder(({n}, {m}), dtype=DT, name='XS')")
         self.extra_inputs.append("XS")
@@ -590,7 +591,18 @@ class _Gen:
                               # where neither c nor q holds: the branches of c must not merge
                               f"tg.if_then_else({c}, tg.if_then_else({p}, tg.if_then_else({q}, tg.tanh(e), "
                               f"e * C(0.5)), e), tg.if_then_else({q}, tg.if_then_else({p}, e * e, C(0.0)), "
-                              f"e * C(0.5) + C(0.1)))"])
+                              f"e * C(0.5) + C(0.1)))",
+                              "REDUCTION"])
+            if step == "REDUCTION":
+                # a row sum that divides by zero off its guard, tested against itself under that
+                # guard: lifted to a tensor filtered by the guard (not by the test of itself)
+                guard = "(XS[i0, i1] > C(0.0))"
+                k = f"k{self.n_axes}"
+                self.n_axes += 1
+                self.lines.append(f"    {k} = tg.reduce_axis((0, {m}), name={k!r})")
+                self.lines.append(f"    r = tg.sum(XS[i0, {k}] * tg.cast(DT, 7 // tg.if_then_else({guard}, 1, 0)) "
+                                  f"* C(0.1), axis={k})")
+                step = f"tg.if_then_else({guard}, tg.if_then_else(r > e, r * e, e), e * C(0.5))"
             if "//" in step:
                 # one such level per program: the branches of a second-order gradient through
                 # several repeat values that may divide by zero, which the emitter cannot
