@@ -372,7 +372,7 @@ class _Gen:
         analysis of the indices alone can show that the read is never taken."""
         name, shape = self.pick([src for src in self.sources if src[1]] or [("X0", ())])
         if not shape:
-            self.lines.append(f"XB = tg.placeholder((3,), dtype=DT, name='XB')")
+            self.lines.append("XB = tg.placeholder((3,), dtype=DT, name='XB')")
             self.extra_inputs.append("XB")
             name, shape = "XB", (3,)
         out_shape = tuple(shape[:1]) + self.shape(1)
