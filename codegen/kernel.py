@@ -122,6 +122,7 @@ class Kernel:
         #: no intermediates and the buffers are the inputs then the outputs: a call's table is its addresses
         self._ordered = not self._intermediates and not self.size_vars and \
             self._input_slots + self._output_slots == list(range(len(self.buffers)))
+        self._n_in, self._n_out = len(self._input_slots), len(self._output_slots)
         self._scratch: List[Dict[int, np.ndarray]] = []
         self._lock = threading.Lock()
         self._run_stages = None
@@ -354,7 +355,7 @@ class Kernel:
         ``data_ptr()``): the same contract, no numpy object in between. A kernel with size
         variables needs their values: ``sizes``, a dict from the variables (or their names)
         to ints, which the arrays must follow."""
-        if self._ordered and len(inputs) + len(outputs) == len(self.buffers):  # the table is the addresses
+        if self._ordered and len(inputs) == self._n_in and len(outputs) == self._n_out:  # the table: the addresses
             self._run_plan(self._table_type(*inputs, *outputs))
             return
         if len(inputs) != len(self._input_slots) or len(outputs) != len(self._output_slots):

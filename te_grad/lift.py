@@ -26,11 +26,14 @@ lifts to ``Y_sum[j] = sum(X[2 - j, k] ... if j <= 2)``, never reading
 The filter is the disjunction, over the paths that reach the expression, of the conditions
 on each path (:func:`guard_paths`), with two widenings, both supersets of the points where
 the body evaluates it: an expression reached by more than :data:`MAX_PATHS` paths is taken
-as reached by the conditions they all share, and a condition that contains the expression
+as reached by conditions they all share, and a condition that contains the expression
 itself (``if_then_else(D[i] != 0, if_then_else(r > 0, r, -r), 0)`` for a reduction ``r``
 dividing by ``D[i]``), or a reduction whose filter is being built, is left out of the paths
 that pass it (the test is evaluated, so ``r`` too, wherever ``D[i] != 0``: there the filter
-stays exact).
+is unchanged). A condition stays in a widened path only where it is still evaluated under
+the conditions that held before it in the body, or may be evaluated anywhere. The widened
+filter can let the lifted tensor run where its body fails (a division by zero there): the
+build then raises that error, it never computes a wrong value.
 """
 import numbers
 from typing import Dict, List, Tuple
@@ -49,23 +52,29 @@ from .visitor import Mutator
 Path = Tuple[Tuple[int, bool], ...]
 #: distinct paths kept per node before it is taken as reached unguarded (see guard_paths)
 MAX_PATHS = 32
+#: how many wider paths a node may have (each narrower than the last) before it is taken as
+#: reached unguarded
+MAX_WIDENINGS = 6
 
 
-def guard_paths(top: Expr) -> Tuple[Dict[int, List[Path]], Dict[int, Expr], set]:
+def guard_paths(top: Expr, safe=None) -> Tuple[Dict[int, List[Path]], Dict[int, Expr], set]:
     """For every node below ``top``, the guards of each path by which evaluation reaches it
     (``if_then_else`` branches, the right operand of ``and`` / ``or``, a reduction's body
-    under its ``where``), the conditions by id, and the ids of the nodes taken as reached
-    taken as reached by wider paths than their own. A node reached by a path without guards
-    is evaluated wherever ``top`` is. One reached by more than :data:`MAX_PATHS` paths is taken
-    as reached by one path, the guards that all its paths share (in the order of the first):
-    a superset of where it is evaluated, so that a DAG costs a bounded number of paths per node,
-    not one per path of its tree; the nodes below it are reached through that path. Such a
-    node is marked approximate unless a real unguarded path reaches it as well."""
+    under its ``where``), the conditions by id, and the ids of the nodes taken as reached by
+    wider paths than their own. A node reached by a path without guards is evaluated wherever
+    ``top`` is. One reached by more than :data:`MAX_PATHS` paths is taken as reached by one
+    wider path (:func:`_shared_guards`: guards that all its paths share, each safe to evaluate
+    where the ones before it hold, ``safe(condition)`` telling which conditions may be
+    evaluated anywhere), and once that path has narrowed :data:`MAX_WIDENINGS` times, by none:
+    a superset of where it is evaluated, so that a DAG costs a bounded number of paths per
+    node, not one per path of its tree; the nodes below it are reached through that path.
+    Such a node is marked approximate unless a real unguarded path reaches it as well."""
     paths: Dict[int, List[Path]] = {}
     conds: Dict[int, Expr] = {}
     approximate: set = set()
     seen = set()
     widened: Dict[int, Path] = {}  # node -> the guards all its paths share, once it has too many
+    widenings: Dict[int, int] = {}  # node -> how many wider paths it has had
     stack = [(top, (), False)]
     while stack:
         node, path, approx = stack.pop()
@@ -78,9 +87,13 @@ def guard_paths(top: Expr) -> Tuple[Dict[int, List[Path]], Dict[int, Expr], set]
             # a DAG whose shared nodes sit under many selections has exponentially many
             # paths: this node (and so everything below it) is taken as reached by the guards
             # its paths share, a superset of its paths (they shrink as more paths come in)
-            shared = _shared_guards([widened[id(node)], path] if id(node) in widened else mine + [path])
+            shared = _shared_guards([widened[id(node)], path] if id(node) in widened else mine + [path],
+                                    conds, safe)
             if widened.get(id(node)) == shared:
                 continue  # nothing new: gone below already
+            widenings[id(node)] = widenings.get(id(node), 0) + 1
+            if widenings[id(node)] > MAX_WIDENINGS:
+                shared = ()
             path, approx = shared, True
             widened[id(node)] = shared
             mine[:] = [shared]
@@ -115,10 +128,19 @@ def guard_paths(top: Expr) -> Tuple[Dict[int, List[Path]], Dict[int, Expr], set]
     return paths, conds, approximate
 
 
-def _shared_guards(paths: List[Path]) -> Path:
-    """The guards that every one of ``paths`` has, in the order of the first."""
+def _shared_guards(paths: List[Path], conds: Dict[int, Expr], safe) -> Path:
+    """Guards that every one of ``paths`` has, in the order of the first: its guards up to the
+    first one another path lacks (evaluated where the ones before them hold, as in the
+    body), then the shared ones that ``safe`` says may be evaluated anywhere."""
     rest = [set(p) for p in paths[1:]]
-    return tuple(g for g in paths[0] if all(g in r for r in rest))
+    kept, prefix = [], True
+    for g in paths[0]:
+        if all(g in r for r in rest):
+            if prefix or (safe is not None and safe(conds[g[0]])):
+                kept.append(g)
+        else:
+            prefix = False
+    return tuple(kept)
 
 
 class _Lifter(Mutator):
@@ -131,7 +153,8 @@ class _Lifter(Mutator):
         self._pieces_decided = set()  # ids of the nodes whose lifting as a piece is decided
         self._guarding = set()  # ids of the nodes whose guard is being built
         self._inside: Dict[int, set] = {}  # id of a condition -> ids of the nodes in it
-        self.paths, self.conds, self.approximate = guard_paths(self.top)
+        self._safe: Dict[int, bool] = {}  # id of a condition -> whether it may be evaluated anywhere
+        self.paths, self.conds, self.approximate = guard_paths(self.top, self._safe_condition)
 
     def visit_Reduce(self, node: Reduce):
         return self._lift(node, super().visit_Reduce(node), node.combiner)
@@ -202,23 +225,37 @@ class _Lifter(Mutator):
         """``paths`` without the conditions that contain ``original`` or a node whose guard is
         being built (whose guard would then need this one), and without a path that extends
         another (the other holds wherever it does). Dropping a condition widens a path: the
-        lifted tensor is computed at more points, never fewer. A test of ``original`` itself
-        (``if_then_else(D != 0, if_then_else(r > 0, r, -r), 0)``) is evaluated on a path of
-        its own without the test (``D != 0``), which absorbs the widened one: the guard stays
-        exact. Two reductions each guarded by a test of the other: the one whose guard is built
-        second is computed wherever the guards before that test hold."""
+        lifted tensor is computed at more points, never fewer. A later condition on the path
+        may have been safe to evaluate only where the dropped one held: after a drop, a path
+        keeps only the conditions that may be evaluated anywhere and ends at the first other
+        one. A test of ``original`` itself (``if_then_else(D != 0, if_then_else(r > 0, r,
+        -r), 0)``) is evaluated on a path of its own without the test (``D != 0``), which
+        absorbs the widened one, so the guard is unchanged there; two reductions each guarded
+        by a test of the other: the one whose guard is built second is computed wherever the
+        guards before that test hold."""
         kept = []
         for path in paths:
-            own = []
+            own, dropped = [], False
             for cid, value in path:
                 inside = self._inside.get(cid)
                 if inside is None:
                     inside = self._inside[cid] = {id(n) for n in distinct_nodes(self.conds[cid])}
-                if id(original) not in inside and self._guarding.isdisjoint(inside):
+                if id(original) in inside or not self._guarding.isdisjoint(inside):
+                    dropped = True
+                elif not dropped or self._safe_condition(self.conds[cid]):
                     own.append((cid, value))
+                else:
+                    break
             kept.append(tuple(own))
         kept = list(dict.fromkeys(kept))
         return [p for p in kept if not any(len(q) < len(p) and p[:len(q)] == q for q in kept)]
+
+    def _safe_condition(self, cond: Expr) -> bool:
+        """Whether ``cond`` may be evaluated at every point of the body's domain (memoized)."""
+        got = self._safe.get(id(cond))
+        if got is None:
+            got = self._safe[id(cond)] = self._evaluable_everywhere(cond)
+        return got
 
     def _lift(self, original: Expr, red: Expr, suffix: str) -> Expr:
         op: ComputeOp = self.tensor.op

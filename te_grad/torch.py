@@ -368,7 +368,8 @@ class _Lean:
             self.backward_plan(spec, requested)
         if kern is None:
             return tuple([None] * len(needs))
-        # no gradient is None: _Eager materializes them (zeros for an output with no gradient)
+        # no gradient is None: autograd materializes them (ctx.materialize_grads, on by default:
+        # zeros for an output with no gradient)
         values = ctx.saved_tensors + grads
         args = [values[k] for k in positions]
         pointers = [a.data_ptr() for a in args if a.is_contiguous()]

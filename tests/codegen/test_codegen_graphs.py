@@ -385,6 +385,28 @@ def test_reductions_guarded_by_tests_of_themselves_or_each_other(body):
     np.testing.assert_array_equal(tg.build([Y], [X, D])(x, d), want)
 
 
+def test_a_reduction_reached_by_too_many_paths_keeps_a_safe_guard_they_share_after_different_ones():
+    """As below, but the paths begin differently (``D[i] > 0``, or ``D[i] <= 0`` and ``D[i] <
+    0``) and then all pass ``X[i, 0] > 3``, a test that may be evaluated anywhere: the lifted
+    sum is filtered by it, which excludes the row where ``D[i]`` is 0."""
+    X = tg.placeholder((4, 3), dtype="int64", name="X")
+    D = tg.placeholder((4,), dtype="int64", name="D")
+
+    def body(i):
+        k = tg.reduce_axis((0, 3), "k")
+        e = tg.sum(X[i, k] // D[i], axis=k)
+        for _ in range(6):
+            e = tg.if_then_else(e > 1, e - 1, e * 2 + 1)
+        s = tg.if_then_else(X[i, 0] > 3, e, 0)
+        return tg.if_then_else(D[i] > 0, s, tg.if_then_else(D[i] < 0, s, 0))
+    Y = tg.compute((4,), body, name="Y")
+    x, d = np.arange(12).reshape(4, 3) + 1, np.array([2, 0, -3, 1])
+    x[1] = 0
+    want = tg.evaluate([Y], {X: x, D: d})[0]
+    np.testing.assert_array_equal(want, [0, 0, -513, 27])
+    np.testing.assert_array_equal(tg.build([Y], [X, D])(x, d), want)
+
+
 def test_a_reduction_reached_by_too_many_paths_keeps_the_guard_they_share():
     """A reduction that divides by ``D[i]``, under ``D[i] != 0``, then read through six levels
     of selections (3^6 paths, more than lifting enumerates): it is taken as reached by the

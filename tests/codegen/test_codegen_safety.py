@@ -275,7 +275,8 @@ def test_run_pointers_refuses_a_wrong_count_of_addresses(softmax):
     kern = tg.build([Y], [X])
     a = RNG.standard_normal((3, 5)).astype("float32")
     out = np.empty((3, 5), dtype="float32")
-    for ins, outs in (([], [out.ctypes.data]), ([a.ctypes.data], []), ([a.ctypes.data] * 2, [out.ctypes.data])):
+    for ins, outs in (([], [out.ctypes.data]), ([a.ctypes.data], []), ([a.ctypes.data] * 2, [out.ctypes.data]),
+                      ([a.ctypes.data, out.ctypes.data], [])):
         with pytest.raises(tg.UserError, match="run_pointers needs 1 input and 1 output addresses"):
             kern.run_pointers(ins, outs)
     kern.run_pointers([a.ctypes.data], [out.ctypes.data])
