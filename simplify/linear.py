@@ -10,6 +10,11 @@ for integer ``Q`` and ``R``; when ``R`` is a constant in ``[0, c)`` the first
 is ``Q`` and the second ``R``. So after substituting ``j = 2*a + 1``,
 ``j // 2`` becomes ``a`` and ``j % 2`` becomes ``1``. Comparisons of
 constants, and selects and logical operators on them, fold as well.
+
+``normalize(e, ranges)`` also knows where each variable lies (``ranges[id(v)] = (lo,
+hi)``, inclusive): when :func:`~te_grad.intervals.interval` bounds ``R`` within ``[0, c)``
+the first is ``Q`` and the second ``R`` whatever ``R`` is. So a view of a view composes:
+``(4*b + h) // 4`` is ``b`` and ``(4*b + h) % 4`` is ``h`` for ``0 <= h < 4``.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from typing import List, Optional, Tuple
 
 from te_grad import dsl, dtypes
 from te_grad.graph import free_vars
+from te_grad.intervals import interval
 from te_grad.ir import Binary, Cast, Compare, Const, Expr, Select, Unary, Var
 from te_grad.visitor import Mutator
 
@@ -93,6 +99,10 @@ class _Linear:
 
 
 class _Normalize(Mutator):
+    def __init__(self, ranges=None):
+        super().__init__()
+        self.ranges = ranges
+
     def linear(self, e: Expr) -> _Linear:
         if isinstance(e, Const):
             return _Linear([], int(e.value))
@@ -117,10 +127,13 @@ class _Normalize(Mutator):
             return _fold_constant_logic(Mutator.generic_visit(self, e))
         return self.visit(e)
 
-    @staticmethod
-    def divmod(op: str, num: _Linear, c: int, dtype: str) -> _Linear:
+    def divmod(self, op: str, num: _Linear, c: int, dtype: str) -> _Linear:
         whole = _Linear([(a, k // c) for a, k in num.terms if k % c == 0], num.const // c)
         rest = _Linear([(a, k) for a, k in num.terms if k % c], num.const % c)
+        if rest.terms and self.ranges:
+            bounds = interval(rest.build(dtype), self.ranges)
+            if bounds is not None and 0 <= bounds[0] and bounds[1] < c:   # R in [0, c)
+                return whole if op == "floordiv" else rest
         if op == "floordiv":
             if not rest.terms:
                 return whole  # 0 <= rest.const < c
@@ -154,6 +167,7 @@ def _fold_constant_logic(e: Expr) -> Expr:
     return e
 
 
-def normalize(expr: Expr) -> Expr:
-    """``expr`` with its integer index arithmetic in canonical linear form (see the module doc)."""
-    return _Normalize().visit(expr)
+def normalize(expr: Expr, ranges=None) -> Expr:
+    """``expr`` with its integer index arithmetic in canonical linear form (see the module doc);
+    ``ranges`` (``{id(variable): (lo, hi)}``, inclusive) bound the variables it knows."""
+    return _Normalize(ranges).visit(expr)

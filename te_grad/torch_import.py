@@ -42,6 +42,7 @@ the example's shape instead, and :attr:`ImportedModel.static_reason` says why.
 """
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Dict, List, Optional, Sequence
 
@@ -66,11 +67,26 @@ def _decompositions():
     return table
 
 
-def _dynamic_shapes(example_inputs, dynamic_batch: bool):
+def _dynamic_shapes(module, example_inputs, dynamic_batch: bool):
+    """``torch.export``'s ``dynamic_shapes`` for a batch along dimension 0 of every input tensor,
+    laid out as ``module.forward``'s parameters take the inputs: one entry per positional
+    parameter, and the inputs gathered by a ``*args`` parameter as one tuple there (export
+    matches the structure to the signature: a flat tuple against ``forward(self, *xs)`` is
+    refused, and the batch was then silently exact)."""
     if not dynamic_batch:
         return None
     batch = torch.export.Dim("batch")
-    return tuple({0: batch} if isinstance(x, torch.Tensor) and x.ndim > 0 else None for x in example_inputs)
+    specs = [{0: batch} if isinstance(x, torch.Tensor) and x.ndim > 0 else None for x in example_inputs]
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: the flat layout
+        return tuple(specs)
+    for k, p in enumerate(params):
+        if p.kind == p.VAR_POSITIONAL:
+            return tuple(specs[:k]) + (tuple(specs[k:]),)
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+    return tuple(specs)
 
 
 def export_program(module: torch.nn.Module, example_inputs: Sequence, training: bool, dynamic_batch: bool = True):
@@ -83,7 +99,7 @@ def export_program(module: torch.nn.Module, example_inputs: Sequence, training: 
     try:
         args = tuple(example_inputs)
         try:
-            ep = torch.export.export(module, args, dynamic_shapes=_dynamic_shapes(args, dynamic_batch),
+            ep = torch.export.export(module, args, dynamic_shapes=_dynamic_shapes(module, args, dynamic_batch),
                                      strict=False)
         except Exception as e:  # noqa: BLE001 - a batch the program specializes: exact shapes
             if not dynamic_batch:

@@ -21,6 +21,10 @@ Math of the less obvious rules:
   p``, else 0; the identity when not training. The mask is te_grad's, not PyTorch's
   generator's (the same law, other draws).
 - ``addmm(c, a, b, beta, alpha) = beta * c + alpha * (a @ b)``.
+- ``linear(x, w, b)[..., n] = sum_k x[..., k] * w[n, k] + b[n]`` over every leading axis of ``x``
+  (kept whole: :func:`te_grad.frontends.views.linear`); a ``view`` that flattens ``x``'s leading axes
+  into rows before it and one that restores them after are folded away by the translator
+  (:func:`te_grad.frontends.translate.linear_folds`).
 """
 from __future__ import annotations
 
@@ -32,13 +36,13 @@ from ..errors import UserError
 from ..ir import Tensor
 from ..train.layers import dropout
 from ..sizes import same_shape
-from .views import contraction
+from .views import contraction, linear
 
 #: operator name -> rule
 RULES: Dict[str, Callable] = {}
 
 #: composite operators ``torch.export`` keeps whole (not decomposed) because a rule here covers them
-KEEP = ("aten.scaled_dot_product_attention.default",)
+KEEP = ("aten.scaled_dot_product_attention.default", "aten.linear.default")
 
 #: PyTorch's "index to the end" (``x[2:]`` slices to ``sys.maxsize``)
 _END = 2 ** 62
@@ -393,6 +397,16 @@ def _bmm(t, a, b):
     viewed = contraction(a, b, "batch_matmul") \
         if a.ndim == 3 and b.ndim == 3 and same_shape((a.shape[0], a.shape[2]), b.shape[:2]) else None
     return viewed if viewed is not None else nn.batch_matmul(a, b)
+
+
+@rule("aten.linear.default")
+def _linear(t, x, w, b=None):
+    if not isinstance(x, Tensor) or not isinstance(w, Tensor) or w.ndim != 2 or x.ndim < 1 \
+            or not same_shape(x.shape[-1:], w.shape[1:]):
+        raise UserError(f"linear: input {list(getattr(x, 'shape', ()))} and weight {list(getattr(w, 'shape', ()))} "
+                        "do not match (the weight is (out_features, in_features))")
+    out = linear(x, w)
+    return out if b is None else nn.add(out, b)
 
 
 # -- reductions --------------------------------------------------------------------------------

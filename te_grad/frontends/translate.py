@@ -19,6 +19,16 @@ every batch size. Every tensor a rule returns is checked against the node's reco
 disagrees with PyTorch on a shape fails at the node, naming it, rather than computing a wrong
 number further on.
 
+One pattern is translated as a whole: :func:`linear_folds` finds ``view(linear(view(x, (m, k)),
+w, b), lead + (n,))``, a ``linear`` between a ``view`` that flattens ``x`` of shape ``lead +
+kd`` into ``m = prod(lead)`` rows of ``k = prod(kd)`` and views that restore ``lead``
+(``nn.MultiheadAttention``'s output projection on ``(seq, batch, heads, dim)``): the views
+restoring ``lead`` get ``linear`` applied to ``x`` with only ``kd`` merged, which is the same
+value, element for element (row ``r`` of the flat matrix is ``x``'s row at the row-major
+position ``r`` of ``lead``, and the restoring view puts it back there). The flattened
+matrix is never built: with a size variable in ``lead`` before another extent its row index
+``s * batch + b`` is not affine in the sizes, so it could not be.
+
 Before anything is built, :func:`unsupported` lists every node whose operator has no rule,
 with the line of model source it came from (``meta["stack_trace"]``), and a trial walk
 with ``refusals`` collects every node whose rule refuses its arguments (a 1-D convolution,
@@ -34,6 +44,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 from .. import dsl, dtypes
 from ..errors import UserError
 from ..ir import Expr, Tensor
+from .views import composed
 
 #: Python functions on sizes that appear in graphs with symbolic shapes
 SIZE_FUNCTIONS: Dict[Callable, Callable] = {
@@ -76,6 +87,54 @@ def source_line(node) -> str:
     # the innermost frame of the model's code, not of torch's own modules
     own = [f for f in frames if "/torch/" not in f.replace("\\", "/")]
     return (own or frames or [""])[-1]
+
+
+_VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+
+
+def _same_size(a, b) -> bool:
+    if _is_symint(a) or _is_symint(b):
+        return _is_symint(a) and _is_symint(b) and _sym_expr(a) == _sym_expr(b)
+    return int(a) == int(b)
+
+
+def linear_folds(nodes) -> Dict[str, tuple]:
+    """The ``view -> linear -> view`` chains translated as one (see the module docstring):
+    ``{linear node's name: (the flattening view, [the restoring views], lead rank)}``. A chain
+    qualifies when the flattening view's only user is the ``linear``, every user of the
+    ``linear`` is a view to ``lead + (n,)``, the flattened input has shape ``lead + kd`` with
+    ``kd`` of known extents, and the flat matrix is ``(prod lead, prod kd)``."""
+    folds = {}
+    for node in nodes:
+        if node.op != "call_function" or op_name(node) != "aten.linear.default" or not node.args:
+            continue
+        flat = node.args[0]
+        if getattr(flat, "op", None) != "call_function" or op_name(flat) not in _VIEWS \
+                or list(flat.users) != [node] or not hasattr(flat.args[0], "meta"):
+            continue
+        shape_of = lambda n: getattr(n.meta.get("val"), "shape", None)  # noqa: E731
+        xs, fs, ls = shape_of(flat.args[0]), shape_of(flat), shape_of(node)
+        views = list(node.users)
+        if xs is None or fs is None or ls is None or len(fs) != 2 or not views:
+            continue
+        outs = [shape_of(v) if getattr(v, "op", None) == "call_function" and op_name(v) in _VIEWS else None
+                for v in views]
+        if any(o is None for o in outs):
+            continue
+        lead = len(outs[0]) - 1
+        if lead < 1 or lead > len(xs) or (lead == 1 and len(xs) == 2):
+            continue
+        kd = xs[lead:]
+        if not kd or any(_is_symint(d) for d in kd) or _is_symint(fs[1]):
+            continue
+        width = 1
+        for d in kd:
+            width *= int(d)
+        if width != int(fs[1]) or any(len(o) != lead + 1 or not _same_size(o[-1], ls[-1])
+                                      or not all(_same_size(a, b) for a, b in zip(o[:-1], xs[:lead])) for o in outs):
+            continue
+        folds[node.name] = (flat, views, lead)
+    return folds
 
 
 def unsupported(nodes, rules: Mapping[str, Callable]) -> List[str]:
@@ -200,7 +259,22 @@ class Translator:
 
     def run(self, nodes) -> object:
         """Translate ``nodes`` (placeholders already bound); returns the output node's value."""
+        nodes = list(nodes)
+        folds = linear_folds(nodes)
+        folded = {flat.name for flat, _, _ in folds.values()}
+        for flat, views, _ in folds.values():
+            folded.update(v.name for v in views)
         for node in nodes:
+            if node.name in folded:   # translated with its linear
+                continue
+            if node.name in folds:
+                flat, views, lead = folds[node.name]
+                out = self.call_folded(node, flat, lead)
+                for v in views:
+                    self.values[v.name] = self._checked(v, op_name(v), out) \
+                        if not isinstance(out, Tensor) or out.ndim == lead + 1 \
+                        else self._stand_in(v.meta.get("val"), v.name)   # the linear refused: its stand-in
+                continue
             if node.op == "placeholder":
                 if node.name not in self.values:
                     raise UserError(f"{self.where}: no value given for input {node.name}")
@@ -215,8 +289,21 @@ class Translator:
             self.values[node.name] = self.call(node)
         return None
 
-    def call(self, node):
-        args = [self.value(a) for a in node.args]
+    def call_folded(self, node, flat, lead: int):
+        """The ``linear`` ``node`` of a fold, applied to the input of its flattening view ``flat``
+        with the axes after the first ``lead`` merged (a no-op when there is one)."""
+        x = self.value(flat.args[0])
+        if isinstance(x, Tensor) and x.ndim != lead + 1:
+            from ..nn import reshape
+            width = 1
+            for d in x.shape[lead:]:
+                width *= d
+            x = reshape(x, tuple(x.shape[:lead]) + (width,), name=flat.name)
+        return self.call(node, [x] + [self.value(a) for a in node.args[1:]], checked=False)
+
+    def call(self, node, args=None, checked: bool = True):
+        if args is None:
+            args = [self.value(a) for a in node.args]
         kwargs = {k: self.value(v) for k, v in node.kwargs.items()}
         if node.target is operator.getitem:
             return args[0][args[1]]
@@ -241,7 +328,8 @@ class Translator:
                     return stand_in
             raise UserError(f"{self.where}: {name} at node {node.name}"
                             + (f" ({where})" if where else "") + f": {e}") from None
-        return self._checked(node, name, out)
+        out = composed(out) if isinstance(out, Tensor) else out   # a view of a view: one view
+        return self._checked(node, name, out) if checked else out
 
     def _stand_in(self, val, name: str):
         """A placeholder of the recorded shape and dtype ``val`` (a fake tensor, or a tuple of

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numbers
+
+from simplify.linear import normalize
+
 from .. import dsl
-from ..ir import ComputeOp, Const, Read, Tensor, Var
+from ..ir import ComputeOp, Const, Read, Tensor, Var, distinct_reads
+from ..transform import substitute
 
 
 def view_source(x: Tensor):
@@ -60,3 +65,45 @@ def contraction(a: Tensor, b: Tensor, name: str) -> Optional[Tensor]:
         return dsl.sum(sa[ia(lead + (i, k))] * sb[ib(lead + (k, j))], axis=k)
     return dsl.compute(shape, body, name=name)
 
+
+
+def linear(x: Tensor, w: Tensor, name: str = "linear") -> Tensor:
+    """``out[..., n] = sum_k x[..., k] * w[n, k]`` (ATen's ``linear`` without its bias) for an ``x``
+    of any rank >= 1, reading ``x`` and ``w`` through their broadcast and permutation views
+    (``nn.Linear`` on a transposed input reads the input where it is)."""
+    sx, ix = view_source(x)
+    sw, iw = view_source(w)
+    k = dsl.reduce_axis((0, x.shape[-1]), name="k")
+    shape = tuple(x.shape[:-1]) + (w.shape[0],)
+
+    def body(*o):
+        return dsl.sum(sx[ix(o[:-1] + (k,))] * sw[iw((o[-1], k))], axis=k)
+    return dsl.compute(shape, body, name=name)
+
+
+def _pure_view(t: Tensor) -> bool:
+    """``t`` is a compute whose body is one read of a tensor of its dtype at indices that read
+    no tensor (a reshape, a permutation, a slice, a broadcast, a selection)."""
+    if not isinstance(t.op, ComputeOp) or not isinstance(t.op.body, Read):
+        return False
+    read = t.op.body
+    return read.tensor.dtype == t.dtype and not any(distinct_reads(ix) for ix in read.indices)
+
+
+def composed(x: Tensor) -> Tensor:
+    """``x`` when it is not a view of a view; else the one view of the innermost source that
+    reads, for every element, the element ``x`` reads through the chain (see the module
+    docstring), its indices normalized over ``x``'s extents."""
+    if not _pure_view(x) or not _pure_view(x.op.body.tensor):
+        return x
+    indices, source = tuple(x.op.body.indices), x.op.body.tensor
+    while _pure_view(source):
+        where = dict(zip(source.op.axes, indices))
+        indices = tuple(substitute(e, where) for e in source.op.body.indices)
+        source = source.op.body.tensor
+
+    def body(*i):
+        where = dict(zip(x.op.axes, i))
+        ranges = {id(v): (0, n - 1) for v, n in zip(i, x.shape) if isinstance(n, numbers.Integral)}
+        return source[tuple(normalize(substitute(e, where), ranges) for e in indices)]
+    return dsl.compute(x.shape, body, name=x.name)

@@ -403,6 +403,61 @@ def test_transformer_encoder_forward_float64_and_sgd_steps(norm_first):
         assert "expand" not in tg.show(g).splitlines()[-1] and "transpose" not in tg.show(g).splitlines()[-1]
 
 
+class FlatRows(tnn.Module):
+    """nn.MultiheadAttention's output projection: (batch, seq, heads, dim) to (seq, batch, ...),
+    the rows flattened for the linear layer and viewed back; ``twice`` also reads the flat
+    matrix elsewhere, which leaves the three nodes apart."""
+    def __init__(self, twice=False):
+        super().__init__()
+        self.lin, self.twice = tnn.Linear(12, 5), twice
+
+    def forward(self, x, y):
+        s = x.transpose(0, 1)                                   # (seq, batch, 3, 4)
+        flat = s.reshape(-1, 12)                                # (seq * batch, 12)
+        z = self.lin(flat).view(s.shape[0], s.shape[1], 5).transpose(0, 1)
+        out = z.mean(1) + (flat.sum() if self.twice else 0)
+        return F.cross_entropy(out, y)
+
+
+def test_a_linear_between_views_that_flatten_and_restore_rows_is_translated_whole():
+    """The flattening view, the linear layer and the view back are translated as one linear over
+    the leading axes (``translate.linear_folds``): the import keeps its batch size variable, where
+    the flat row index ``s * batch + b`` is not affine in the sizes and the step had to be built per
+    batch size, and the losses and weights of SGD steps on two batch sizes are PyTorch's."""
+    from te_grad.frontends.translate import linear_folds
+    from te_grad.torch_import import export_program
+    torch.manual_seed(8)
+    batches = [(torch.randn(b, 6, 3, 4), torch.randint(0, 5, (b,))) for b in (2, 3)]
+    for twice in (False, True):
+        ep, reason = export_program(FlatRows(twice), batches[0], training=True)
+        assert reason is None
+        assert len(linear_folds(list(ep.graph.nodes))) == (0 if twice else 1)
+    model, trainer = check_training(FlatRows(), batches, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+                                    train.SGD(lr=0.1, momentum=0.9))
+    assert model.dynamic_batch and len(trainer.kernels) == 1   # one step kernel for both batch sizes
+    # the flat matrix read elsewhere too: no fold, the same values (at exact batch sizes)
+    check_training(FlatRows(twice=True), batches[:1], lambda ps: torch.optim.SGD(ps, lr=0.1), train.SGD(lr=0.1),
+                   dynamic_batch=False)
+
+
+class VarArgs(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = tnn.Linear(4, 3)
+
+    def forward(self, *xs):
+        return F.cross_entropy(self.lin(xs[0]) * xs[1], xs[2])
+
+
+def test_a_forward_taking_star_args_keeps_its_batch_size_variable():
+    """``forward(self, *xs)``: the batch's dynamic shapes are laid out as the signature takes the
+    inputs (export refused a flat tuple there, and the batch silently became exact)."""
+    torch.manual_seed(9)
+    batches = [(torch.randn(b, 4), torch.randn(b, 3), torch.randint(0, 3, (b,))) for b in (2, 5)]
+    model, trainer = check_training(VarArgs(), batches, lambda ps: torch.optim.SGD(ps, lr=0.1), train.SGD(lr=0.1))
+    assert model.dynamic_batch and model.static_reason is None and len(trainer.kernels) == 1
+
+
 # -- LSTM ------------------------------------------------------------------------------------------
 def test_nn_lstm_with_mse_sum_loss_trains_as_pytorch_with_sgd_momentum():
     torch.manual_seed(6)

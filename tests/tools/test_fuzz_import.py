@@ -26,6 +26,16 @@ def test_a_fixed_budget_of_modules_passes_and_covers_every_family():
     assert not missing, f"families never generated: {missing}\n{text}"
 
 
+def test_the_generator_draws_flattened_linear_layers_on_a_dynamic_batch():
+    """nn.MultiheadAttention's output projection (the batch second, the rows flattened, a linear
+    layer, the rows restored) is drawn with a dynamic batch, and it is imported as one."""
+    specs = [s for s in map(generate, range(60)) if s.dynamic_batch
+             and any(n["op"] == "flat_linear" and n["swap"] for n in s.nodes)]
+    assert len(specs) >= 3
+    outcome = check(specs[0])
+    assert outcome.kind == "ok", outcome
+
+
 def test_modules_are_reproducible_and_valid():
     a, b = generate(77), generate(77)
     assert a.describe() == b.describe() and a.nodes == b.nodes

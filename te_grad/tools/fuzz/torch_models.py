@@ -4,10 +4,13 @@
 (:func:`generate`: a DAG over one float input, and an int input of ids when an ``Embedding``
 is drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d, LayerNorm,
 activations, pools, broadcasting arithmetic with tensors, parameters and scalars, residual
-adds, softmax / log_softmax, views and permutations, slices, ``cat`` / ``chunk`` / ``split``,
+adds, softmax / log_softmax, views and permutations, a linear layer between views that flatten
+its input's leading axes into rows and restore them, slices, ``cat`` / ``chunk`` / ``split``,
 ``matmul`` / ``bmm``, reductions, ``scaled_dot_product_attention``), each in float32 or
 float64, with or without a dynamic batch, and checks (:func:`check`), against PyTorch:
 
+0. a dynamic batch asked for is kept (no generated module depends on its batch's value, so an
+   import that makes the batch exact is a failure, ``static-batch``);
 1. the forward of the imported model in evaluation and in training mode, by the reference
    evaluator (``float64``: relative error ``1e-10`` of the output's largest value;
    ``float32``: ``1e-4``);
@@ -118,6 +121,12 @@ class _Gen:
             return False
         s = self.spec.shapes[v]
         out = 1 + self.r(6)
+        if len(s) >= 3 and self.chance(0.35):
+            # as nn.MultiheadAttention's output projection: the leading axes (the batch second when
+            # ``swap``) flattened into rows, the linear layer, the rows put back
+            lead = 2 + self.r(len(s) - 2)
+            return self.add("linear", "flat_linear", [v], s[:lead] + (out,), features=(int(np.prod(s[lead:])), out),
+                            bias=self.chance(0.7), lead=lead, swap=self.chance(0.5))
         return self.add("linear", "linear", [v], s[:-1] + (out,), features=(s[-1], out), bias=self.chance(0.7))
 
     def conv2d(self):
@@ -412,7 +421,7 @@ def build_module(spec: Spec):
             self.params = torch.nn.ParameterDict()
             for k, node in enumerate(spec.nodes):
                 op, name = node["op"], f"n{k}"
-                if op == "linear":
+                if op in ("linear", "flat_linear"):
                     self.layers[name] = torch.nn.Linear(*node["features"], bias=node["bias"])
                 elif op == "conv2d":
                     self.layers[name] = torch.nn.Conv2d(*node["channels"], node["kernel"], stride=node["stride"],
@@ -461,6 +470,11 @@ def _apply(net, name, node, args, torch, F):
             "tanh": torch.tanh, "sigmoid": torch.sigmoid}
     if op in acts:
         return acts[op](x)
+    if op == "flat_linear":
+        lead = node["lead"]
+        x = x.transpose(0, 1) if node["swap"] else x
+        y = net.layers[name](x.reshape(-1, node["features"][0])).view(*x.shape[:lead], -1)
+        return y.transpose(0, 1) if node["swap"] else y
     if op == "max_pool2d":
         return F.max_pool2d(x, node["kernel"], node["stride"], node["padding"])
     if op == "avg_pool2d":
@@ -619,6 +633,9 @@ def _check(spec: Spec, compile_: bool) -> None:
     arrays, tensors = _inputs(spec, rng)
     rtol = 1e-10 if spec.dtype == "float64" else 1e-4
     model = import_model(net, tuple(tensors), dynamic_batch=spec.dynamic_batch)
+    if spec.dynamic_batch and not model.dynamic_batch:   # no generated module depends on its batch's value
+        raise _Mismatch("static-batch", f"a dynamic batch was asked for, the import made it exact: "
+                                        f"{model.static_reason}")
     xs = model.input_placeholders()
     params, states = model.parameters(), model.states()
     feed = {p.placeholder: p.value for p in params}
