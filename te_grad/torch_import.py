@@ -82,8 +82,8 @@ def _dynamic_shapes(module, example_inputs, dynamic_batch: bool):
     except (TypeError, ValueError):  # no signature to read: the flat layout
         return tuple(specs)
     for k, p in enumerate(params):
-        if p.kind == p.VAR_POSITIONAL:
-            return tuple(specs[:k]) + (tuple(specs[k:]),)
+        if p.kind == p.VAR_POSITIONAL:   # (export wants no entry for an empty *args)
+            return tuple(specs[:k]) + ((tuple(specs[k:]),) if len(specs) > k else ())
         if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
             break
     return tuple(specs)

@@ -401,10 +401,10 @@ def _bmm(t, a, b):
 
 @rule("aten.linear.default")
 def _linear(t, x, w, b=None):
-    if not isinstance(x, Tensor) or not isinstance(w, Tensor) or w.ndim != 2 or x.ndim < 1 \
-            or not same_shape(x.shape[-1:], w.shape[1:]):
+    if not isinstance(x, Tensor) or not isinstance(w, Tensor) or w.ndim not in (1, 2) or x.ndim < 1 \
+            or not same_shape(x.shape[-1:], w.shape[-1:]):
         raise UserError(f"linear: input {list(getattr(x, 'shape', ()))} and weight {list(getattr(w, 'shape', ()))} "
-                        "do not match (the weight is (out_features, in_features))")
+                        "do not match (the weight is (out_features, in_features) or (in_features,))")
     out = linear(x, w)
     return out if b is None else nn.add(out, b)
 

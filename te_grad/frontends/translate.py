@@ -109,8 +109,9 @@ def linear_folds(nodes) -> Dict[str, tuple]:
         if node.op != "call_function" or op_name(node) != "aten.linear.default" or not node.args:
             continue
         flat = node.args[0]
-        if getattr(flat, "op", None) != "call_function" or op_name(flat) not in _VIEWS \
-                or list(flat.users) != [node] or not hasattr(flat.args[0], "meta"):
+        if getattr(flat, "op", None) != "call_function" or op_name(flat) not in _VIEWS or not flat.args \
+                or list(flat.users) != [node] or not hasattr(flat.args[0], "meta") \
+                or any(a is flat for a in list(node.args[1:]) + list(node.kwargs.values())):   # read once, as x
             continue
         shape_of = lambda n: getattr(n.meta.get("val"), "shape", None)  # noqa: E731
         xs, fs, ls = shape_of(flat.args[0]), shape_of(flat), shape_of(node)
@@ -298,7 +299,7 @@ class Translator:
             width = 1
             for d in x.shape[lead:]:
                 width *= d
-            x = reshape(x, tuple(x.shape[:lead]) + (width,), name=flat.name)
+            x = composed(reshape(x, tuple(x.shape[:lead]) + (width,), name=flat.name))
         return self.call(node, [x] + [self.value(a) for a in node.args[1:]], checked=False)
 
     def call(self, node, args=None, checked: bool = True):

@@ -70,14 +70,16 @@ def contraction(a: Tensor, b: Tensor, name: str) -> Optional[Tensor]:
 def linear(x: Tensor, w: Tensor, name: str = "linear") -> Tensor:
     """``out[..., n] = sum_k x[..., k] * w[n, k]`` (ATen's ``linear`` without its bias) for an ``x``
     of any rank >= 1, reading ``x`` and ``w`` through their broadcast and permutation views
-    (``nn.Linear`` on a transposed input reads the input where it is)."""
+    (``nn.Linear`` on a transposed input reads the input where it is); a 1-D ``w`` gives
+    ``out[...] = sum_k x[..., k] * w[k]``."""
     sx, ix = view_source(x)
     sw, iw = view_source(w)
     k = dsl.reduce_axis((0, x.shape[-1]), name="k")
-    shape = tuple(x.shape[:-1]) + (w.shape[0],)
+    shape = tuple(x.shape[:-1]) + tuple(w.shape[:-1])
 
     def body(*o):
-        return dsl.sum(sx[ix(o[:-1] + (k,))] * sw[iw((o[-1], k))], axis=k)
+        lead, n = (o[:-1], o[-1:]) if w.ndim == 2 else (o, ())
+        return dsl.sum(sx[ix(lead + (k,))] * sw[iw(n + (k,))], axis=k)
     return dsl.compute(shape, body, name=name)
 
 

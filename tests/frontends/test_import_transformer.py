@@ -458,6 +458,29 @@ def test_a_forward_taking_star_args_keeps_its_batch_size_variable():
     assert model.dynamic_batch and model.static_reason is None and len(trainer.kernels) == 1
 
 
+class LinearCorners(tnn.Module):
+    """``F.linear`` with a 1-D weight, a flat matrix that is the linear's input and its weight
+    (``z @ z.T`` per row block: no fold), and a ``forward(self, x, *rest)`` given one input."""
+    def __init__(self):
+        super().__init__()
+        self.w = tnn.Parameter(torch.randn(4))
+        self.lin = tnn.Linear(4, 3)
+
+    def forward(self, x, *rest):          # x (batch, 2, 4)
+        z = x.reshape(-1, 4)
+        zz = F.linear(z, z).view(x.shape[0], 2, -1)          # (batch, 2, 2 * batch)
+        out = F.linear(x, self.w) + zz.sum(-1) + self.lin(x).mean(-1)
+        return out.sum() + sum(r.sum() for r in rest)
+
+
+def test_linear_with_a_vector_weight_a_flat_input_read_twice_and_empty_star_args():
+    torch.manual_seed(10)
+    batches = [(torch.randn(b, 2, 4),) for b in (2, 3)]
+    model, trainer = check_training(LinearCorners(), batches, lambda ps: torch.optim.SGD(ps, lr=0.01),
+                                    train.SGD(lr=0.01))
+    assert model.dynamic_batch and model.static_reason is None and len(trainer.kernels) == 1
+
+
 # -- LSTM ------------------------------------------------------------------------------------------
 def test_nn_lstm_with_mse_sum_loss_trains_as_pytorch_with_sgd_momentum():
     torch.manual_seed(6)

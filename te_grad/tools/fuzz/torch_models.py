@@ -10,7 +10,8 @@ its input's leading axes into rows and restore them, slices, ``cat`` / ``chunk``
 float64, with or without a dynamic batch, and checks (:func:`check`), against PyTorch:
 
 0. a dynamic batch asked for is kept (no generated module depends on its batch's value, so an
-   import that makes the batch exact is a failure, ``static-batch``);
+   import that makes the batch exact, or a training step that is not built on a batch size
+   variable, is a failure, ``static-batch``);
 1. the forward of the imported model in evaluation and in training mode, by the reference
    evaluator (``float64``: relative error ``1e-10`` of the output's largest value;
    ``float32``: ``1e-4``);
@@ -679,6 +680,9 @@ def _check(spec: Spec, compile_: bool) -> None:
     trainer = train.Trainer(model, inputs=xs, targets=[y], loss=lambda o, t: tg.nn.sum(tg.nn.multiply(o, t)),
                             optimizer=train.SGD(lr=lr), progress=False, dynamic_batch=spec.dynamic_batch)
     trainer.update(*arrays, head)
+    if spec.dynamic_batch and trainer.static_reason:   # the step fell back to a kernel per batch size
+        raise _Mismatch("static-batch", f"the training step was not built on a batch size variable: "
+                                        f"{trainer.static_reason}")
     tnet = copy.deepcopy(net)
     tnet.train(True)
     opt = torch_sgd(tnet, lr)
