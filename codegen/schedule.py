@@ -16,15 +16,18 @@ It then runs the scheduling passes in a fixed order (:data:`PASSES`), each a
 3. :func:`.scan.scans`: a running reduction as a scan (then done);
 4. :func:`.congruence.interleave_classes`: the initialization nest's innermost axis in
    congruence classes when it is divided (pooling gradients);
-5. :func:`.congruence.split_classes`: reduction terms split into congruence classes;
-6. :func:`.pieces.split_pieces`: reduction terms cut into pieces with constant bounds;
-7. :func:`.guard_ranges.narrow_guarded_loops`: guards bounding an output loop by
+5. :func:`.select_ranges.split_select_ranges`: the initialization nest cut where its
+   comparisons of an output loop with constants switch (a concat, the gradient of chunks),
+   selects folded in each piece, its loop strip-mined by the constant it divides by;
+6. :func:`.congruence.split_classes`: reduction terms split into congruence classes;
+7. :func:`.pieces.split_pieces`: reduction terms cut into pieces with constant bounds;
+8. :func:`.guard_ranges.narrow_guarded_loops`: guards bounding an output loop by
    constants moved into its range;
-8. :func:`.triangles.split_triangles`: a loop whose range follows an outer loop (a causal
+9. :func:`.triangles.split_triangles`: a loop whose range follows an outer loop (a causal
    triangle, a band) cut into blocks with constant bounds;
-9. :func:`.loop_order.order_reductions`: each term nest's own best loop order;
-10. :func:`.register_blocking.block_registers`: register blocks sized for the machine;
-11. :func:`.cache_tiling.tile_stage`: cache tiles for the machine's L2.
+10. :func:`.loop_order.order_reductions`: each term nest's own best loop order;
+11. :func:`.register_blocking.block_registers`: register blocks sized for the machine;
+12. :func:`.cache_tiling.tile_stage`: cache tiles for the machine's L2.
 
 Operands may first be replaced by copies in a better layout, stages of their own
 (:mod:`.packing`, the pass ``"packing"``). Each pass is a :class:`SchedulePass` of the
@@ -73,6 +76,7 @@ from .packing import Copies, pack_operands
 from .pieces import const_bounds, split_pieces
 from .register_blocking import block_registers, decide_blocks
 from .scan import scans
+from .select_ranges import split_select_ranges
 from .transpose_tiling import tile_transposes
 
 
@@ -175,6 +179,9 @@ PASSES = (
                  "a running reduction as a linear scan (then done)", final=True),
     SchedulePass("interleave_classes", "congruence", lambda stage, machine: interleave_classes(stage),
                  "a divided innermost output axis of the initialization nest in congruence classes"),
+    SchedulePass("split_select_ranges", "select_ranges", lambda stage, machine: split_select_ranges(stage),
+                 "the initialization nest cut where its comparisons of an output loop with constants switch, "
+                 "each piece's selects folded and its loop strip-mined by the constant it divides by"),
     SchedulePass("split_classes", "congruence", lambda stage, machine: split_classes(stage),
                  "reduction terms split into congruence classes of their output index"),
     SchedulePass("split_pieces", "pieces", lambda stage, machine: split_pieces(stage),

@@ -25,11 +25,12 @@ from typing import Dict, List, Sequence
 from te_grad import dsl
 from te_grad.errors import UserError
 from te_grad.graph import topo_order
-from te_grad.ir import Binary, ComputeOp, Expr, Read, Reduce, ScatterOp, Select, Tensor, Var
+from te_grad.ir import Binary, ComputeOp, Const, Expr, Read, Reduce, ScatterOp, Select, Tensor, Var
 from te_grad.printer import expr_to_str
 
 from .affine import IslNames, conjuncts, isl_cond, isl_expr
 from .isl_bridge import Domain
+from .linear import normalize
 
 
 @dataclass
@@ -73,8 +74,12 @@ class _Checker:
         self.seen = set()
 
     def under(self, cond: Expr, negate: bool, fn):
-        """Run ``fn`` where ``cond`` (or its negation) holds: its quasi-affine conjuncts join the context."""
+        """Run ``fn`` where ``cond`` (or its negation) holds: its quasi-affine conjuncts join the context.
+        A conjunct that folds to true (``1.5 > 0.5``) constrains nothing: it is not opaque, so a
+        read it guards is proven or refused as an unconditional one (the scheduler folds such a
+        guard away, and the emitter checks only reads under guards it cannot decide)."""
         parts = [cond] if negate else conjuncts(cond)
+        parts = [c for c in parts if _constant_truth(c) is not (not negate)]
         texts = [isl_cond(c, self.ctx.names, negate) for c in parts]
         known = [t for t in texts if t is not None]
         opaque = len(known) < len(texts)
@@ -149,6 +154,12 @@ class _Checker:
             raise UserError(f"read {expr_to_str(read)} in {self.tensor.name} can go out of bounds: at {at} "
                             f"index {d} leaves [0, {t.shape[d]}) of tensor {t.name} with shape "
                             f"{_shape_text(t.shape)}")
+
+
+def _constant_truth(c: Expr):
+    """The value of a condition that folds to a constant (comparisons and logic of constants), or None."""
+    folded = normalize(c)
+    return bool(folded.value) if isinstance(folded, Const) else None
 
 
 def _shape_text(shape) -> str:

@@ -65,6 +65,17 @@ def _graphs():
         p = nn.softmax(sc)
         out = tg.compute((40, 4), lambda i, f: tg.sum(p[i, e] * v[e, f], axis=e), name="out")
         yield f"{kind}_attention", _with_gradient(out, [q, kk, v], 13)
+    # q, k and v read in blocks of one projection (attention's heads): the gradient is a select
+    # on ranges of the last axis, dividing it by 8; a concat that also picks one column alone
+    x, h = _ph((6, 3, 48), "X"), _ph((3, 2, 6, 8), "H")
+    blocks = [tg.compute((3, 2, 6, 8), lambda b, hh, t, d, o=o: x[t, b, o * 16 + hh * 8 + d], name=f"blk{o}")
+              for o in range(3)]
+    y = tg.compute(blocks[0].shape, lambda *i: blocks[0][i] * blocks[1][i] + blocks[2][i] * h[i], name="Y")
+    yield "chunks", _with_gradient(y, [x, h], 14)
+    a, b = _ph((5, 7), "A"), _ph((5, 4), "B")
+    cat = nn.concat([a, b], axis=1)
+    yield "concat", _with_gradient(tg.compute((5, 11), lambda i, j: tg.if_then_else(
+        j == 3, cat[i, j] * 2.0, cat[i, j]), name="C"), [a, b], 15)
     table = _ph((9, 4), "table")
     ids = tg.placeholder((5,), dtype="int32", name="ids")
     emb = tg.compute((5, 4), lambda i, j: table[ids[i], j], name="emb")
@@ -159,6 +170,38 @@ def test_a_triangle_is_cut_into_blocks_of_constant_bounds(name):
                 break
             before = nests(stage)
     assert cut >= 2, cut
+
+
+@pytest.mark.parametrize("name", ["chunks", "concat"])
+def test_selects_on_ranges_of_an_axis_are_cut_into_pieces(name):
+    """split_select_ranges cuts the element-wise nest of a concat, and of the gradient of blocks
+    read along one axis, where its comparisons with constants switch: no piece tests the axis,
+    and the gradient's pieces, strip-mined by the 8 its indices divide by, divide no more."""
+    from codegen.loopir import Nest, program_text
+    from codegen.schedule import schedule_steps
+    from te_grad.ir import Compare, ComputeOp, distinct_nodes
+    outs, feed = GRAPHS[name]
+    cut = 0
+    for t in simplify(outs):
+        if not isinstance(t.op, ComputeOp) or t.name not in ("dX", "C", "concat"):
+            continue
+        before = after = None
+        for step, stage in schedule_steps(t, t.op.body, AVX512):
+            if step == "split_select_ranges":
+                after = [n for n in map(Nest.of, stage.body) if n is not None and not n.accumulates]
+                break
+            before = [n for n in map(Nest.of, stage.body) if n is not None and not n.accumulates]
+        if after is None or len(after) <= len(before):
+            continue
+        cut += 1
+        inner = [n.loops[-1].var for n in after]
+        for n, v in zip(after, inner):
+            assert not any(isinstance(c, Compare) and (c.a is v or c.b is v) for c in distinct_nodes(n.store.value))
+        if t.name == "dX":
+            divisions = [e for n in after for x in (n.store.value,) + n.store.indices for e in distinct_nodes(x)
+                         if getattr(e, "op", None) in ("floordiv", "floormod")]
+            assert not divisions and len(after) == 3, program_text([stage])
+    assert cut >= 1, cut
 
 
 def test_plain_keeps_the_meaning_and_drops_every_kind():

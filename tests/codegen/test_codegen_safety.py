@@ -281,3 +281,22 @@ def test_run_pointers_refuses_a_wrong_count_of_addresses(softmax):
             kern.run_pointers(ins, outs)
     kern.run_pointers([a.ctypes.data], [out.ctypes.data])
     np.testing.assert_allclose(out, tg.evaluate([Y], {X: a})[0], rtol=1e-5, atol=1e-7)
+
+
+def test_a_read_under_a_condition_that_folds_to_true_is_proven_as_an_unconditional_one():
+    """``if_then_else(1.5 > 0.5, X[i + 1], ...)``: the bounds proof took the float comparison as
+    a condition it could not decide and left the read to a run-time check, which the emitter
+    makes only under guards it cannot decide; the scheduler folded the guard away, and the
+    kernel read one row past X. The read is now refused when the kernel is built."""
+    x = tg.placeholder((3, 1), dtype="float64", name="X")
+    y = tg.compute((3, 3), lambda i, j: tg.if_then_else(tg.const(1.5, "float64") > tg.const(0.5, "float64"),
+                                                        x[i + 1, 0], x[(j + 1) % 3, 0]), name="Y")
+    with pytest.raises(tg.UserError, match="outside tensor X"):
+        tg.evaluate([y], {x: np.ones((3, 1))})
+    with pytest.raises(tg.UserError, match=r"X\[i \+ 1, 0\] in Y can go out of bounds"):
+        tg.build([y], [x])
+    # folded to false: the read never runs, the other branch is what is computed
+    z = tg.compute((3, 3), lambda i, j: tg.if_then_else(tg.const(0.5, "float64") > tg.const(1.5, "float64"),
+                                                        x[i + 1, 0], x[(j + 1) % 3, 0]), name="Z")
+    xv = np.arange(3.0).reshape(3, 1)
+    np.testing.assert_array_equal(tg.build([z], [x])(xv), tg.evaluate([z], {x: xv})[0])

@@ -319,6 +319,8 @@ class _Gen:
             stages.append(self.mask_stage(len(stages), stages[-1]))
         elif self.chance(3):  # a subexpression shared by several parents, level after level (a DAG)
             stages.append(self.shared_stage(len(stages), stages[-1]))
+        elif self.chance(3):  # blocks of one axis read apart, and a concat: selects on ranges of an axis
+            stages.append(self.blocks_stage(len(stages), stages[-1]))
         self.lines.append(f"OUT = {stages[-1]}")
         self.lines.append(f"STAGES = [{', '.join(stages)}]")
         self.lines.append(f"INPUTS = [{', '.join([f'X{k}' for k in range(n_inputs)] + self.extra_inputs)}]")
@@ -656,6 +658,30 @@ class _Gen:
         self.lines.append(f"    return tg.cast(DT, {body})")
         self.lines.append(f"S{s} = tg.compute({out_shape!r}, _S{s}, name='S{s}')")
         self.sources.append((f"S{s}", out_shape))
+        return f"S{s}"
+
+
+    def blocks_stage(self, s: int, prev: str) -> str:
+        """Last stages reading an input ``XK`` (rows, ``parts * heads * 8``) in ``parts`` blocks
+        of its last axis, each split into heads of 8 (attention's q, k and v from one
+        projection), combined with ``prev``, then a concat along that axis of the blocks' product
+        and a slice of ``XK``: the gradient of ``XK`` is a sum of selects on ranges of its last
+        axis whose indices divide it by 8 (:mod:`codegen.select_ranges`)."""
+        rows, parts, heads = 2 + self.draw(3), 2 + self.draw(2), 1 + self.draw(2)
+        width = parts * heads * 8
+        self.lines.append(f"XK = tg.placeholder(({rows}, {width}), dtype=DT, name='XK')")
+        self.extra_inputs.append("XK")
+        shape = next(sh for name, sh in reversed(self.sources) if name == prev)
+        scale = f"{prev}[{', '.join(['0'] * len(shape))}]" if shape else f"{prev}[()]"
+        blocks = [f"XK[i0, {o * heads * 8} + i1 * 8 + i2]" for o in range(parts)]
+        body = f"{blocks[0]} * {blocks[1]}" + (f" + tg.tanh({blocks[2]}) * {scale}" if parts > 2 else f" * {scale}")
+        self.lines.append(f"B{s} = tg.compute(({rows}, {heads}, 8), lambda i0, i1, i2: tg.cast(DT, {body}), "
+                          f"name='B{s}')")
+        cut = 1 + self.draw(width - 1)
+        cat = (f"tg.if_then_else(i1 < {heads * 8}, B{s}[i0, i1 // 8, i1 % 8], "
+               f"tg.if_then_else(i1 == {heads * 8 + cut % 3}, C(2.0), C(1.0)) * XK[i0, i1 - {heads * 8}])")
+        self.lines.append(f"S{s} = tg.compute(({rows}, {heads * 8 + width}), lambda i0, i1: {cat}, name='S{s}')")
+        self.sources.append((f"S{s}", (rows, heads * 8 + width)))
         return f"S{s}"
 
 
