@@ -15,20 +15,27 @@ loop is written ``j = c q + r`` (``q`` in ``[a / c, b / c)``, ``r`` in ``[0, c)`
 indices normalized over those ranges (:func:`simplify.linear.normalize`): ``j // 32 - 8`` is
 ``q - 8`` and ``j % 32`` is ``r``, unit-stride reads along the new innermost loop.
 
+Only selects whose condition is quasi-affine (what the static bounds proof,
+:mod:`simplify.bounds`, decides exactly) are folded, and only indices are normalized: a select
+on data, or on a condition the proof could not use, stays a select, so a read it guards stays
+under a guard the emitter checks it under; integer arithmetic on data keeps its wrap-around.
+
 Promises: the pieces cover the loop's range exactly once, in order; each piece stores, at each
-of its points, the value the nest stored there (a comparison is replaced by its value over the
-whole piece; ``j`` by ``c q + r``, which takes each value of the piece once; a normalized index
-is equal at every point of the ranges). The loop split among threads is never cut, and every
-piece keeps the other loops as they were (the parallel one marked).
+of its points, the value the nest stored there (a quasi-affine select condition is replaced by
+its value over the whole piece; ``j`` by ``c q + r``, which takes each value of the piece once;
+a normalized index is equal at every point of the ranges). The loop split among threads is
+never cut, and every piece keeps the other loops as they were (the parallel one marked).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import List, Optional
 
+from simplify.affine import isl_cond
 from simplify.linear import coefficient, normalize
 from te_grad import dsl
-from te_grad.ir import Binary, Compare, Const, Expr, ReduceAxis, Var, distinct_nodes
+from te_grad.graph import free_vars
+from te_grad.ir import Binary, Compare, Const, Expr, Read, ReduceAxis, Select, Var, distinct_nodes
 from te_grad.transform import substitute
 from te_grad.visitor import Mutator
 
@@ -54,11 +61,20 @@ def _against_constant(c: Compare, var: Var):
     return None
 
 
+def _decided(cond: Expr) -> bool:
+    """True if ``cond`` is quasi-affine (no data, no float): the bounds proof used it exactly."""
+    return isl_cond(cond, {id(v): f"v{n}" for n, v in enumerate(free_vars(cond))}) is not None
+
+
+def _decided_conditions(exprs) -> List[Expr]:
+    return [node.cond for e in exprs for node in distinct_nodes(e) if isinstance(node, Select) and _decided(node.cond)]
+
+
 def _cuts(exprs, var: Var, lo: int, hi: int) -> List[int]:
-    """The points strictly inside ``(lo, hi)`` where a comparison of ``var`` with a constant
-    changes value."""
+    """The points strictly inside ``(lo, hi)`` where a comparison of ``var`` with a constant in
+    a quasi-affine select condition changes value."""
     cuts = set()
-    for e in exprs:
+    for e in _decided_conditions(exprs):
         for node in distinct_nodes(e):
             got = _against_constant(node, var) if isinstance(node, Compare) else None
             if got is None:
@@ -93,6 +109,26 @@ class _Decide(Mutator):
         return node
 
 
+class _Fold(Mutator):
+    """Quasi-affine selects whose condition ``decide`` folds to a constant replaced by their
+    branch; every read's indices normalized over ``ranges``. Nothing else changes."""
+
+    def __init__(self, decide: Optional[_Decide], ranges):
+        super().__init__()
+        self.decide, self.ranges = decide, ranges
+
+    def visit_Select(self, node: Select):
+        if self.decide is not None and _decided(node.cond):
+            c = normalize(self.decide.visit(node.cond))
+            if isinstance(c, Const):
+                return self.visit(node.t if c.value else node.f)
+        return self.generic_visit(node)
+
+    def visit_Read(self, node: Read):
+        node = self.generic_visit(node)
+        return Read(node.tensor, tuple(normalize(i, self.ranges) for i in node.indices))
+
+
 def _divisors(exprs, var: Var) -> set:
     """The constants ``var`` is divided by (``//`` and ``%``) in ``exprs``, with coefficient 1."""
     found = set()
@@ -117,10 +153,12 @@ def _piece(n: Nest, k: int, a: int, b: int) -> List:
               if isinstance(lp.lo, Const) and isinstance(lp.hi, Const)}
     ranges[id(var)] = (a, b - 1)
 
-    def fold(e: Expr) -> Expr:
-        return normalize(decide.visit(e), ranges)
-    store = replace(n.store, value=fold(n.store.value), indices=tuple(fold(i) for i in n.store.indices))
-    cond = fold(n.cond) if n.cond is not None else None
+    fold = _Fold(decide, ranges)
+    store = replace(n.store, value=fold.visit(n.store.value),
+                    indices=tuple(normalize(i, ranges) for i in n.store.indices))
+    cond = n.cond
+    if cond is not None and _decided(cond):
+        cond = normalize(decide.visit(cond), ranges)
     if isinstance(cond, Const):
         if not cond.value:
             return []
@@ -138,10 +176,10 @@ def _piece(n: Nest, k: int, a: int, b: int) -> List:
             split_ranges[id(q)], split_ranges[id(r)] = (a // c, b // c - 1), (0, c - 1)
             at = {var: dsl.const(c) * q + r}
 
-            def strip(e: Expr) -> Expr:
-                return normalize(substitute(e, at), split_ranges)
-            store = replace(store, value=strip(store.value), indices=tuple(strip(i) for i in store.indices))
-            cond = strip(cond) if cond is not None else None
+            reads = _Fold(None, split_ranges)
+            store = replace(store, value=reads.visit(substitute(store.value, at)),
+                            indices=tuple(normalize(substitute(i, at), split_ranges) for i in store.indices))
+            cond = reads.visit(substitute(cond, at)) if cond is not None else None
             bounds[id(q)], bounds[id(r)] = (dsl.const(a // c), dsl.const(b // c)), (dsl.const(0), dsl.const(c))
             order = order[:k] + [q, r] + order[k + 1:]
     return nest(order, bounds, [store] if cond is None else [If(cond, (store,))], n.parallel)

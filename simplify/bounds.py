@@ -75,11 +75,19 @@ class _Checker:
 
     def under(self, cond: Expr, negate: bool, fn):
         """Run ``fn`` where ``cond`` (or its negation) holds: its quasi-affine conjuncts join the context.
-        A conjunct that folds to true (``1.5 > 0.5``) constrains nothing: it is not opaque, so a
-        read it guards is proven or refused as an unconditional one (the scheduler folds such a
-        guard away, and the emitter checks only reads under guards it cannot decide)."""
+        The condition's constant logic is folded first (``1.5 > 0.5`` is true, ``true & (j < 2)``
+        is ``j < 2``), as the scheduler folds it: a guard that folds to true constrains nothing
+        and is not opaque, so a read under it is proven or refused as an unconditional one (the
+        scheduler drops such a guard, and the emitter checks only reads under guards it cannot
+        decide); code under a guard that folds to false never runs (its reads stay unproven)."""
+        cond = normalize(cond)
+        if isinstance(cond, Const):
+            dead = bool(cond.value) == negate
+            self.ctx.opaque += dead
+            fn()
+            self.ctx.opaque -= dead
+            return
         parts = [cond] if negate else conjuncts(cond)
-        parts = [c for c in parts if _constant_truth(c) is not (not negate)]
         texts = [isl_cond(c, self.ctx.names, negate) for c in parts]
         known = [t for t in texts if t is not None]
         opaque = len(known) < len(texts)
@@ -154,12 +162,6 @@ class _Checker:
             raise UserError(f"read {expr_to_str(read)} in {self.tensor.name} can go out of bounds: at {at} "
                             f"index {d} leaves [0, {t.shape[d]}) of tensor {t.name} with shape "
                             f"{_shape_text(t.shape)}")
-
-
-def _constant_truth(c: Expr):
-    """The value of a condition that folds to a constant (comparisons and logic of constants), or None."""
-    folded = normalize(c)
-    return bool(folded.value) if isinstance(folded, Const) else None
 
 
 def _shape_text(shape) -> str:

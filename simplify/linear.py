@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+import numpy as np
+
 from te_grad import dsl, dtypes
 from te_grad.graph import free_vars
 from te_grad.intervals import interval
@@ -151,9 +153,21 @@ class _Normalize(Mutator):
         return _fold_constant_logic(new)
 
 
+def _in_dtype(c: Const):
+    """A constant's value as its dtype holds it (``const(0.1, "float32")`` is float32's 0.1)."""
+    return np.asarray(c.value, dtype=np.bool_ if c.dtype == "bool" else c.dtype)[()]
+
+
+def fold_constant_logic(e: Expr) -> Expr:
+    """``e`` with one level of constant logic folded: a comparison of two constants (in their
+    dtypes, as the evaluator and the kernel compare them), ``and`` / ``or`` / ``not`` with a
+    constant operand, a select on a constant."""
+    return _fold_constant_logic(e)
+
+
 def _fold_constant_logic(e: Expr) -> Expr:
     if isinstance(e, Compare) and isinstance(e.a, Const) and isinstance(e.b, Const) and e.op in _CMP:
-        return dsl.const(bool(_CMP[e.op](e.a.value, e.b.value)))
+        return dsl.const(bool(_CMP[e.op](_in_dtype(e.a), _in_dtype(e.b))))
     if isinstance(e, Binary) and e.op in ("and", "or"):
         for x, y in ((e.a, e.b), (e.b, e.a)):
             if isinstance(x, Const):

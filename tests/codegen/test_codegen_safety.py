@@ -300,3 +300,33 @@ def test_a_read_under_a_condition_that_folds_to_true_is_proven_as_an_uncondition
                                                         x[i + 1, 0], x[(j + 1) % 3, 0]), name="Z")
     xv = np.arange(3.0).reshape(3, 1)
     np.testing.assert_array_equal(tg.build([z], [x])(xv), tg.evaluate([z], {x: xv})[0])
+
+
+def test_cutting_selects_on_ranges_keeps_every_guard_it_cannot_decide_and_integer_wrap_around():
+    """split_select_ranges folds only quasi-affine select conditions and normalizes only
+    indices: a read guarded by ``(j < 5) | data`` stays under that guard and is checked where it
+    runs (folding it on ``j < 5`` made it unconditional and unchecked: a read past Y); a guard
+    mixing a constant comparison and an index test is refused when built, as it reaches past
+    X; integer arithmetic on data keeps its int32 wrap-around; float32 constants compare in
+    float32."""
+    x, y = tg.placeholder((64, 16), dtype="float64", name="X"), tg.placeholder((12,), dtype="float64", name="Y")
+    z = tg.compute((64, 16), lambda i, j: tg.if_then_else((j < 5) | (x[i, j] > 0.5), y[(j + 10) % 16], 0.0),
+                   name="Z")
+    for off in ([], ["split_select_ranges"]):
+        with pytest.raises(tg.UserError, match="out of range"):
+            tg.build([z], [x, y], threads=1, disabled_passes=off)(np.zeros((64, 16)), np.arange(12.0))
+    x3 = tg.placeholder((64, 3), dtype="float64", name="X")
+    true = tg.const(1.5, "float64") > tg.const(0.5, "float64")
+    w = tg.compute((64, 3), lambda i, j: tg.if_then_else(true & (j < 2), x3[i, j], x3[i, j + 2]), name="W")
+    with pytest.raises(tg.UserError, match="can go out of bounds"):
+        tg.build([w], [x3])
+    a = tg.placeholder((64, 16), dtype="int32", name="A")
+    wrap = tg.compute((64, 16), lambda i, j: tg.if_then_else(j < 8, (a[i, j] * 8 + 3) // 8, a[i, j]), name="V")
+    av = np.full((64, 16), 2 ** 29 + 5, dtype="int32")
+    np.testing.assert_array_equal(tg.build([wrap], [a], threads=1)(av), tg.evaluate([wrap], {a: av})[0])
+    f = tg.placeholder((64, 16), dtype="float32", name="F")
+    near = tg.const(0.1, "float32") >= tg.const(0.1000000001, "float32")   # true in float32
+    u = tg.compute((64, 16), lambda i, j: tg.if_then_else(j < 8, f[i, j], 1.0) * tg.if_then_else(near, f[i, j], -f[i, j]),
+                   name="U")
+    fv = np.random.default_rng(0).standard_normal((64, 16)).astype("float32")
+    np.testing.assert_array_equal(tg.build([u], [f], threads=1)(fv), tg.evaluate([u], {f: fv})[0])

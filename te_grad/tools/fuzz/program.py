@@ -665,7 +665,7 @@ class _Gen:
         """Last stages reading an input ``XK`` (rows, ``parts * heads * 8``) in ``parts`` blocks
         of its last axis, each split into heads of 8 (attention's q, k and v from one
         projection), combined with ``prev``, then a concat along that axis of the blocks' product
-        and a slice of ``XK``: the gradient of ``XK`` is a sum of selects on ranges of its last
+        and ``XK`` (one of its first columns doubled, an equality on the axis): the gradient of ``XK`` is a sum of selects on ranges of its last
         axis whose indices divide it by 8 (:mod:`codegen.select_ranges`)."""
         rows, parts, heads = 2 + self.draw(3), 2 + self.draw(2), 1 + self.draw(2)
         width = parts * heads * 8
@@ -677,9 +677,8 @@ class _Gen:
         body = f"{blocks[0]} * {blocks[1]}" + (f" + tg.tanh({blocks[2]}) * {scale}" if parts > 2 else f" * {scale}")
         self.lines.append(f"B{s} = tg.compute(({rows}, {heads}, 8), lambda i0, i1, i2: tg.cast(DT, {body}), "
                           f"name='B{s}')")
-        cut = 1 + self.draw(width - 1)
         cat = (f"tg.if_then_else(i1 < {heads * 8}, B{s}[i0, i1 // 8, i1 % 8], "
-               f"tg.if_then_else(i1 == {heads * 8 + cut % 3}, C(2.0), C(1.0)) * XK[i0, i1 - {heads * 8}])")
+               f"tg.if_then_else(i1 == {heads * 8 + self.draw(3)}, C(2.0), C(1.0)) * XK[i0, i1 - {heads * 8}])")
         self.lines.append(f"S{s} = tg.compute(({rows}, {heads * 8 + width}), lambda i0, i1: {cat}, name='S{s}')")
         self.sources.append((f"S{s}", (rows, heads * 8 + width)))
         return f"S{s}"
