@@ -158,14 +158,10 @@ def _in_dtype(c: Const):
     return np.asarray(c.value, dtype=np.bool_ if c.dtype == "bool" else c.dtype)[()]
 
 
-def fold_constant_logic(e: Expr) -> Expr:
-    """``e`` with one level of constant logic folded: a comparison of two constants (in their
-    dtypes, as the evaluator and the kernel compare them), ``and`` / ``or`` / ``not`` with a
-    constant operand, a select on a constant."""
-    return _fold_constant_logic(e)
-
-
 def _fold_constant_logic(e: Expr) -> Expr:
+    """One level of constant logic folded: a comparison of two constants (in their dtypes, as
+    the evaluator and the kernel compare them), ``and`` / ``or`` / ``not`` with a constant
+    operand, a select on a constant."""
     if isinstance(e, Compare) and isinstance(e.a, Const) and isinstance(e.b, Const) and e.op in _CMP:
         return dsl.const(bool(_CMP[e.op](_in_dtype(e.a), _in_dtype(e.b))))
     if isinstance(e, Binary) and e.op in ("and", "or"):

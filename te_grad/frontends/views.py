@@ -10,9 +10,8 @@ batch afterwards.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import numbers
+from typing import Optional
 
 from simplify.linear import normalize
 
@@ -64,7 +63,6 @@ def contraction(a: Tensor, b: Tensor, name: str) -> Optional[Tensor]:
         lead, i, j = o[:-2], o[-2], o[-1]
         return dsl.sum(sa[ia(lead + (i, k))] * sb[ib(lead + (k, j))], axis=k)
     return dsl.compute(shape, body, name=name)
-
 
 
 def linear(x: Tensor, w: Tensor, name: str = "linear") -> Tensor:
