@@ -41,7 +41,7 @@ from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, 
                         Var)
 
 from te_grad.intervals import interval, speculatable
-from simplify.affine import isl_cond, isl_expr
+from simplify.affine import decided, isl_expr
 from .llvm_blocks import RegisterBlockEmitter
 from .llvm_kinds import LoopKindEmitter
 from .llvm_types import FCMP, I1, I8, I32, I64, MEMORY, SCALAR, lowering, strides
@@ -69,12 +69,6 @@ _VECMATH = {("exp", "float32"): exp_f32, ("tanh", "float32"): tanh_f32, ("tanh",
 
 def _names(e: Expr) -> dict:
     return {id(v): f"v{n}" for n, v in enumerate(free_vars(e))}
-
-
-def _decided(cond: Expr) -> bool:
-    """True if ``cond`` is quasi-affine in its variables: the static bounds proof
-    (:mod:`simplify.bounds`) used it, so the reads it guards were proven there."""
-    return isl_cond(cond, _names(cond)) is not None
 
 
 def _decided_bound(e: Expr) -> bool:
@@ -174,7 +168,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         self.region: Dict[int, int] = {}  # id(block) -> its region (a block's own id if none)
         self.region_parent: Dict[int, int] = {}
         self.hoisted: Dict[int, set] = {}  # region -> ids of the nodes hoist_safe_parts walked there
-        self.decided: Dict[int, tuple] = {}  # id(cond) -> (cond, _decided(cond))
+        self.decided: Dict[int, tuple] = {}  # id(cond) -> (cond, decided(cond))
         self.fv: Dict[int, tuple] = {}  # id(expr) -> (expr, ids of its free variables)
         # reciprocal multiplies (LLVM's arcp) only in stages that never test floats for
         # equality: once LLVM rewrites a division into a multiply by a reciprocal it may share
@@ -269,7 +263,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         """Around code that runs only where ``cond`` (or its negation) holds."""
         hit = self.decided.get(id(cond))
         if hit is None or hit[0] is not cond:
-            hit = self.decided[id(cond)] = (cond, _decided(cond))
+            hit = self.decided[id(cond)] = (cond, decided(cond))
         opaque = not hit[1]
         self.undecided += opaque
         try:

@@ -31,10 +31,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import List, Optional
 
-from simplify.affine import isl_cond
+from simplify.affine import decided
 from simplify.linear import coefficient, normalize
 from te_grad import dsl
-from te_grad.graph import free_vars
 from te_grad.ir import Binary, Compare, Const, Expr, Read, ReduceAxis, Select, Var, distinct_nodes
 from te_grad.transform import substitute
 from te_grad.visitor import Mutator
@@ -61,13 +60,8 @@ def _against_constant(c: Compare, var: Var):
     return None
 
 
-def _decided(cond: Expr) -> bool:
-    """True if ``cond`` is quasi-affine (no data, no float): the bounds proof used it exactly."""
-    return isl_cond(cond, {id(v): f"v{n}" for n, v in enumerate(free_vars(cond))}) is not None
-
-
 def _decided_conditions(exprs) -> List[Expr]:
-    return [node.cond for e in exprs for node in distinct_nodes(e) if isinstance(node, Select) and _decided(node.cond)]
+    return [node.cond for e in exprs for node in distinct_nodes(e) if isinstance(node, Select) and decided(node.cond)]
 
 
 def _cuts(exprs, var: Var, lo: int, hi: int) -> List[int]:
@@ -118,7 +112,7 @@ class _Fold(Mutator):
         self.decide, self.ranges = decide, ranges
 
     def visit_Select(self, node: Select):
-        if self.decide is not None and _decided(node.cond):
+        if self.decide is not None and decided(node.cond):
             c = normalize(self.decide.visit(node.cond))
             if isinstance(c, Const):
                 return self.visit(node.t if c.value else node.f)
@@ -157,7 +151,7 @@ def _piece(n: Nest, k: int, a: int, b: int) -> List:
     store = replace(n.store, value=fold.visit(n.store.value),
                     indices=tuple(normalize(i, ranges) for i in n.store.indices))
     cond = n.cond
-    if cond is not None and _decided(cond):
+    if cond is not None and decided(cond):
         cond = normalize(decide.visit(cond), ranges)
     if isinstance(cond, Const):
         if not cond.value:

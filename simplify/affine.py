@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from te_grad import dtypes
+from te_grad.graph import free_vars
 from te_grad.ir import Binary, Cast, Compare, Const, Expr, Select, SizeVar, Unary, Var
 
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=", "ne": "!="}
@@ -133,6 +134,12 @@ def isl_cond(e: Expr, names: Dict[int, str], negate: bool = False) -> Optional[s
         joiner = "and" if (e.op == "and") != negate else "or"
         return f"({a} {joiner} {b})"
     return None
+
+
+def decided(cond: Expr) -> bool:
+    """True if ``cond`` is quasi-affine in its variables (no data, no float): what the static
+    bounds proof (:mod:`simplify.bounds`) uses exactly, so the reads it guards were proven there."""
+    return isl_cond(cond, {id(v): f"v{n}" for n, v in enumerate(free_vars(cond))}) is not None
 
 
 def conjuncts(cond: Optional[Expr]) -> List[Expr]:
