@@ -12,6 +12,7 @@ from typing import Sequence, Union
 
 from simplify import simplify
 from simplify.count import RAGGED_TRIPS, tensor_iterations
+from te_grad.collector import during_build
 from te_grad.errors import UserError
 from te_grad.graph import reads_in, topo_order
 from te_grad.ir import Expr, Tensor
@@ -30,6 +31,7 @@ from .schedule import disabled_pass_names, stages_for
 __all__ = ["build", "Kernel", "CompileOptions", "compile_options", "current_options"]
 
 
+@during_build
 def build(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor], *, options: CompileOptions = None,
           fast_math: bool = None, threads: int = None, machine: Machine = None, wait: bool = True,
           **changes) -> Kernel:

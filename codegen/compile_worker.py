@@ -162,10 +162,24 @@ def compile_many(texts, triple: str, cpu: str, features: str, workers: int = Non
     return out
 
 
+#: a module with more vector lanes set or read one at a time (``insertelement`` and
+#: ``extractelement``) than this is optimized without the SLP vectorizer (see :func:`optimize`)
+SLP_LANE_OPS = 3000
+
+
+def lane_ops(text: str) -> int:
+    """The ``insertelement`` and ``extractelement`` instructions of module ``text``."""
+    return text.count("= insertelement ") + text.count("= extractelement ")
+
+
 def optimize(llvm, text: str, triple: str, machine, context=None):
     """The module ``text`` parsed and optimized at O3 for ``machine`` (llvmlite's ``binding`` is
     ``llvm``): loop and SLP vectorization on, full unrolling off (it multiplies code size, to
     megabytes of IR for a convolution's gradient, and compile time, for no measurable speed).
+    SLP is off in a module with more than :data:`SLP_LANE_OPS` single-lane operations: the
+    stages that gather register blocks lane by lane (ResNet-18's convolution gradients on a
+    run-time batch, some 8,000 of them in a function) spent 46 of their 48 s of compilation
+    in it, and their vectors are already explicit.
     Raises RuntimeError if LLVM rejects the module. ``context``: an LLVM context of its own
     for the module (None: the global one)."""
     mod = llvm.parse_assembly(text) if context is None else llvm.parse_assembly(text, context=context)
@@ -174,7 +188,7 @@ def optimize(llvm, text: str, triple: str, machine, context=None):
     mod.verify()
     tuning = llvm.create_pipeline_tuning_options(speed_level=3)
     tuning.loop_vectorization = True
-    tuning.slp_vectorization = True
+    tuning.slp_vectorization = lane_ops(text) <= SLP_LANE_OPS
     tuning.loop_interleaving = True
     tuning.loop_unrolling = False
     builder = llvm.create_pass_builder(machine, tuning)

@@ -27,6 +27,7 @@ kernel is built with ``fast_math=False``.
 """
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from typing import Dict, List, Sequence
 
@@ -66,6 +67,17 @@ _VECMATH = {("exp", "float32"): exp_f32, ("tanh", "float32"): tanh_f32, ("tanh",
             ("atan2", "float32"): atan2_f32, ("atan2", "float64"): atan2_f64,
             ("asin", "float32"): asin_f32, ("asin", "float64"): asin_f64,
             ("acos", "float32"): acos_f32, ("acos", "float64"): acos_f64}
+
+_I32_ZERO = ir.Constant(I32, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _splat_constants(element, width: int):
+    """The undefined vector and the all-zero mask of a splat of ``element`` values to ``width``
+    lanes (constants, shared by every splat: the same IR, built once)."""
+    return (ir.Constant(ir.VectorType(element, width), ir.Undefined),
+            ir.Constant(ir.VectorType(I32, width), [_I32_ZERO] * width))
+
 
 def _names(e: Expr) -> dict:
     return {id(v): f"v{n}" for n, v in enumerate(free_vars(e))}
@@ -274,10 +286,9 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
     def splat(self, value, width: int):
         if isinstance(value.type, ir.VectorType):
             return value
-        vt = ir.VectorType(value.type, width)
-        one = self.b.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
-                                     ir.Constant(ir.VectorType(I32, width), [ir.Constant(I32, 0)] * width))
+        undef, mask = _splat_constants(value.type, width)
+        one = self.b.insert_element(undef, value, _I32_ZERO)
+        return self.b.shuffle_vector(one, undef, mask)
 
     def as_vector(self, value):
         return self.splat(value, self.vec[2]) if self.vec is not None else value

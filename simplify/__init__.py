@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable, List, Optional, Set, Union
 
+from te_grad.collector import during_build
 from te_grad.ir import Tensor
 from te_grad.verify import verify_if_enabled
 
@@ -22,6 +23,7 @@ from .rewrite import simplify_graph
 __all__ = ["simplify", "simplify_graph", "iterations", "check_bounds", "RuntimeCheck"]
 
 
+@during_build
 def simplify(tensors: Union[Tensor, Iterable[Tensor]], keep: Set[int] = frozenset(),
              runtime: Optional[List[RuntimeCheck]] = None):
     """Simplified equivalents of ``tensors`` (same structure: a tensor or a list).

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from . import dsl
+from .collector import during_build
 from .errors import UserError
 from .ir import Tensor
 from .train.layers import Context, Module, Param, State
@@ -89,6 +90,7 @@ def _dynamic_shapes(module, example_inputs, dynamic_batch: bool):
     return tuple(specs)
 
 
+@during_build
 def export_program(module: torch.nn.Module, example_inputs: Sequence, training: bool, dynamic_batch: bool = True):
     """``module`` exported in training or evaluation mode, decomposed to core ATen; the module's
     mode is restored. Returns ``(program, reason)``: ``reason`` says why the batch is not
@@ -135,6 +137,7 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 class ImportedModel(Module):
     """A ``torch.nn.Module`` as a :class:`te_grad.train.Module` (see the module docstring)."""
 
+    @during_build
     def __init__(self, module: torch.nn.Module, example_inputs: Sequence, dynamic_batch: bool = True):
         if not isinstance(module, torch.nn.Module):
             raise UserError(f"import_model: expected a torch.nn.Module, got {type(module).__name__}")

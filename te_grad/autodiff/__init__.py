@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .. import dtypes
+from ..collector import during_build
 from ..deep import deep_entry
 from ..verify import verify_if_enabled
 from ..errors import InternalError, UserError
@@ -124,6 +125,7 @@ def vjp_of_op(t: Tensor, adj: Tensor, box=None):
     return rule(t, adj, box)
 
 
+@during_build
 @deep_entry
 def differentiate(outputs: Union[Tensor, Sequence[Tensor]], inputs: Sequence[Tensor],
                   head=None, override: Optional[Dict[Tensor, Override]] = None,

@@ -39,6 +39,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import dsl, dtypes, nn, sizes
+from ..collector import during_build
 from ..errors import UserError
 from ..ir import Tensor
 from .init import Initializer, xavier_uniform
@@ -208,6 +209,7 @@ class Trainer:
         return dsl.compute((), lambda: dsl.sum(dsl.if_then_else(out[r, y[r]] >= best[r], 1.0, 0.0), axis=r)
                            * (1.0 / n), name="accuracy")
 
+    @during_build
     def _build_step(self, shapes, apply: bool, wait: bool = True, carry: bool = False) -> _Step:
         from .. import build, gradient
         xs, ys = self._batch_placeholders(shapes)

@@ -22,7 +22,7 @@ PACKAGES = ("te_grad", "simplify", "codegen")
 #: the floors, lowest first: ``(name, modules)``; a name ending in ``.`` is a package prefix
 FLOORS = [
     ("base", {"te_grad.errors", "te_grad.dtypes", "te_grad.version", "te_grad.interop", "te_grad.argcheck",
-              "te_grad.checking"}),
+              "te_grad.checking", "te_grad.collector"}),
     ("core", {"te_grad.ops", "te_grad.ir", "te_grad.graph", "te_grad.visitor", "te_grad.transform",
               "te_grad.deep", "te_grad.printer", "te_grad.verify", "te_grad.fingerprint", "te_grad.intervals",
               "te_grad.sizes"}),
