@@ -162,21 +162,22 @@ def compile_many(texts, triple: str, cpu: str, features: str, workers: int = Non
     return out
 
 
-#: a module with more vector lanes set or read one at a time (``insertelement`` and
-#: ``extractelement``) than this is optimized without the SLP vectorizer (see :func:`optimize`)
+#: a module with a function that sets or reads more vector lanes one at a time (``insertelement``
+#: and ``extractelement``) than this is optimized without the SLP vectorizer (see :func:`optimize`)
 SLP_LANE_OPS = 3000
 
 
 def lane_ops(text: str) -> int:
-    """The ``insertelement`` and ``extractelement`` instructions of module ``text``."""
-    return text.count("= insertelement ") + text.count("= extractelement ")
+    """The most ``insertelement`` and ``extractelement`` instructions in one function of module
+    ``text`` (SLP's cost grows with a function's, not with the module's)."""
+    return max(part.count("= insertelement ") + part.count("= extractelement ") for part in text.split("\ndefine "))
 
 
 def optimize(llvm, text: str, triple: str, machine, context=None):
     """The module ``text`` parsed and optimized at O3 for ``machine`` (llvmlite's ``binding`` is
     ``llvm``): loop and SLP vectorization on, full unrolling off (it multiplies code size, to
     megabytes of IR for a convolution's gradient, and compile time, for no measurable speed).
-    SLP is off in a module with more than :data:`SLP_LANE_OPS` single-lane operations: the
+    SLP is off in a module with a function of more than :data:`SLP_LANE_OPS` single-lane operations: the
     stages that gather register blocks lane by lane (ResNet-18's convolution gradients on a
     run-time batch, some 8,000 of them in a function) spent 46 of their 48 s of compilation
     in it, and their vectors are already explicit.

@@ -44,6 +44,7 @@ import numpy as np
 from te_grad.errors import UserError
 from te_grad.ir import Tensor
 
+from .compile_worker import SLP_LANE_OPS, lane_ops
 from .llvm import binding as llvm
 from .llvm import ir
 from .llvm_module import RUN_STAGES, emit_module
@@ -265,7 +266,7 @@ def export(entries: Sequence[Entry], path: str, target: str = "host", cpu: Optio
     machine = _machine(spec)
     constants = constants or {}
     pointer_bits = 32 if re.search(r"-p:32", str(machine.target_data)) else 64
-    modules = []
+    modules, texts = [], []
     for e in entries:
         kernel = e.kernel
         stages = [cs.stage for cs in kernel.stages]
@@ -273,6 +274,7 @@ def export(entries: Sequence[Entry], path: str, target: str = "host", cpu: Optio
                            prefix=f"{e.name}__", internal=True,
                            bound_checks=getattr(kernel, "bound_checks", True),
                            sizes=getattr(kernel, "size_vars", ()))
+        texts.append(text)
         modules.append(llvm.parse_assembly(text))
     check_names(entries, os.path.basename(path), spec, constants,
                 {f.name for m in modules for f in m.functions if f.is_declaration})
@@ -285,7 +287,7 @@ def export(entries: Sequence[Entry], path: str, target: str = "host", cpu: Optio
     main.verify()
     tuning = llvm.create_pipeline_tuning_options(speed_level=3)
     tuning.loop_vectorization = True
-    tuning.slp_vectorization = True
+    tuning.slp_vectorization = max(lane_ops(t) for t in texts) <= SLP_LANE_OPS  # as for the host's kernels
     tuning.loop_unrolling = False
     builder = llvm.create_pass_builder(machine, tuning)
     builder.getModulePassManager().run(main, builder)

@@ -359,5 +359,8 @@ def test_slp_vectorizes_small_modules_and_is_off_where_lanes_are_built_one_by_on
     monkeypatch.setattr(compile_worker, "SLP_LANE_OPS", -1)
     scalar = optimized()
     assert "<4 x float>" not in scalar and scalar.count("fadd float") == 4
-    assert compile_worker.lane_ops("  %v = insertelement <2 x float> undef, float %x, i32 0\n"
-                                   "  %w = extractelement <2 x float> %v, i32 1\n") == 2
+    body = "  %v = insertelement <2 x float> undef, float %x, i32 0\n  %w = extractelement <2 x float> %v, i32 1\n"
+    assert compile_worker.lane_ops(body) == 2
+    # counted per function: SLP's cost follows a function's size, not the module's
+    two = "define void @f() {\n" + body * 3 + "}\ndefine void @g() {\n" + body * 2 + "}\n"
+    assert compile_worker.lane_ops(two) == 6
