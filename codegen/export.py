@@ -287,7 +287,7 @@ def export(entries: Sequence[Entry], path: str, target: str = "host", cpu: Optio
     main.verify()
     tuning = llvm.create_pipeline_tuning_options(speed_level=3)
     tuning.loop_vectorization = True
-    tuning.slp_vectorization = max(lane_ops(t) for t in texts) <= SLP_LANE_OPS  # as for the host's kernels
+    tuning.slp_vectorization = max(map(lane_ops, texts), default=0) <= SLP_LANE_OPS  # see compile_worker.optimize
     tuning.loop_unrolling = False
     builder = llvm.create_pass_builder(machine, tuning)
     builder.getModulePassManager().run(main, builder)

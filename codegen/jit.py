@@ -306,7 +306,9 @@ def split_module(text: str, functions: List[str]) -> Optional[Split]:
     and metadata: its functions are ``noinline`` and of external linkage, so LLVM's
     optimizer treats each of them the same alone as among the others (no inlining, no
     interprocedural constants); its optimized IR is the one of the whole module's, the
-    function's name aside (``tests/codegen/test_split_modules.py`` checks it)."""
+    function's name aside (``tests/codegen/test_split_modules.py`` checks it), as long as no
+    function of the module is over :data:`.compile_worker.SLP_LANE_OPS` (the whole module is
+    then optimized without SLP, the stages under it alone with it)."""
     head, defines, block = [], [], None
     for line in text.split("\n"):
         if block is not None:

@@ -243,3 +243,8 @@ def test_the_header_documents_every_scalar_argument(tmp_path):
     Y = tg.compute((4, 5), lambda i, j: x[i, j] * S[()], name="Y")
     files = tg.build([Y], [x, S]).export(str(tmp_path / "scaled"), scalars=[S])
     assert "/* scalar input scale: float32[], passed by value */" in open(files["header"]).read()
+
+
+def test_an_export_of_constants_alone_writes_its_object_and_header(tmp_path):
+    files = tg.export(str(tmp_path / "weights"), {}, constants={"w": np.arange(3, dtype=np.float32)})
+    assert os.path.getsize(files["object"]) > 0 and "w" in open(files["header"]).read()
