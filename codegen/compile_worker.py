@@ -170,7 +170,7 @@ SLP_LANE_OPS = 3000
 def lane_ops(text: str) -> int:
     """The most ``insertelement`` and ``extractelement`` instructions in one function of module
     ``text`` (SLP's cost grows with a function's, not with the module's)."""
-    return max(part.count("= insertelement ") + part.count("= extractelement ") for part in text.split("\ndefine "))
+    return max(f.count("= insertelement ") + f.count("= extractelement ") for f in text.split("\ndefine "))
 
 
 def optimize(llvm, text: str, triple: str, machine, context=None):

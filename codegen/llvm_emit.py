@@ -42,7 +42,7 @@ from te_grad.ir import (Binary, Call, Cast, Compare, Const, Expr, Read, Reduce, 
                         Var)
 
 from te_grad.intervals import interval, speculatable
-from simplify.affine import decided, isl_expr
+from simplify.affine import decided, isl_expr, local_names
 from .llvm_blocks import RegisterBlockEmitter
 from .llvm_kinds import LoopKindEmitter
 from .llvm_types import FCMP, I1, I8, I32, I64, MEMORY, SCALAR, lowering, strides
@@ -79,12 +79,8 @@ def _splat_constants(element, width: int):
             ir.Constant(ir.VectorType(I32, width), [_I32_ZERO] * width))
 
 
-def _names(e: Expr) -> dict:
-    return {id(v): f"v{n}" for n, v in enumerate(free_vars(e))}
-
-
 def _decided_bound(e: Expr) -> bool:
-    return isl_expr(e, _names(e)) is not None
+    return isl_expr(e, local_names(e)) is not None
 
 
 def _opaque(lo: Expr, hi: Expr) -> bool:

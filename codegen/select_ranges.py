@@ -64,11 +64,11 @@ def _decided_conditions(exprs) -> List[Expr]:
     return [node.cond for e in exprs for node in distinct_nodes(e) if isinstance(node, Select) and decided(node.cond)]
 
 
-def _cuts(exprs, var: Var, lo: int, hi: int) -> List[int]:
+def _cuts(conditions: List[Expr], var: Var, lo: int, hi: int) -> List[int]:
     """The points strictly inside ``(lo, hi)`` where a comparison of ``var`` with a constant in
-    a quasi-affine select condition changes value."""
+    one of the quasi-affine select ``conditions`` changes value."""
     cuts = set()
-    for e in _decided_conditions(exprs):
+    for e in conditions:
         for node in distinct_nodes(e):
             got = _against_constant(node, var) if isinstance(node, Compare) else None
             if got is None:
@@ -188,14 +188,14 @@ def split_select_ranges(stage: Stage) -> Stage:
         if done or n.accumulates or n.reductions or not n.loops:
             return None
         done.append(True)
-        exprs = _exprs(n)
+        conditions = _decided_conditions(_exprs(n))
         for k in range(len(n.loops) - 1, -1, -1):
             lp = n.loops[k]
             if lp.parallel or isinstance(lp.var, ReduceAxis) or not isinstance(lp.lo, Const) \
                     or not isinstance(lp.hi, Const):
                 continue
             lo, hi = int(lp.lo.value), int(lp.hi.value)
-            points = _cuts(exprs, lp.var, lo, hi)
+            points = _cuts(conditions, lp.var, lo, hi)
             if not points or len(points) + 1 > MAX_PIECES:
                 continue
             edges = [lo] + points + [hi]

@@ -136,10 +136,15 @@ def isl_cond(e: Expr, names: Dict[int, str], negate: bool = False) -> Optional[s
     return None
 
 
+def local_names(e: Expr) -> Dict[int, str]:
+    """isl names for ``e``'s own variables and sizes (``v0``, ``v1``, ...), to test it alone."""
+    return {id(v): f"v{n}" for n, v in enumerate(free_vars(e))}
+
+
 def decided(cond: Expr) -> bool:
     """True if ``cond`` is quasi-affine in its variables (no data, no float): what the static
     bounds proof (:mod:`simplify.bounds`) uses exactly, so the reads it guards were proven there."""
-    return isl_cond(cond, {id(v): f"v{n}" for n, v in enumerate(free_vars(cond))}) is not None
+    return isl_cond(cond, local_names(cond)) is not None
 
 
 def conjuncts(cond: Optional[Expr]) -> List[Expr]:

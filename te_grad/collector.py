@@ -66,10 +66,10 @@ def young_only():
     finally:
         with _lock:
             _depth -= 1
-            # the thresholds come back unless someone set others meanwhile (theirs stay)
-            if _depth == 0 and _installed is not None and gc.get_threshold() == _installed:
-                gc.set_threshold(*_saved)
             if _depth == 0:
+                # the thresholds come back unless someone set others meanwhile (theirs stay)
+                if _installed is not None and gc.get_threshold() == _installed:
+                    gc.set_threshold(*_saved)
                 _saved = _installed = None
 
 

@@ -660,13 +660,13 @@ class _Gen:
         self.sources.append((f"S{s}", out_shape))
         return f"S{s}"
 
-
     def blocks_stage(self, s: int, prev: str) -> str:
         """Last stages reading an input ``XK`` (rows, ``parts * heads * 8``) in ``parts`` blocks
         of its last axis, each split into heads of 8 (attention's q, k and v from one
         projection), combined with ``prev``, then a concat along that axis of the blocks' product
-        and ``XK`` (one of its first columns doubled, an equality on the axis): the gradient of ``XK`` is a sum of selects on ranges of its last
-        axis whose indices divide it by 8 (:mod:`codegen.select_ranges`)."""
+        and ``XK`` (one of its first columns doubled, an equality on the axis): the gradient of
+        ``XK`` is a sum of selects on ranges of its last axis whose indices divide it by 8
+        (:mod:`codegen.select_ranges`)."""
         rows, parts, heads = 2 + self.draw(3), 2 + self.draw(2), 1 + self.draw(2)
         width = parts * heads * 8
         self.lines.append(f"XK = tg.placeholder(({rows}, {width}), dtype=DT, name='XK')")
