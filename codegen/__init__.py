@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence, Union
 
-from simplify import simplify
+import simplify as _simplify  # the package; its function is looked up at build time (either may be imported first)
 from simplify.count import RAGGED_TRIPS, tensor_iterations
 from te_grad.collector import during_build
 from te_grad.errors import UserError
@@ -94,7 +94,7 @@ def _build(outs, inputs, options: CompileOptions, wait: bool) -> Kernel:
     if cached is not None:
         return cached
     undecided = []  # reads simplify.check_bounds could not prove in bounds
-    simplified = simplify(outs, runtime=undecided)
+    simplified = _simplify.simplify(outs, runtime=undecided)
     # a read whose index is data is always checked; one under a condition on data, or with an
     # index that is not quasi-affine, in kernels that have such a read (proven graphs keep
     # their code as it was)

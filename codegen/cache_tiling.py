@@ -17,6 +17,21 @@ along an output axis, the outermost of the block's own (reduce) loops that it
 depends on (``X @ W``: tiles of ``k`` keep a panel of ``W`` in cache while every
 row of ``X`` goes through it).
 
+The block's outermost reduce loop, when its extent is known only at run time (a batch ``b``
+in a weight gradient ``dW[o, i] = sum over (b, s) of dY[b, s, o] H[b, s, i]``), cannot be
+cut into tiles of a constant size without a partial last tile; when no constant loop can be
+cut, the read's footprint for one value of it fits, so does the output (whose accumulators
+are loaded and stored once per value), and the constant reduce loops inside it run at least
+``Thresholds.min_tile_steps`` times, it is taken one value at a time by a loop outside all
+the others (the sum keeps its order: that loop ran outside the block's others)::
+
+    for bt in range(lo, n):
+        parallel for p: ... <block, with b in [bt, bt + 1)>
+
+Every tile is whole, whatever ``n``. (Before: each block of ``o`` streamed all of ``H``
+from memory; the encoder's ``linear2`` weight gradient, 128 x 512 over 1024 rows, went from
+5.6 to 3.8 ms on an AVX2 core.)
+
 Promises: the same stores with the same values, and each element's accumulation in
 the same order: only loops over distinct output elements are interchanged, and a
 reduce loop is cut only where the accumulators are loaded from and stored to the
@@ -40,6 +55,7 @@ from te_grad.ir import Const, Read, ReduceAxis, Var
 from .loop_order import representative
 from .loopir import Loop, RegisterBlock, RegisterBlocked, Stage, Stmt, loops
 from .machine import Machine
+from .options import current_options
 
 #: the share of one core's L2 cache a tile of the re-read operand may fill
 L2_SHARE = 0.5
@@ -86,7 +102,35 @@ def tile_for_cache(body: List[Stmt], out_vars: Sequence[Var], machine: Machine) 
             n = hi - lo + 1
             tiles = -(-n // (budget // one))
             return [_split(chain, block, lp, tiles, -(-n // tiles))]
+        # the block's outermost reduce loop, of run-time extent: one value at a time (the sum's
+        # order is kept: that loop already ran outside the others)
+        first = block.loops[0] if block.loops else None
+        if not block.reduce_lanes and first is not None and _sized(first) and uses(read, first.var):
+            lo = int(first.lo.value)
+            one = _footprint(read, _block_ranges(block, {**ranges, id(first.var): (lo, lo)}))
+            steps = _steps(block.loops[1:])
+            # the accumulators are loaded and stored once per value: the output must stay in the cache
+            whole = {id(lp.var): (int(lp.lo.value), int(lp.hi.value) - 1) for lp in chain}
+            out = _footprint(block.store, _block_ranges(block, whole))
+            if 2 * one <= budget and out <= budget and steps is not None \
+                    and steps >= current_options().thresholds.min_tile_steps:
+                return [_outermost(chain, block, first)]
     return body
+
+
+def _sized(lp: Loop) -> bool:
+    """A loop from a constant to an extent known only at run time."""
+    return isinstance(lp.lo, Const) and not isinstance(lp.hi, Const) and representative(lp.hi) is not None
+
+
+def _steps(inner: Sequence[Loop]) -> Optional[int]:
+    """Iterations of the constant loops ``inner`` together, None if one is not constant."""
+    total = 1
+    for lp in inner:
+        if not _constant(lp):
+            return None
+        total *= int(lp.hi.value) - int(lp.lo.value)
+    return total
 
 
 def _chain(body: List[Stmt]) -> Tuple[List[Loop], Optional[RegisterBlock]]:
@@ -137,8 +181,8 @@ def _block_ranges(block: RegisterBlock, outer: Dict[int, Tuple[int, int]]) -> Di
     return ranges
 
 
-def _footprint(read: Read, ranges: Dict[int, Tuple[int, int]]) -> int:
-    """Bytes of ``read``'s tensor touched over ``ranges`` (a box per dimension; a row
+def _footprint(read, ranges: Dict[int, Tuple[int, int]]) -> int:
+    """Bytes of ``read``'s tensor (a read's, or a store's) touched over ``ranges`` (a box per dimension; a row
     touched costs at least a cache line; an index that cannot be bounded spans its dimension, an
     extent known only at run time counted at :func:`.loop_order.representative`)."""
     size = np.dtype(read.tensor.dtype).itemsize
@@ -152,6 +196,18 @@ def _footprint(read: Read, ranges: Dict[int, Tuple[int, int]]) -> int:
             extent = min(n, max(extent, LINE_BYTES // size))
         elements *= extent
     return elements * size
+
+
+def _outermost(chain: List[Loop], block: RegisterBlock, cut: Loop) -> Loop:
+    """The nest of ``chain`` around ``block`` with the block's reduce loop ``cut`` (its extent
+    known at run time) taken one value at a time by a loop outside all of them (tiles of one
+    value: no tile is partial, whatever the extent)."""
+    tile = Var(cut.var.name + "t")
+    loops_ = tuple(dataclasses.replace(lp, lo=tile, hi=tile + 1) if lp is cut else lp for lp in block.loops)
+    inner: List[Stmt] = [dataclasses.replace(block, loops=loops_).loop()]
+    for lp in reversed(chain):
+        inner = [dataclasses.replace(lp, body=inner)]
+    return Loop(tile, cut.lo, cut.hi, inner)
 
 
 def _split(chain: List[Loop], block: RegisterBlock, cut: Loop, tiles: int, size: int) -> Loop:

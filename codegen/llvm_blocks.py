@@ -20,7 +20,7 @@ from simplify.linear import coefficient
 from te_grad.ir import Const, Read
 
 from .llvm import ir
-from .llvm_types import I32, I64, MEMORY, SCALAR, SIZE, strides
+from .llvm_types import I32, I64, MEMORY, SCALAR, SIZE
 from .loopir import RegisterBlock, Store
 from .register_blocking import block_plan, memory_step, row_step
 
@@ -208,8 +208,12 @@ class RegisterBlockEmitter:
             return self.b.shuffle_vector(row, ir.Constant(span, ir.Undefined), pick)
         idx = [self.as_vector(self.expr(i)) for i in e.indices]
         offset = None
-        for ix, stride in zip(idx, strides(e.tensor.shape)):
-            term = ix if stride == 1 else self.b.mul(ix, self.const(ix, stride))
+        for ix, stride in zip(idx, self.strides_of(e.tensor.shape)):
+            if not isinstance(stride, int):  # a stride known at run time (an i64 value): one per lane
+                stride = self.as_vector(stride)
+                term = self.b.mul(ix, stride)
+            else:
+                term = ix if stride == 1 else self.b.mul(ix, self.const(ix, stride))
             offset = term if offset is None else self.b.add(offset, term)
         out = ir.Constant(ir.VectorType(elem, width), ir.Undefined)
         base = self.ptr[id(e.tensor)]

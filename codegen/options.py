@@ -37,7 +37,8 @@ from .machine import Machine
 
 @dataclass(frozen=True)
 class Thresholds:
-    """When a packing copy pays (speed only: every copy is exact whatever its size)."""
+    """When a packing copy or a cache tile pays (speed only: every copy and every tile is exact
+    whatever its size)."""
     #: rows (output elements not indexing the operand) each element of a transposed copy must serve
     min_reuse: int = 16
     #: the shortest reduction worth a transposed copy
@@ -48,6 +49,10 @@ class Thresholds:
     min_padded_reuse: int = 16
     #: how much larger than the operand a padded copy may be
     max_padded_growth: float = 2.0
+    #: the fewest iterations of the constant reduce loops inside a reduce loop of run-time extent
+    #: that cache tiling takes one value at a time (the accumulators are loaded and stored once
+    #: per value)
+    min_tile_steps: int = 16
 
 
 def _flag(text: Optional[str], default: bool) -> bool:
@@ -66,7 +71,7 @@ class CompileOptions:
       contract into fused multiply-adds;
     - ``threads``: the threads a kernel runs on (None: ``TE_GRAD_NUM_THREADS``, else the CPUs
       this process may use);
-    - ``thresholds``: when the packing copies are made (:class:`Thresholds`);
+    - ``thresholds``: when the packing copies and some cache tiles are made (:class:`Thresholds`);
     - ``disabled_passes``: names of schedule passes to skip (``codegen.schedule.PASSES``;
       each returns its input unchanged; a pass needed for correct code cannot be skipped);
     - ``verify``: run the IR verifier between the stages (:mod:`te_grad.verify`);

@@ -216,7 +216,8 @@ def memory_step(st: Store, var) -> int:
         c = coefficient(ix, var)
         if c is None or (c and not isinstance(stride, int)):
             return 0
-        total += c * stride
+        if c:  # a dimension the lanes do not move along adds nothing, whatever its stride
+            total += c * stride
     return total
 
 

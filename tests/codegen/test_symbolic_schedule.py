@@ -281,3 +281,77 @@ def test_tiny_images_on_a_run_time_batch_are_scheduled_as_at_fixed_sizes(stride)
         for size in (1, 3, 9):
             feed = _feed(inputs, size)
             _check([kern(*feed.values())], tg.evaluate([out], feed), f"{what} at n={size}")
+
+
+def test_a_reduce_loop_of_run_time_extent_is_cut_one_value_at_a_time_for_the_cache():
+    """A linear layer's weight gradient on a sequence model, ``dW[o, i] = sum over (b, s) of
+    dY[b, s, o] H[b, s, i]`` with the batch ``b`` of run-time extent: ``H`` is re-read for
+    every block of ``o``, and over the whole batch it is more than the L2 holds (judged at
+    the representative batch), while one value of ``b`` fits. The batch loop is then taken
+    one value at a time outside the parallel loop (the sequence loop, constant, inside), so
+    each ``H[b]`` stays in the cache for every block of ``o``; the values are the oracle's at
+    every batch size, interpreted and native. Not where the batch loop runs inside another
+    reduce loop, nor where the output does not fit the cache."""
+    from codegen.options import Thresholds
+    from codegen.loopir import Loop
+    from codegen.machine import Machine
+    n = tg.var("n", min=1)
+    rows = Thresholds().min_tile_steps  # the fewest sequence steps a value of b must hold
+    dY, H = tg.placeholder((n, rows, 8), name="dY"), tg.placeholder((n, rows, 64), name="H")
+    b, s = tg.reduce_axis((0, n), "b"), tg.reduce_axis(rows, "s")
+    dW = tg.compute((8, 64), lambda o, i: tg.sum(dY[b, s, o] * H[b, s, i], axis=[b, s]), name="dW")
+    # one value of b: 16 rows of H (4 KB); the representative batch: 1 MB; half the L2: 32 KB
+    machine = Machine(vector_bits=256, vector_registers=16, l1_bytes=32 * 1024, l2_bytes=64 * 1024)
+    options = CompileOptions(machine=machine)
+    (stage,) = [st for st in stages_for([dW], options=options) if st.tensor is dW]
+    (outer,) = [st for st in stage.body if isinstance(st, Loop) and st.var.name == "bt"]
+    assert str(outer.hi) == "n" and not outer.parallel
+    assert outer.body[0].parallel  # the blocks of o, split among threads, inside the batch loop
+    (cut,) = [lp for lp in loops(outer.body) if lp.var is b]
+    assert cut.lo is outer.var and str(cut.hi) == "bt + 1"
+    assert any(isinstance(lp.kind, RegisterBlocked) for lp in loops(outer.body))
+    untiled = stages_for([dW], options=CompileOptions(machine=machine, disabled_passes=frozenset({"tile_stage"})))
+    assert not any(lp.var.name == "bt" for st in untiled for lp in loops(st.body))
+    with codegen.compile_options(disk_cache=False, machine=machine):
+        kern = tg.build([dW], [dY, H])
+    assert "for (bt = 0; bt < n; ++bt)" in kern.loops
+
+    def cut(out, opts=options):
+        (st,) = [st for st in stages_for([out], options=opts) if st.tensor is out]
+        return any(lp.var.name == "bt" for lp in loops(st.body))
+
+    # not where the batch loop runs inside the sequence loop (the sum's order would change) ...
+    dYt, Ht = tg.placeholder((rows, n, 8), name="dYt"), tg.placeholder((rows, n, 64), name="Ht")
+    inner = tg.compute((8, 64), lambda o, i: tg.sum(dYt[s, b, o] * Ht[s, b, i], axis=[s, b]), name="inner")
+    # ... nor where the output, loaded and stored once per value of b, is more than the cache holds
+    many = tg.placeholder((n, rows, 256), name="many")  # 256 x 64 outputs: 64 KB
+    big = tg.compute((256, 64), lambda o, i: tg.sum(many[b, s, o] * H[b, s, i], axis=[b, s]), name="big")
+    assert not cut(inner, CompileOptions(machine=machine, thresholds=Thresholds(min_tile_steps=1)))
+    assert not cut(big)
+    for size in SIZES:
+        feed = _feed([dY, H], size)
+        want = tg.evaluate([dW], feed)
+        _check([run([stage], feed)[id(dW)]], want, f"interpreted at n={size}")
+        _check([kern(*feed.values())], want, f"native at n={size}")
+
+
+def test_lanes_across_rows_of_a_tensor_with_a_run_time_stride():
+    """A linear layer written on a (1, n, 8, 5) tensor with the batch second (as
+    ``nn.MultiheadAttention``'s projections are): the register block's lanes run along an
+    axis of stride 5, not contiguous in the store, in a tensor whose outer strides are known
+    only at run time; so do the lanes of its gradients' reads. The block and the gathers are
+    built (a stride of the batch times a constant, where the lanes do not move, adds nothing;
+    a run-time stride the lanes do move along is a value, not a constant), and every result
+    is the oracle's at every batch size."""
+    n = tg.var("n", min=1)
+    C, W = tg.placeholder((n, 1, 8, 5), name="C"), tg.placeholder((5, 5), name="W")
+    k = tg.reduce_axis(5, "k")
+    Y = tg.compute((1, n, 8, 5), lambda i0, i1, i2, i3: tg.sum(C[i1, i0, i2, k] * W[i3, k], axis=k), name="Y")
+    H = tg.placeholder(Y.shape, name="H")
+    outs = [Y] + list(tg.gradient(Y, [C, W], head=H))
+    with codegen.compile_options(disk_cache=False):
+        kern = tg.build(outs, [C, W, H])
+    assert "in vector registers" in kern.loops
+    for size in SIZES + (17,):
+        feed = _feed([C, W, H], size)
+        _check(kern(*feed.values()), tg.evaluate(outs, feed), f"n={size}")

@@ -194,3 +194,17 @@ def test_the_walk_sees_function_level_imports():
     assert "codegen.kernel" in graph["te_grad.display"]  # imported inside install()
     assert _floor_of("te_grad.tools.fuzz.check") == len(FLOORS) - 1 and _floor_of("te_grad") == 9
     assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
+
+
+def test_every_package_can_be_imported_first():
+    """``import simplify`` (or ``codegen``, or a submodule) in a fresh interpreter before
+    ``te_grad``: the facade's start-up imports the floors above the core, which import the
+    package being initialized; each must work whichever is imported first."""
+    import subprocess
+    import sys
+    for first in ("simplify", "codegen", "simplify.count", "codegen.kernel", "te_grad.ir"):
+        code = (f"import {first}\nimport te_grad as tg\nx = tg.placeholder((3,), name='x')\n"
+                "y = tg.compute((3,), lambda i: x[i] * 2.0, name='y')\n"
+                "print(tg.simplify([y])[0].name)")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and done.stdout.strip() == "y", f"import {first} first:\n{done.stderr[-2000:]}"

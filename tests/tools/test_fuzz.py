@@ -280,6 +280,22 @@ def test_the_generator_draws_sized_stages():
     assert outcome.kind in ("ok", "fd-unstable") and "a size variable" in outcome.notes, outcome
 
 
+def test_sized_weight_gradients_are_cut_for_the_cache_in_the_fuzzer():
+    """The sized stage written as a weight gradient (a sum over ``(0, n)`` and a constant
+    axis) is drawn, and the symbolic kernel the fuzzer builds for tiny caches takes its batch
+    loop one value at a time (:mod:`codegen.cache_tiling`): the fuzzer exercises that cut."""
+    import te_grad as tg
+    from te_grad.tools.fuzz.check import _built_with_every_copy
+    sources = [(s, from_seed(s).source) for s in range(300)]
+    weight = [(s, src) for s, src in sources if "kM = tg.reduce_axis" in src]
+    assert len(weight) >= 3
+    seed, src = weight[0]
+    ns = Program(src).build("float64")
+    assert "for (kNt = 0; kNt < n; ++kNt)" in _built_with_every_copy([ns["OUT"]], ns["INPUTS"]).loops
+    outcome = check(Program(src), seed=seed)
+    assert outcome.kind in ("ok", "fd-unstable") and "a size variable" in outcome.notes, outcome
+
+
 def test_the_sized_check_catches_a_wrong_simplification(monkeypatch):
     """A simplified gradient that is wrong at one size only (a loop bound off by one for the
     smallest size) is reported, not passed: every size is checked."""

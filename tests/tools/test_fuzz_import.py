@@ -56,6 +56,26 @@ def test_the_checks_catch_a_wrong_rule(monkeypatch):
     assert "check_seed" in script(spec, outcome) and f"check_seed({spec.seed})" in script(spec, outcome)
 
 
+def test_float32_modules_are_measured_against_float64_pytorch():
+    """float32 modules whose PyTorch float32 results carry rounding te_grad's do not (a bias
+    gradient exactly zero that PyTorch's float32 gives as 2^-13; a layer norm over two elements
+    whose gradients PyTorch's float32 has 4e-4 off) pass; a float32 rule broken on purpose,
+    relu plus a hundredth of its input, is still a mismatch."""
+    from te_grad import nn
+    from te_grad.frontends.aten import RULES
+    for seed in (2000006085, 2000006108):
+        spec = generate(seed)
+        assert spec.dtype == "float32"
+        outcome = check(spec)
+        assert outcome.kind == "ok", outcome
+    spec = next(s for s in map(generate, range(400)) if s.dtype == "float32"
+                and any(n["op"] == "relu" for n in s.nodes))
+    with pytest.MonkeyPatch.context() as m:
+        m.setitem(RULES, "aten.relu.default", lambda t, x: nn.add(nn.relu(x), nn.multiply(x, 1e-2)))
+        outcome = check(spec)
+    assert outcome.kind.startswith("mismatch"), outcome
+
+
 def test_refusals_are_counted_by_operator():
     assert refused_ops("import_model(M): 2 node(s) use ATen operators te_grad does not translate "
                        "(aten.foo.default, aten.bar.Tensor):\n  ...") == ["aten.foo.default", "aten.bar.Tensor"]

@@ -266,7 +266,8 @@ def _check_sized(ns, rng, compile_) -> str:
     """A program with a size variable: differentiated once (symbolic), then at each of its
     sizes the raw gradient against finite differences, the simplified against the raw, and
     the kernels of the graph specialized there, and the one symbolic kernel built for every
-    size, against the evaluator."""
+    size (also built with every copy and tiny caches, so that copies and cache tiles over
+    run-time extents are made), against the evaluator."""
     import te_grad as tg
     from ...sizes import concrete_shape, specialize
     out, inputs, ids, n = ns["OUT"], ns["INPUTS"], list(ns["IDS"]), ns["SIZE"]
@@ -275,6 +276,7 @@ def _check_sized(ns, rng, compile_) -> str:
     res = tg.differentiate(out, inputs, head=head)
     status = "ok"
     symbolic = tg.build([out] + list(res), inputs=inputs + ids + [head]) if compile_ else None
+    tiled = _built_with_every_copy([out] + list(res), inputs + ids + [head]) if compile_ else None
     for size in ns["SIZES"]:
         feed = _feed(ns, rng, "float64", {n: size})
         head_value = rng.standard_normal(concrete_shape(out.shape, {n: size}))
@@ -295,13 +297,14 @@ def _check_sized(ns, rng, compile_) -> str:
                    1e-12)
             for x, c, v in zip(inputs, got[1:], simp_values):
                 _close(c, v, 1e-8, f"compiled d{x.name} at n={size} vs evaluator", "mismatch-compiled-f64", 1e-12)
-            got = symbolic(*[feed[t] for t in order])
-            got = got if isinstance(got, tuple) else (got,)
-            _close(got[0], y, 1e-9, f"symbolic kernel's {out.name} at n={size} vs evaluator",
-                   "mismatch-compiled-forward", 1e-12)
-            for x, c, v in zip(inputs, got[1:], simp_values):
-                _close(c, v, 1e-8, f"symbolic kernel's d{x.name} at n={size} vs evaluator", "mismatch-compiled-f64",
-                       1e-12)
+            for what, kernel in (("symbolic kernel", symbolic), ("symbolic kernel for tiny caches", tiled)):
+                got = kernel(*[feed[t] for t in order])
+                got = got if isinstance(got, tuple) else (got,)
+                _close(got[0], y, 1e-9, f"{what}'s {out.name} at n={size} vs evaluator",
+                       "mismatch-compiled-forward", 1e-12)
+                for x, c, v in zip(inputs, got[1:], simp_values):
+                    _close(c, v, 1e-8, f"{what}'s d{x.name} at n={size} vs evaluator", "mismatch-compiled-f64",
+                           1e-12)
     return status
 
 
@@ -425,16 +428,20 @@ def _expect_refusal(kern, arrays, out, what):
 SMALL_CACHES = dict(vector_bits=512, vector_registers=32, l1_bytes=1024, l2_bytes=2048)
 
 
-def _compiled_with_every_copy(outputs, order, feed):
-    """The kernel's results when every operand copy is made whatever its size and the loops
-    are tiled for tiny caches: the copies and tiles, made on large operands only by
-    default, are then exercised on small random programs too."""
+def _built_with_every_copy(outputs, order):
+    """The kernel built with every operand copy made whatever its size and the loops tiled
+    for tiny caches: the copies and tiles, made on large operands only by default, are then
+    exercised on small random programs too."""
     import te_grad as tg
     from codegen import packing
     from codegen.machine import Machine
     with packing.using(packing.EVERY_COPY):
-        kern = tg.build(outputs, inputs=order, machine=Machine(**SMALL_CACHES))
-    got = kern(*[feed[t] for t in order])
+        return tg.build(outputs, inputs=order, machine=Machine(**SMALL_CACHES))
+
+
+def _compiled_with_every_copy(outputs, order, feed):
+    """The results of :func:`_built_with_every_copy`'s kernel on ``feed``."""
+    got = _built_with_every_copy(outputs, order)(*[feed[t] for t in order])
     return got if isinstance(got, tuple) else (got,)
 
 
