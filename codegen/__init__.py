@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence, Union
 
-import simplify as _simplify  # the package; its function is looked up at build time (either may be imported first)
+import simplify as _simplify  # its function looked up at build time: either package may be imported first
 from simplify.count import RAGGED_TRIPS, tensor_iterations
 from te_grad.collector import during_build
 from te_grad.errors import UserError

@@ -182,9 +182,10 @@ def _block_ranges(block: RegisterBlock, outer: Dict[int, Tuple[int, int]]) -> Di
 
 
 def _footprint(read, ranges: Dict[int, Tuple[int, int]]) -> int:
-    """Bytes of ``read``'s tensor (a read's, or a store's) touched over ``ranges`` (a box per dimension; a row
-    touched costs at least a cache line; an index that cannot be bounded spans its dimension, an
-    extent known only at run time counted at :func:`.loop_order.representative`)."""
+    """Bytes of ``read``'s tensor (a read's, or a store's) touched over ``ranges`` (a box per
+    dimension; a row touched costs at least a cache line; an index that cannot be bounded spans
+    its dimension, an extent known only at run time counted at
+    :func:`.loop_order.representative`)."""
     size = np.dtype(read.tensor.dtype).itemsize
     elements = 1
     shape = read.tensor.shape

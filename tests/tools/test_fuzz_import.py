@@ -74,6 +74,11 @@ def test_float32_modules_are_measured_against_float64_pytorch():
         m.setitem(RULES, "aten.relu.default", lambda t, x: nn.add(nn.relu(x), nn.multiply(x, 1e-2)))
         outcome = check(spec)
     assert outcome.kind.startswith("mismatch"), outcome
+    import numpy as np
+    w = np.array([1.0, 2.0, 3.0])
+    for got in (np.ones((2, 3), np.float32) * w, np.ones(2, np.float32)):  # broadcastable or not
+        with pytest.raises(torch_models._Mismatch, match="shape"):
+            torch_models._close(got, w, 1e-4, "output", "mismatch-forward-eval", w.astype(np.float32))
 
 
 def test_refusals_are_counted_by_operator():

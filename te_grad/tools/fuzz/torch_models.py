@@ -580,7 +580,7 @@ def _close(got, want, rtol, what, kind, noise=None):
     element (the module's conditioning there, not te_grad's), and where PyTorch's float32
     overflows too, ``got`` is compared with that."""
     atol = rtol
-    if noise is not None:
+    if noise is not None and np.shape(noise) == np.shape(want) == np.shape(got):  # else: a shape mismatch
         noise, want = np.asarray(noise, np.float64), np.asarray(want, np.float64)
         got64 = np.asarray(got, np.float64)
         diff = np.abs(noise - want)
