@@ -17,7 +17,9 @@ def test_readme_example_runs():
 def test_readme_starts_with_the_two_commands():
     lines = [l.strip() for l in (ROOT / "README.md").read_text().splitlines() if l.strip()]
     assert lines[1] == "pip install -e . && python -m te_grad demo"
-    assert lines[2] == 'pip install -e ".[test]" && pytest'
+    assert lines[2] == 'pip install -e ".[test]" && pytest -n auto'
+    # CI runs the same command, quietly
+    assert 'pip install --quiet -e ".[test]" && pytest -q -n auto\n' in (ROOT / ".ci" / "run").read_text()
 
 
 def test_demo_in_process():
