@@ -53,6 +53,9 @@ class Thresholds:
     #: that cache tiling takes one value at a time (the accumulators are loaded and stored once
     #: per value)
     min_tile_steps: int = 16
+    #: the fewest whole blocks of the split axis a register block jammed along it leaves for the
+    #: threads (:mod:`codegen.register_blocking`)
+    min_split_blocks: int = 8
 
 
 def _flag(text: Optional[str], default: bool) -> bool:

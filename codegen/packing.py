@@ -67,10 +67,10 @@ from .symbolic_bounds import speculatable_within, symbolic_inside
 
 #: the thresholds kernels are built with
 DEFAULT = Thresholds()
-#: every valid copy and cache tile, whatever its size: lets tests and the fuzzer exercise the
-#: copies and tiles on small programs
+#: every valid copy and cache tile, whatever its size, and split axes jammed down to one block:
+#: lets tests and the fuzzer exercise the copies, tiles and jams on small programs
 EVERY_COPY = Thresholds(min_reuse=2, min_reduction=2, min_work=0, min_padded_reuse=0, max_padded_growth=1e9,
-                        min_tile_steps=1)
+                        min_tile_steps=1, min_split_blocks=1)
 
 
 def thresholds() -> Thresholds:

@@ -30,6 +30,7 @@ unmarked there, never marked, and the stage computes exactly what it did.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
 
@@ -46,13 +47,18 @@ from .loopir import (SERIAL, Carried, Jam, Loop, Nest, Parallel, RegisterBlock, 
                      Store, TransposeBlock, Transposed, guarded, nest, register_block, rewrite_nests)
 from .loop_order import representative
 from .machine import Machine
+from .options import current_options
 from .symbolic_bounds import speculatable_within, stage_size_vars
 
 
 def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_axes,
                      machine: Machine) -> List:
     """The loops of one reduction term; when the innermost loop runs over an output axis
-    with reduce loops just outside it, those become a register block."""
+    with reduce loops just outside it, those become a register block. When the split axis's
+    factor does not divide it (or its extent is known only at run time), a second block covers
+    the values past the last whole block: jammed by a factor of 4, 3 or 2 dividing both ends
+    of that range when they are constants (threads then take the same ranges of the axis in
+    both loops), else one value at a time."""
     inner_var = order[-1]
     k = len(order) - 1
     while k > 0 and not any(order[k - 1] is a for a in out_axes):
@@ -69,13 +75,19 @@ def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_
         bounds = dict(bounds)
         jams = []
         scaled = None
-        remainder = None  # the split axis's extent known at run time: its last values outside whole blocks
-        for var, factor in _jam_choices(outer, bounds, store, parallel, out_axes, accumulators):
+        remainder = None  # the split axis's last values past whole blocks (a run-time extent, or one not divisible)
+        row = None  # lanes along an output axis: the block's row, in vector registers
+        if inner_is_output:
+            lanes = block_vector_bits(machine, reduce_lanes=False) // (8 * SIZE.get(store.tensor.dtype, 4))
+            row = (int(bounds[id(inner_var)][1].value) - int(bounds[id(inner_var)][0].value)) // lanes
+        for var, factor in _jam_choices(outer, bounds, store, parallel, out_axes, accumulators, row):
             jam_outer = Var(var.name + "o")
-            if not isinstance(bounds[id(var)][1], Const):  # the split loop, [0, n) with n a size expression
-                n = bounds[id(var)][1]
-                whole = n // factor
-                remainder = (bounds[id(var)], whole * factor)
+            hi = bounds[id(var)][1]
+            if var is parallel and (not isinstance(hi, Const) or hi.value % factor):
+                # the split loop, [0, n), in whole blocks; the values past the last one form a remainder
+                whole = hi // factor if not isinstance(hi, Const) else dsl.const(hi.value // factor)
+                remainder = (bounds[id(var)], whole * factor if not isinstance(hi, Const)
+                             else dsl.const(hi.value // factor * factor))
                 jams.append(Jam(var, jam_outer, factor))
                 bounds[id(jam_outer)] = (dsl.const(0), whole)
             else:
@@ -86,7 +98,7 @@ def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_
             if var is parallel:
                 scaled = (jam_outer, factor)
 
-        def blocked(jams, outer, bounds):
+        def blocked(jams, outer, bounds, scaled):
             block = register_block(inner_var, *bounds[id(inner_var)], loops, cond, store, jams,
                                    reduce_lanes=not inner_is_output,
                                    vector_bits=block_vector_bits(machine, reduce_lanes=not inner_is_output),
@@ -100,13 +112,22 @@ def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_
                     body = [Loop(v, lo, hi, body, Parallel() if v is parallel else SERIAL)]
             return body
 
-        body = blocked(jams, outer, bounds)
-        if remainder is not None:  # the same block, the split axis not jammed, over [whole blocks, n)
-            jam_outer = scaled[0]
-            rest = dict(bounds)
-            rest[id(parallel)] = (remainder[1], remainder[0][1])
-            body += blocked([j for j in jams if j.var is not parallel],
-                            [parallel if v is jam_outer else v for v in outer], rest)
+        body = blocked(jams, outer, bounds, scaled)
+        if remainder is not None:  # the same block over [whole blocks, n), the split axis jammed by
+            # a factor dividing both ends when they are constants, else not jammed
+            jam_outer, rest, (start, end) = scaled[0], dict(bounds), (remainder[1], remainder[0][1])
+            others = [j for j in jams if j.var is not parallel]
+            copies = math.prod(j.factor for j in others)
+            factor = next((f for f in (4, 3, 2) if isinstance(start, Const) and isinstance(end, Const)
+                           and start.value % f == 0 and end.value % f == 0 and copies * f <= accumulators), None)
+            if factor is None:
+                rest[id(parallel)] = (start, end)
+                body += blocked(others, [parallel if v is jam_outer else v for v in outer], rest, None)
+            else:  # threads take the same blocks of the split axis as the loop of whole blocks does
+                rest_outer = Var(parallel.name + "r")
+                rest[id(rest_outer)] = (dsl.const(start.value // factor), dsl.const(end.value // factor))
+                body += blocked(others + [Jam(parallel, rest_outer, factor)],
+                                [rest_outer if v is jam_outer else v for v in outer], rest, (rest_outer, factor))
         return body
     return nest(order, bounds, guarded(cond, store), parallel)
 
@@ -118,10 +139,6 @@ def block_registers(stage: Stage, machine: Machine) -> Stage:
             return None
         return accumulate_nest(n.order, n.bounds, n.store, n.cond, n.parallel, n.outputs, machine)
     return rewrite_nests(stage, block)
-
-
-#: the fewest blocks a jammed split axis keeps for the threads
-MIN_SPLIT_BLOCKS = 8
 
 
 def accumulator_registers(machine: Machine) -> int:
@@ -141,17 +158,26 @@ def block_vector_bits(machine: Machine, reduce_lanes: bool) -> int:
 
 
 def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes,
-                 max_copies: int) -> List[Tuple[Var, int]]:
+                 max_copies: int, row: Optional[int] = None) -> List[Tuple[Var, int]]:
     """Output loops to unroll-and-jam into the register block, with their factors.
 
     Each must have constant bounds ``[lo, hi)`` with ``hi - lo`` divisible by its factor
-    (``lo`` is 0 for the split loop, whose threads take ranges of blocks), must not bound other
+    (``lo`` is 0 for the split loop, whose threads take ranges of blocks, and whose last values
+    past whole blocks may form a remainder, see :func:`accumulate_nest`), must not bound other
     loops, and some read of the body must not depend on it (that read is then shared by
     the jammed copies). First the innermost such loop that is not split among threads
     and the next such loop out, each by 4, 3 or 2 (a block of ``Q @ K.T`` then
     shares each row of ``Q`` among columns and each row of ``K`` among rows); then the
-    split loop itself, by the largest of 8, 6, 4, 3, 2; at most ``max_copies`` copies in
-    all, and at least :data:`MIN_SPLIT_BLOCKS` blocks of the split loop for the threads."""
+    split loop itself, by the largest of 8, 6, 4, 3, 2 dividing its extent; at most
+    ``max_copies`` copies in all, and at least ``Thresholds.min_split_blocks`` blocks of the split
+    loop for the threads (:mod:`codegen.options`).
+
+    When the block's lanes run along an output axis whose row holds ``row`` vector registers,
+    the split loop's factor is the one whose block keeps the most accumulators busy
+    (:func:`_accumulators_used`), the last values past whole blocks then forming a remainder:
+    with 12 accumulators and rows of at least 2 registers, 6 rows of 2 registers (12
+    accumulators, 8 loads for 12 multiply-adds) rather than 8 rows of one (8 accumulators,
+    too few to cover the latency of two multiply-add units, and 9 loads for 8)."""
     reads = distinct_reads(store.value)
 
     def eligible(v):
@@ -182,16 +208,32 @@ def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes,
                     break
     if parallel is not None and any(parallel is v for v in outer) and eligible(parallel):
         hi = bounds[id(parallel)][1]
-        if isinstance(hi, Const):
+        fewest = current_options().thresholds.min_split_blocks
+        if isinstance(hi, Const) and row:
             n = hi.value
-            factor = next((f for f in (8, 6, 4, 3, 2) if n % f == 0 and n // f >= MIN_SPLIT_BLOCKS
+            fits = [f for f in (8, 6, 4, 3, 2) if n // f >= fewest and copies * f <= max_copies]
+            factor = max(fits, key=lambda f: (_accumulators_used(copies * f, max_copies, row), n % f == 0, f),
+                         default=None)
+        elif isinstance(hi, Const):
+            n = hi.value
+            factor = next((f for f in (8, 6, 4, 3, 2) if n % f == 0 and n // f >= fewest
                            and copies * f <= max_copies), None)
         else:  # chosen at a representative size; the values past the last whole block form a remainder
             n = representative(hi)
-            factor = next((f for f in (8, 4, 2) if n // f >= MIN_SPLIT_BLOCKS and copies * f <= max_copies), None)
+            factor = next((f for f in (8, 4, 2) if n // f >= fewest and copies * f <= max_copies), None)
         if factor is not None:
             chosen.append((parallel, factor))
     return chosen
+
+
+def _accumulators_used(copies: int, max_copies: int, row: int) -> int:
+    """Accumulator registers of a block of ``copies`` jammed copies whose row holds ``row``
+    vector registers: each copy takes a power of two of them (at most 8, as
+    :func:`block_plan` does), within its share of ``max_copies``."""
+    per_copy = 1
+    while per_copy * 2 <= min(max_copies // copies, row, 8):
+        per_copy *= 2
+    return copies * per_copy
 
 
 # -- the lowering decision, before emission ---------------------------------------------------

@@ -2,7 +2,8 @@
 
 - The IR verifier runs between the stages of every pipeline the tests drive
   (``TE_GRAD_VERIFY=1``, see ``te_grad/verify.py``).
-- The persistent kernel cache writes into a fresh temporary directory.
+- The persistent kernel cache writes into a fresh temporary directory, one for each
+  process (every pytest-xdist worker of ``pytest -n auto`` has its own).
 - ``TE_GRAD_REQUIRE_ALL=1`` (set by CI) turns every skipped test, and every file skipped
   whole at collection, into a failure:
   the tests of optional parts (PyTorch, JAX, cross-compilation) may skip on a

@@ -11,7 +11,7 @@ import importlib
 import te_grad as tg
 from te_grad import nn
 
-from test_codegen import assert_kernel_matches
+from test_codegen import assert_kernel_matches, assert_same
 
 
 regions_module = importlib.import_module("codegen.regions")  # codegen.regions is also a function's name
@@ -122,3 +122,37 @@ def test_big_regions_are_blocked_and_small_ones_are_not():
         kern = tg.build(tg.gradient(y, [x], head=h), [x, h], threads=1)
         assert any(kern.blocks) == want
         assert not any(run.chunks for run in kern.plan())
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("rows,factor,rest", [(50, 6, 2), (53, 6, None), (64, 6, 4), (60, 6, 0), (51, 3, 0)])
+def test_the_split_axis_is_jammed_for_the_most_accumulators_and_its_remainder_in_blocks_dividing_it(
+        always_parallel, threads, rows, factor, rest):
+    """Rows of 64 lanes span several vector registers, so 6 rows of 2 or more registers keep
+    more accumulators busy than 8 rows of one: the split axis is jammed by 6 even where 6 does
+    not divide it, and its last rows form a remainder, jammed by a factor dividing both of its
+    ends (2 for rows 48..50, 4 for 60..64), else one row at a time (48..53); among factors
+    keeping as many busy, one dividing the axis (3 rows of 51). The interpreter and the kernel
+    agree with the evaluator at every thread count."""
+    from codegen.interpret import run
+    from codegen.loopir import RegisterBlocked, loops
+    from codegen.schedule import stages_for
+
+    x = tg.placeholder((rows, 40), dtype="float64", name="X")
+    w = tg.placeholder((64, 40), dtype="float64", name="W")
+    y = nn.dense(x, w)
+    (stage,) = [s for s in stages_for([y]) if s.tensor is y]
+    blocks = [lp for lp in loops(stage.body) if isinstance(lp.kind, RegisterBlocked)]
+    assert [j.factor for j in blocks[0].kind.jams if j.var.name == "i"] == [factor]
+    whole = rows // factor * factor
+    split = [lp for lp in loops(stage.body) if lp.parallel and lp.scale > 1]
+    assert [(lp.scale, lp.lo.value * lp.scale, lp.hi.value * lp.scale) for lp in split] == \
+        [(factor, 0, whole)] + ([(rest, whole, rows)] if rest else [])
+    assert len(blocks) == (1 if rest == 0 else 2)
+    if rest != 0:
+        assert [j.factor for j in blocks[1].kind.jams if j.var.name == "i"] == ([rest] if rest else [])
+    feed = {t: np.random.default_rng(rows).standard_normal(t.shape) for t in (x, w)}
+    assert_same(run(stages_for([y]), feed)[id(y)], tg.evaluate([y], feed)[0], rtol=1e-12, atol=1e-12,
+                what="interpreted vs evaluator")
+    outs, inputs, feed = _with_gradient(y, [x, w], np.random.default_rng(rows))
+    assert_kernel_matches(outs, inputs, feed, threads=threads, rtol=1e-9, atol=1e-11, scaled=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import traceback
 import warnings
+import zlib
 from dataclasses import dataclass, field
 from typing import Dict, List
 
@@ -178,7 +179,9 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
                 for x, c, s in zip(inputs, got[1:], simp_values):
                     _close(c, s, 1e-8, f"compiled d{x.name} (float64) vs evaluator",
                            "mismatch-compiled-f64", 1e-12)
-                got = _compiled_with_every_copy([out] + list(res), order, feed)
+                # half the programs (by their text) on the narrow machine
+                narrow = zlib.crc32(program.source.encode()) % 2 == 1
+                got = _compiled_with_every_copy([out] + list(res), order, feed, narrow)
                 _close(got[0], y, 1e-9, f"compiled {out.name} (every copy, small caches) vs evaluator",
                        "mismatch-compiled-forward", 1e-12)
                 for x, c, s in zip(inputs, got[1:], simp_values):
@@ -426,22 +429,27 @@ def _expect_refusal(kern, arrays, out, what):
 
 #: a machine whose caches are small enough for the loops of small programs to be tiled
 SMALL_CACHES = dict(vector_bits=512, vector_registers=32, l1_bytes=1024, l2_bytes=2048)
+#: the same with 128-bit vectors and 16 registers: rows of a few elements span several
+#: registers, so register blocks of small programs jam their split axis for the most
+#: accumulators, with remainders (:func:`codegen.register_blocking.accumulate_nest`)
+NARROW_SMALL_CACHES = dict(SMALL_CACHES, vector_bits=128, vector_registers=16)
 
 
-def _built_with_every_copy(outputs, order):
-    """The kernel built with every operand copy made whatever its size and the loops tiled
-    for tiny caches: the copies and tiles, made on large operands only by default, are then
-    exercised on small random programs too."""
+def _built_with_every_copy(outputs, order, narrow: bool = False):
+    """The kernel built with every operand copy made whatever its size, split axes jammed down
+    to one block, and the loops tiled for tiny caches (with 128-bit vectors if ``narrow``): the
+    copies, jams and tiles, made on large operands only by default, are then exercised on
+    small random programs too."""
     import te_grad as tg
     from codegen import packing
     from codegen.machine import Machine
     with packing.using(packing.EVERY_COPY):
-        return tg.build(outputs, inputs=order, machine=Machine(**SMALL_CACHES))
+        return tg.build(outputs, inputs=order, machine=Machine(**(NARROW_SMALL_CACHES if narrow else SMALL_CACHES)))
 
 
-def _compiled_with_every_copy(outputs, order, feed):
+def _compiled_with_every_copy(outputs, order, feed, narrow: bool = False):
     """The results of :func:`_built_with_every_copy`'s kernel on ``feed``."""
-    got = _built_with_every_copy(outputs, order)(*[feed[t] for t in order])
+    got = _built_with_every_copy(outputs, order, narrow)(*[feed[t] for t in order])
     return got if isinstance(got, tuple) else (got,)
 
 
