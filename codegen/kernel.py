@@ -152,9 +152,16 @@ class Kernel:
 
     def plan(self, threads: Optional[int] = None, **options):
         """How a call runs on ``threads`` threads (default: the kernel's):
-        :func:`codegen.regions.plan`'s runs of stages (``options`` are its own)."""
+        :func:`codegen.regions.plan`'s runs of stages (``options`` are its own; its
+        ``threshold`` defaults to the build's ``Thresholds.min_parallel_work``)."""
+        options.setdefault("threshold", self._parallel_work())
         return plan([cs.stage for cs in self.stages], [cs.work for cs in self.stages], self.regions,
                     self.blocks, self.threads if threads is None else threads, **options)
+
+    def _parallel_work(self) -> int:
+        """The fewest iterations of a run shared among the threads: the build's threshold."""
+        options = getattr(self, "options", None)
+        return (options.thresholds if options is not None else current_options().thresholds).min_parallel_work
 
     def _stages_at(self, sizes):
         """``(stages, works)`` with the parallel extents and the innermost iterations of the
@@ -188,7 +195,7 @@ class Kernel:
         if records is None:
             if sizes:
                 stages, works = self._stages_at(self._aliased(dict(zip(self.size_vars, sizes))))
-                runs = plan(stages, works, self.regions, self.blocks, self.threads)
+                runs = plan(stages, works, self.regions, self.blocks, self.threads, self._parallel_work())
                 if len(self._plans) > 64:
                     self._plans.clear()
             else:

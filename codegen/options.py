@@ -37,8 +37,8 @@ from .machine import Machine
 
 @dataclass(frozen=True)
 class Thresholds:
-    """When a packing copy or a cache tile pays (speed only: every copy and every tile is exact
-    whatever its size)."""
+    """When a packing copy, a cache tile, a jam or a thread split pays (speed only: every one
+    is exact whatever its size)."""
     #: rows (output elements not indexing the operand) each element of a transposed copy must serve
     min_reuse: int = 16
     #: the shortest reduction worth a transposed copy
@@ -56,6 +56,10 @@ class Thresholds:
     #: the fewest whole blocks of the split axis a register block jammed along it leaves for the
     #: threads (:mod:`codegen.register_blocking`)
     min_split_blocks: int = 8
+    #: the fewest innermost iterations of a run of stages shared among the threads (smaller
+    #: runs stay on the calling thread: the team's hand-off, a few atomic operations and
+    #: waiting for the slowest chunk, costs more than splitting saves); :func:`codegen.regions.plan`
+    min_parallel_work: int = 32_768
 
 
 def _flag(text: Optional[str], default: bool) -> bool:
@@ -74,7 +78,8 @@ class CompileOptions:
       contract into fused multiply-adds;
     - ``threads``: the threads a kernel runs on (None: ``TE_GRAD_NUM_THREADS``, else the CPUs
       this process may use);
-    - ``thresholds``: when the packing copies and some cache tiles are made (:class:`Thresholds`);
+    - ``thresholds``: when the packing copies, some cache tiles and jams are made, and when a
+      run of stages is split among threads (:class:`Thresholds`);
     - ``disabled_passes``: names of schedule passes to skip (``codegen.schedule.PASSES``;
       each returns its input unchanged; a pass needed for correct code cannot be skipped);
     - ``verify``: run the IR verifier between the stages (:mod:`te_grad.verify`);

@@ -112,12 +112,6 @@ def row_blocks(stages: Sequence[Stage], runs: Sequence[Tuple[int, int]]) -> List
     return out
 
 
-#: below this many innermost iterations a run of stages stays on the calling thread: the
-#: team's hand-off (a few atomic operations, and waiting for the slowest chunk) costs more
-#: than splitting saves on smaller runs
-PARALLEL_THRESHOLD = 32_768
-
-
 class Run(NamedTuple):
     """Stages ``[first, last)`` run together: see :func:`plan`."""
     first: int
@@ -129,7 +123,7 @@ class Run(NamedTuple):
 
 
 def plan(stages: Sequence[Stage], works: Sequence[int], runs: Sequence[Tuple[int, int]],
-         blocks: Sequence[int], threads: int, threshold: int = None) -> List[Run]:
+         blocks: Sequence[int], threads: int, threshold: int) -> List[Run]:
     """How a kernel runs on ``threads`` threads: a list of :class:`Run`.
 
     Each is a run of stages ``[first, last)``: shared among the threads in ``chunks``
@@ -138,9 +132,9 @@ def plan(stages: Sequence[Stage], works: Sequence[int], runs: Sequence[Tuple[int
     with ``chunks == 0``, made on the calling thread, a block of ``block`` rows at a time
     when ``block`` > 0 (:func:`row_blocks`). ``runs`` are the kernel's regions
     (:func:`regions`), ``works`` each stage's innermost iterations. Consecutive regions too
-    small to share (under ``threshold`` iterations, :data:`PARALLEL_THRESHOLD` by default)
-    and not blocked are merged into one run."""
-    threshold = PARALLEL_THRESHOLD if threshold is None else threshold
+    small to share (under ``threshold`` iterations: a kernel's
+    ``Thresholds.min_parallel_work``, :mod:`codegen.options`) and not blocked are merged into
+    one run."""
     out: List[Run] = []
     for (first, last), block in zip(runs, blocks):
         extent = stages[first].parallel_extent

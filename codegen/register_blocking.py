@@ -56,9 +56,10 @@ def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_
     """The loops of one reduction term; when the innermost loop runs over an output axis
     with reduce loops just outside it, those become a register block. When the split axis's
     factor does not divide it (or its extent is known only at run time), a second block covers
-    the values past the last whole block: jammed by a factor of 4, 3 or 2 dividing both ends
-    of that range when they are constants (threads then take the same ranges of the axis in
-    both loops), else one value at a time."""
+    the values past the last whole block: jammed by a divisor (4, 3 or 2) of the first block's
+    factor that divides the axis's constant extent (the threads' ranges, multiples of the
+    stages' block sizes, :attr:`.loopir.Stage.parallel_granule`, are then unchanged, and
+    give each block to one thread), else one value at a time."""
     inner_var = order[-1]
     k = len(order) - 1
     while k > 0 and not any(order[k - 1] is a for a in out_axes):
@@ -114,12 +115,12 @@ def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_
 
         body = blocked(jams, outer, bounds, scaled)
         if remainder is not None:  # the same block over [whole blocks, n), the split axis jammed by
-            # a factor dividing both ends when they are constants, else not jammed
+            # a divisor of the main factor dividing both ends when they are constants, else not jammed
             jam_outer, rest, (start, end) = scaled[0], dict(bounds), (remainder[1], remainder[0][1])
             others = [j for j in jams if j.var is not parallel]
             copies = math.prod(j.factor for j in others)
             factor = next((f for f in (4, 3, 2) if isinstance(start, Const) and isinstance(end, Const)
-                           and start.value % f == 0 and end.value % f == 0 and copies * f <= accumulators), None)
+                           and scaled[1] % f == 0 and end.value % f == 0 and copies * f <= accumulators), None)
             if factor is None:
                 rest[id(parallel)] = (start, end)
                 body += blocked(others, [parallel if v is jam_outer else v for v in outer], rest, None)

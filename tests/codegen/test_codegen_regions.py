@@ -8,7 +8,9 @@ import pytest
 
 import importlib
 
+import codegen
 import te_grad as tg
+from codegen.options import Thresholds
 from te_grad import nn
 
 from test_codegen import assert_kernel_matches, assert_same
@@ -18,8 +20,10 @@ regions_module = importlib.import_module("codegen.regions")  # codegen.regions i
 
 
 @pytest.fixture
-def always_parallel(monkeypatch):
-    monkeypatch.setattr(regions_module, "PARALLEL_THRESHOLD", 0)
+def always_parallel():
+    """Kernels built in the test split every run of stages among their threads."""
+    with codegen.compile_options(thresholds=Thresholds(min_parallel_work=0)):
+        yield
 
 
 def _with_gradient(y, inputs, rng):
@@ -125,15 +129,16 @@ def test_big_regions_are_blocked_and_small_ones_are_not():
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("rows,factor,rest", [(50, 6, 2), (53, 6, None), (64, 6, 4), (60, 6, 0), (51, 3, 0)])
+@pytest.mark.parametrize("rows,factor,rest", [(50, 6, 2), (53, 6, None), (64, 6, 2), (60, 6, 0), (51, 3, 0)])
 def test_the_split_axis_is_jammed_for_the_most_accumulators_and_its_remainder_in_blocks_dividing_it(
         always_parallel, threads, rows, factor, rest):
     """Rows of 64 lanes span several vector registers, so 6 rows of 2 or more registers keep
     more accumulators busy than 8 rows of one: the split axis is jammed by 6 even where 6 does
-    not divide it, and its last rows form a remainder, jammed by a factor dividing both of its
-    ends (2 for rows 48..50, 4 for 60..64), else one row at a time (48..53); among factors
-    keeping as many busy, one dividing the axis (3 rows of 51). The interpreter and the kernel
-    agree with the evaluator at every thread count."""
+    not divide it, and its last rows form a remainder, jammed by a divisor of 6 dividing the
+    rows (2 for rows 48..50 and 60..64), else one row at a time (48..53); among factors
+    keeping as many busy, one dividing the axis (3 rows of 51). The threads take ranges of
+    whole blocks of 6 rows (the remainder adds nothing to the stage's granule), and the
+    interpreter and the kernel agree with the evaluator at every thread count."""
     from codegen.interpret import run
     from codegen.loopir import RegisterBlocked, loops
     from codegen.schedule import stages_for
@@ -148,11 +153,12 @@ def test_the_split_axis_is_jammed_for_the_most_accumulators_and_its_remainder_in
     split = [lp for lp in loops(stage.body) if lp.parallel and lp.scale > 1]
     assert [(lp.scale, lp.lo.value * lp.scale, lp.hi.value * lp.scale) for lp in split] == \
         [(factor, 0, whole)] + ([(rest, whole, rows)] if rest else [])
-    assert len(blocks) == (1 if rest == 0 else 2)
+    assert len(blocks) == (1 if rest == 0 else 2) and stage.parallel_granule == factor
     if rest != 0:
         assert [j.factor for j in blocks[1].kind.jams if j.var.name == "i"] == ([rest] if rest else [])
     feed = {t: np.random.default_rng(rows).standard_normal(t.shape) for t in (x, w)}
     assert_same(run(stages_for([y]), feed)[id(y)], tg.evaluate([y], feed)[0], rtol=1e-12, atol=1e-12,
                 what="interpreted vs evaluator")
     outs, inputs, feed = _with_gradient(y, [x, w], np.random.default_rng(rows))
-    assert_kernel_matches(outs, inputs, feed, threads=threads, rtol=1e-9, atol=1e-11, scaled=True)
+    kern, _ = assert_kernel_matches(outs, inputs, feed, threads=threads, rtol=1e-9, atol=1e-11, scaled=True)
+    assert all(run.chunks == (threads if threads > 1 else 0) for run in kern.plan())

@@ -12,7 +12,9 @@ import time
 import numpy as np
 import pytest
 
+import codegen
 import te_grad as tg
+from codegen.options import Thresholds
 from te_grad import nn
 from codegen import team as team_module
 
@@ -20,8 +22,10 @@ regions_module = importlib.import_module("codegen.regions")  # codegen.regions i
 
 
 @pytest.fixture
-def always_parallel(monkeypatch):
-    monkeypatch.setattr(regions_module, "PARALLEL_THRESHOLD", 0)
+def always_parallel():
+    """Kernels built in the test split every run of stages among their threads."""
+    with codegen.compile_options(thresholds=Thresholds(min_parallel_work=0)):
+        yield
 
 
 @pytest.fixture

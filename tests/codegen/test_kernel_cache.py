@@ -40,7 +40,9 @@ def test_a_second_process_builds_from_the_disk_cache(tmp_path):
     first = _run(BUILD_SUITE_OP, env, "conv2d_s1p1")
     second = _run(BUILD_SUITE_OP, env, "conv2d_s1p1")
     assert first[1:] == second[1:]  # the same kernel: the same values
-    assert second[0] < 0.05, f"a cached build took {second[0]:.3f} s"
+    # a hit reads the entry back (milliseconds); the cold build compiled it (seconds): with
+    # room for a loaded machine (the tests run in several processes)
+    assert second[0] < min(0.25, first[0] / 4), f"a cached build took {second[0]:.3f} s, the cold one {first[0]:.3f} s"
     assert any(name.startswith("build-") for name in os.listdir(tmp_path / "cache"))
     assert any(name.startswith("obj-") for name in os.listdir(tmp_path / "cache"))
 

@@ -437,14 +437,16 @@ NARROW_SMALL_CACHES = dict(SMALL_CACHES, vector_bits=128, vector_registers=16)
 
 def _built_with_every_copy(outputs, order, narrow: bool = False):
     """The kernel built with every operand copy made whatever its size, split axes jammed down
-    to one block, and the loops tiled for tiny caches (with 128-bit vectors if ``narrow``): the
-    copies, jams and tiles, made on large operands only by default, are then exercised on
-    small random programs too."""
+    to one block, the loops tiled for tiny caches (with 128-bit vectors if ``narrow``), and
+    every run of stages split among 3 threads: the copies, jams, tiles and thread splits,
+    made on large operands only by default, are then exercised on small random programs too."""
+    import dataclasses
     import te_grad as tg
     from codegen import packing
     from codegen.machine import Machine
-    with packing.using(packing.EVERY_COPY):
-        return tg.build(outputs, inputs=order, machine=Machine(**(NARROW_SMALL_CACHES if narrow else SMALL_CACHES)))
+    with packing.using(dataclasses.replace(packing.EVERY_COPY, min_parallel_work=0)):
+        return tg.build(outputs, inputs=order, threads=3,
+                        machine=Machine(**(NARROW_SMALL_CACHES if narrow else SMALL_CACHES)))
 
 
 def _compiled_with_every_copy(outputs, order, feed, narrow: bool = False):
