@@ -4,7 +4,6 @@ Every run is forced onto the team (threshold 0) so that small graphs exercise it
 must equal the evaluator's whatever the thread count, whether the workers are spinning,
 asleep or busy with another caller, and a failing chunk must be reported like any error.
 """
-import importlib
 import os
 import threading
 import time
@@ -18,9 +17,6 @@ from codegen.options import Thresholds
 from te_grad import nn
 from codegen import team as team_module
 
-regions_module = importlib.import_module("codegen.regions")  # codegen.regions is also a function's name
-
-
 @pytest.fixture
 def always_parallel():
     """Kernels built in the test split every run of stages among their threads."""
@@ -32,8 +28,9 @@ def always_parallel():
 def sleepy_team(monkeypatch):
     """A team whose workers sleep as soon as a job is over (no spinning), in place of the
     process's team for the test."""
-    monkeypatch.setenv("TE_GRAD_SPIN_US", "0")
-    crew = team_module.Team()
+    with codegen.compile_options(spin_us=0):  # inside any options a fixture before it set
+        crew = team_module.Team()
+    assert crew._spin_ns == 0
     monkeypatch.setattr(team_module, "_team", crew)
     yield crew
     crew.stop()
@@ -183,8 +180,9 @@ def test_thread_counts_are_checked_and_any_count_is_safe(monkeypatch):
         with pytest.raises(tg.UserError, match="threads must be a positive int"):
             tg.build([y], [x], threads=bad)
     assert tg.build([y], [x], threads=np.int64(2)).threads == 2
-    monkeypatch.setenv("TE_GRAD_SPIN_US", "0")
-    crew = team_module.Team()
+    with codegen.compile_options(spin_us=0):  # inside any options a fixture before it set
+        crew = team_module.Team()
+    assert crew._spin_ns == 0
     monkeypatch.setattr(team_module, "_team", crew)
     try:
         kern = tg.build([y], [x], threads=300)
