@@ -12,7 +12,7 @@ import te_grad as tg
 from te_grad import nn
 from codegen import packing
 from codegen.interpret import run
-from codegen.loopir import RegisterBlock, RegisterBlocked, loops_of_kind
+from codegen.loopir import RegisterBlock, RegisterBlocked, loops, loops_of_kind
 from codegen.machine import Machine
 from codegen.schedule import schedule_steps, split_terms, stages_for
 from te_grad.graph import reads_in
@@ -61,8 +61,16 @@ def test_lanes_run_along_the_output_channels_of_a_tiny_image(name, machine):
     blocks = _blocks(conv)
     assert blocks and all(b.var is channel for b in blocks), [b.var.name for b in blocks]
     assert all(b.var is not conv.parallel_axis for b in blocks)
-    # the batch is jammed into the blocks: each input element is broadcast to several rows
-    assert all(any(j.var is conv.tensor.op.axes[0] for j in b.jams) for b in blocks)
+    # the batch is jammed into the blocks: each input element is broadcast to several rows;
+    # the other blocks take the batch rows past the last whole jammed block, fewer than its factor
+    batch = conv.tensor.op.axes[0]
+    jammed = [b for b in blocks if any(j.var is batch for j in b.jams)]
+    assert jammed
+    factor = max(j.factor for b in jammed for j in b.jams if j.var is batch)
+    rest = [lp for lp in loops(conv.body) if lp.var is batch and lp.parallel
+            and any(isinstance(inner.kind, RegisterBlocked) for inner in loops(lp.body))]
+    assert len(jammed) + len(rest) == len(blocks)
+    assert all(lp.hi.value - lp.lo.value < factor for lp in rest)
     # the weights come from a copy with the output channels last: unit-stride lanes
     packed = [r for s in stages if s is conv for b in blocks for r in reads_in(b.store.value)
               if r.tensor.name == "W_packed"]
