@@ -86,9 +86,12 @@ def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_
             hi = bounds[id(var)][1]
             if var is parallel and (not isinstance(hi, Const) or hi.value % factor):
                 # the split loop, [0, n), in whole blocks; the values past the last one form a remainder
-                whole = hi // factor if not isinstance(hi, Const) else dsl.const(hi.value // factor)
-                remainder = (bounds[id(var)], whole * factor if not isinstance(hi, Const)
-                             else dsl.const(hi.value // factor * factor))
+                if isinstance(hi, Const):
+                    whole, start = dsl.const(hi.value // factor), dsl.const(hi.value // factor * factor)
+                else:
+                    whole = hi // factor
+                    start = whole * factor
+                remainder = (bounds[id(var)], start)
                 jams.append(Jam(var, jam_outer, factor))
                 bounds[id(jam_outer)] = (dsl.const(0), whole)
             else:

@@ -161,4 +161,4 @@ def test_the_split_axis_is_jammed_for_the_most_accumulators_and_its_remainder_in
                 what="interpreted vs evaluator")
     outs, inputs, feed = _with_gradient(y, [x, w], np.random.default_rng(rows))
     kern, _ = assert_kernel_matches(outs, inputs, feed, threads=threads, rtol=1e-9, atol=1e-11, scaled=True)
-    assert all(run.chunks == (threads if threads > 1 else 0) for run in kern.plan())
+    assert all(r.chunks == (threads if threads > 1 else 0) for r in kern.plan())
