@@ -4,13 +4,14 @@ A reduction term whose guard includes ``j == 63`` or ``j >= 1`` (the clamped tap
 resize gradient, the border terms of a stencil) would otherwise run its whole output
 domain and test the guard at every point, and the loop order and register blocks would
 be chosen for a domain most of which does nothing (a one-row term blocked along a
-64-wide axis). :func:`narrow_guarded_loops` moves each such conjunct of an accumulating
-nest's guard into the bounds of its output loop, after the pieces are cut
+64-wide axis). :func:`narrow_guarded_loops` moves each such conjunct of a guarded nest's
+guard (an accumulating nest's, or the initialization nest's of a tensor written only on
+its region, :mod:`simplify.unread`) into the bounds of its output loop, after the pieces are cut
 (:mod:`.pieces`), so each piece is narrowed to where the term contributes; a nest whose
 range becomes empty is dropped.
 
 Promises: the nest visits exactly the points where the conjuncts moved hold, and tests
-the others as before, so each element receives the same terms.
+the others as before, so each element receives the same terms (is stored the same value).
 """
 from __future__ import annotations
 
@@ -39,10 +40,10 @@ def _bound(c: Expr, loops: Dict[int, Loop]) -> Optional[Tuple[int, str, int]]:
 
 
 def narrow_guarded_loops(stage: Stage) -> Stage:
-    """Each accumulating nest with its guard's constant bounds on output loops moved into
+    """Each guarded nest with its guard's constant bounds on output loops moved into
     their ranges (see the module docstring)."""
     def narrow(n: Nest):
-        if not n.accumulates or n.cond is None:
+        if n.cond is None:
             return None
         outs = {id(lp.var): lp for lp in n.loops if not isinstance(lp.var, ReduceAxis)
                 and isinstance(lp.lo, Const) and isinstance(lp.hi, Const)}

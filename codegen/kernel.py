@@ -452,6 +452,9 @@ class Kernel:
         scratch = {n: np.empty(check_extents(t, sizes) if key else t.shape,  # new sizes: a negative extent named
                                dtype=np.bool_ if t.dtype == "bool" else t.dtype)
                    for n in self._intermediates for t in [self.buffers[n]]}
+        if getattr(self, "options", None) is not None and self.options.poison:
+            for a in scratch.values():  # a point no stage writes shows in the outputs
+                a.fill(np.nan if a.dtype.kind == "f" else True if a.dtype == np.bool_ else np.iinfo(a.dtype).min)
         table = (ctypes.c_void_p * (len(self.buffers) + len(key)))()
         for n, a in scratch.items():
             table[n] = a.ctypes.data

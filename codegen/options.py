@@ -87,7 +87,11 @@ class CompileOptions:
     - ``compile_worker``: optimize and compile modules in a worker process;
     - ``spin_us``: microseconds an idle worker thread polls for work before it sleeps;
     - ``disk_cache``: use the persistent kernel cache (:mod:`codegen.disk_cache`);
-    - ``cache_dir``: its directory (None: ``$XDG_CACHE_HOME/te_grad``, else ``~/.cache/te_grad``).
+    - ``cache_dir``: its directory (None: ``$XDG_CACHE_HOME/te_grad``, else ``~/.cache/te_grad``);
+    - ``poison``: fill a kernel's intermediate buffers with NaN (integers with their most negative
+      value, bools with True) when they are allocated, so that a read of a point no stage wrote
+      shows in the outputs (a tensor is written only where it is used, :mod:`simplify.unread`;
+      the tests and the fuzzer build with it; it changes no code).
     """
     machine: Optional[Machine] = None
     fast_math: bool = True
@@ -100,6 +104,7 @@ class CompileOptions:
     spin_us: float = 2000.0
     disk_cache: bool = True
     cache_dir: Optional[str] = None
+    poison: bool = False
 
     def __post_init__(self):
         if self.machine is not None and not isinstance(self.machine, Machine):
@@ -117,7 +122,7 @@ class CompileOptions:
                 not all(isinstance(p, str) for p in passes):
             raise UserError(f"compile options: disabled_passes must be a set of pass names, got {passes!r}")
         object.__setattr__(self, "disabled_passes", frozenset(passes))
-        for name in ("fast_math", "verify", "compile_worker", "disk_cache"):
+        for name in ("fast_math", "verify", "compile_worker", "disk_cache", "poison"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"compile options: {name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.jit_cache, bool) or not isinstance(self.jit_cache, numbers.Integral) or \

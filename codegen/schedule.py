@@ -2,7 +2,8 @@
 
 This module is the policy. It writes each compute tensor's *definition* as plain loop
 nests (:func:`definition`): an initialization nest ``T[i] = elementwise part`` (or the
-combiner's identity), then, for each reduction term ``R_k f(i, k)`` of the body, an
+combiner's identity; under the tensor's region when its readers use it only there,
+:mod:`simplify.unread`), then, for each reduction term ``R_k f(i, k)`` of the body, an
 accumulating nest ``for i: for k: [if guard:] T[i] = combine(T[i], f(i, k))`` (terms
 form: a body that is not a sum of element-wise parts and guarded reductions first has
 its nested reductions lifted into tensors of their own, :func:`te_grad.lift.normalized_body`).
@@ -47,7 +48,7 @@ exactly what its input did (:mod:`.interpret` runs both; the tests compare).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -59,6 +60,9 @@ from te_grad.graph import topo_order
 from te_grad.transform import summands
 from te_grad.errors import UserError
 from te_grad.ir import Const, Expr, PlaceholderOp, Reduce, ScatterOp, Select, Tensor, Var, distinct_nodes
+from te_grad.ir import structurally_equal
+from simplify.count import RAGGED_TRIPS, tensor_iterations
+from simplify.unread import written_regions
 from te_grad.transform import sum_terms
 from te_grad.sizes import uses_sizes
 
@@ -117,11 +121,14 @@ def _reduce_inside(red: Reduce) -> bool:
     return any(_has_reduce(p) for p in parts)
 
 
-def definition(t: Tensor, body: Expr) -> Stage:
+def definition(t: Tensor, body: Expr, region: Optional[Expr] = None) -> Stage:
     """The stage of compute ``t`` whose body (in terms form) is ``body``, as plain loops in
     the order of its axes: the initialization nest, then one accumulating nest per term.
     Its parallel axis is chosen (:func:`.loop_order.parallel_axis`), no loop is marked yet
-    (but for an indexed reduction, which no pass changes: its loop over that axis is split)."""
+    (but for an indexed reduction, which no pass changes: its loop over that axis is split).
+    With a ``region`` (:func:`simplify.unread.written_regions`: no reader uses ``t`` elsewhere)
+    the initialization nest runs under it, and a body ``if_then_else(region, e, c)`` stores
+    ``e`` there."""
     ew, terms, _ = split_terms(body)
     axes, shape = list(t.op.axes), list(t.shape)
     symbolic = uses_sizes(t)
@@ -132,8 +139,10 @@ def definition(t: Tensor, body: Expr) -> Stage:
     init = ew
     if terms and ew is None:
         init = dsl.const(identity_of(terms[0][1].combiner, t.dtype), t.dtype)
+    if region is not None and isinstance(init, Select) and structurally_equal(init.cond, region):
+        init = init.t
     full = {id(a): (dsl.const(0), n if isinstance(n, Expr) else dsl.const(n)) for a, n in zip(axes, shape)}
-    stmts = nest(axes, full, [Store(t, tuple(axes), dsl.cast(t.dtype, init))], split)
+    stmts = nest(axes, full, guarded(region, Store(t, tuple(axes), dsl.cast(t.dtype, init))), split)
     for guard, red in terms:
         conds = ([guard] if guard is not None else []) + ([red.where] if red.where is not None else [])
         if reduction(red.combiner).indexed:  # the pair (body, axis): the body keeps its dtype
@@ -246,13 +255,13 @@ def disabled_pass_names(names: Iterable[str]) -> FrozenSet[str]:
 
 
 def schedule_steps(t: Tensor, body: Expr, machine: Machine = PORTABLE,
-                   disabled: Iterable[str] = ()) -> Iterator[Tuple[str, Stage]]:
+                   disabled: Iterable[str] = (), region: Optional[Expr] = None) -> Iterator[Tuple[str, Stage]]:
     """``(pass name, stage)`` after the definition and after each pass of :data:`PASSES`:
-    every intermediate schedule of ``t`` (each computes ``t``; the tests interpret them all).
-    A pass in ``disabled`` (names as :func:`disabled_pass_names` takes them) returns its
-    input unchanged."""
+    every intermediate schedule of ``t`` (each computes ``t``, at least on ``region``; the
+    tests interpret them all). A pass in ``disabled`` (names as :func:`disabled_pass_names`
+    takes them) returns its input unchanged."""
     off = disabled_pass_names(disabled)
-    stage = definition(t, body)
+    stage = definition(t, body, region)
     yield "definition", stage
     symbolic = uses_sizes(t)
     if any(s.index is not None for s in stmt_stores(stage.body)):
@@ -269,12 +278,16 @@ def schedule_steps(t: Tensor, body: Expr, machine: Machine = PORTABLE,
         stage = new
 
 
-def compute_stage(t: Tensor, body: Expr, machine: Machine = PORTABLE, disabled: Iterable[str] = ()) -> Stage:
+def compute_stage(t: Tensor, body: Expr, machine: Machine = PORTABLE, disabled: Iterable[str] = (),
+                  region: Optional[Expr] = None) -> Stage:
     """The stage of compute ``t`` whose body (in terms form) is ``body``, scheduled for
-    ``machine`` by :data:`PASSES` (but those ``disabled``)."""
+    ``machine`` by :data:`PASSES` (but those ``disabled``), writing ``t`` at least on
+    ``region`` (everywhere without one)."""
     stage = None
-    for _, stage in schedule_steps(t, body, machine, disabled):
+    for _, stage in schedule_steps(t, body, machine, disabled, region):
         pass
+    if region is not None and stage.work is None:  # the threads sized for the points written
+        stage = replace(stage, work=tensor_iterations(t, RAGGED_TRIPS, region))
     return stage
 
 
@@ -320,6 +333,7 @@ def _stages(outputs: Sequence[Tensor], machine: Machine, off: FrozenSet[str]) ->
     copies = Copies()
     stages: List[Stage] = []
     done = set()
+    regions = written_regions(outputs)  # tensors no reader uses everywhere: written only there
     for t in topo_order(list(outputs)):
         if isinstance(t.op, PlaceholderOp):
             continue
@@ -337,7 +351,7 @@ def _stages(outputs: Sequence[Tensor], machine: Machine, off: FrozenSet[str]) ->
         if "packing" not in off:
             body, packed = pack_operands(t, body, split_terms(body)[1], lane_var, copies)
         stages.extend(compute_stage(p, p.op.body, machine, off) for p in packed)
-        stages.append(compute_stage(t, body, machine, off))
+        stages.append(compute_stage(t, body, machine, off, regions.get(id(t))))
     return stages
 
 

@@ -47,6 +47,10 @@ MIN_BLOCK = 16
 PROBE_POINTS = 1 << 22
 #: cut only when the pieces visit at most this share of the original nest's points
 WORTH = 0.85
+#: the narrowest part of a block without a guard worth nests of its own (narrower, it joins the guarded ones)
+MIN_FULL = 8
+#: at most this many blocks for a band narrower than a block of :data:`MAX_BLOCKS`
+MAX_NARROW_BLOCKS = 16
 
 
 def _const(e: Expr) -> Optional[int]:
@@ -54,8 +58,9 @@ def _const(e: Expr) -> Optional[int]:
 
 
 def split_triangles(stage: Stage) -> Stage:
-    """Each accumulating nest with a triangle or a band between two loops cut into blocks of
-    constant bounds (see the module docstring)."""
+    """Each accumulating or guarded nest with a triangle or a band between two loops cut into
+    blocks of constant bounds, each element-wise nest storing a select on one into blocks
+    storing either branch or the select (see the module docstring)."""
     return rewrite_nests(stage, _split)
 
 
@@ -64,7 +69,12 @@ def _split(n: Nest):
         for lp_u in n.loops[:k]:
             if isinstance(lp_u.var, ReduceAxis) or _const(lp_u.lo) is None or _const(lp_u.hi) is None:
                 continue
-            got = _cut(n, lp_u, lp_v) if n.accumulates else _cut_select(n, lp_u, lp_v)
+            if n.accumulates:
+                got = _cut(n, lp_u, lp_v)
+            elif n.cond is not None:
+                got = _follow(n, lp_u, lp_v) or _cut(n, lp_u, lp_v)
+            else:
+                got = _cut_select(n, lp_u, lp_v)
             if got is not None:
                 return got
     return None
@@ -117,6 +127,9 @@ def _blocks(lp_u, rows):
     u_lo = _const(lp_u.lo)
     n = len(live)
     block = max(MIN_BLOCK, -(-n // MAX_BLOCKS))
+    widest = int((b - a)[live].max()) if live.any() else 0
+    if widest < block:  # a band: blocks about as tall as it is wide waste less of each
+        block = max(MIN_BLOCK, widest, -(-n // MAX_NARROW_BLOCKS))
     block = -(-block // 8) * 8
     out = []
     for start in range(0, n, block):
@@ -127,7 +140,7 @@ def _blocks(lp_u, rows):
             aa, bb = a[start:stop][here], b[start:stop][here]
             full_lo, full_hi = int(aa.max()), int(bb.min())
             hull_lo, hull_hi = int(aa.min()), int(bb.max())
-            if full_lo < full_hi and here.all():
+            if full_lo + MIN_FULL <= full_hi and here.all():
                 parts = [((hull_lo, full_lo), "partial"), ((full_lo, full_hi), "full"), ((full_hi, hull_hi), "partial")]
             else:
                 parts = [((hull_lo, hull_hi), "partial")]
@@ -139,7 +152,8 @@ def _blocks(lp_u, rows):
 
 
 def _cut(n: Nest, lp_u, lp_v) -> Optional[List]:
-    """An accumulating nest: the blocks' points where the relation holds, the others dropped."""
+    """An accumulating or guarded nest: the blocks' points where the relation holds, the
+    others dropped."""
     u, v = lp_u.var, lp_v.var
     bound_ids = {id(x) for b in (lp_v.lo, lp_v.hi) for x in free_vars(b)}
     if not bound_ids <= {id(u)}:
@@ -178,6 +192,58 @@ def _cut(n: Nest, lp_u, lp_v) -> Optional[List]:
                       for lp in n.loops)
         out.append(Nest(loops, cond, store).stmt(parallel=n.parallel))
     return out
+
+
+def _fit(ends: np.ndarray, live: np.ndarray, u_lo: int) -> Optional[Tuple[int, int, int, int]]:
+    """``(s, c, lo, hi)`` with ``ends[k] == clip(s * (u_lo + k) + c, lo, hi)`` at every live row
+    ``k``, ``s`` one of 1, -1, 0; None when no such line fits."""
+    k = np.nonzero(live)[0]
+    x, us = ends[k], u_lo + k
+    lo, hi = int(x.min()), int(x.max())
+    inner = (x > lo) & (x < hi)
+    for s in (1, -1, 0):
+        tries = ({int(x[inner][0] - s * us[inner][0])} if inner.any() else
+                 {int(e - s * u) for e in (lo, hi) for u in (us[0], us[-1])})
+        for c in sorted(tries):
+            if np.array_equal(np.clip(s * us + c, lo, hi), x):
+                return s, c, lo, hi
+    return None
+
+
+def _line(u, fit) -> Expr:
+    s, c, lo, hi = fit
+    if s == 0:
+        return dsl.const(min(max(c, lo), hi))
+    e = (u if s == 1 else dsl.const(0) - u) + c if c else (u if s == 1 else dsl.const(0) - u)
+    return dsl.maximum(dsl.const(lo), dsl.minimum(dsl.const(hi), e))
+
+
+def _follow(n: Nest, lp_u, lp_v) -> Optional[List]:
+    """A guarded element-wise nest (a tensor written only on its region): ``v``'s range made
+    the relation's interval at each ``u``, ``[max(lo, s u + c), min(hi, s' u + c'))``, when both
+    ends follow such lines exactly (checked at every ``u``; rows where the relation holds
+    nowhere get an empty range), the relation's conjuncts dropped. One nest, no blocks: an
+    element-wise store has no register block that a row-dependent range would break."""
+    both, rest = _related(n.cond, lp_u, lp_v)
+    if not both or not all(_const(b) is not None for b in (lp_u.lo, lp_u.hi, lp_v.lo, lp_v.hi)):
+        return None
+    rows = _rows(lp_u, lp_v, both)
+    if rows is None:
+        return None
+    v_lo, _, a, b, live = rows
+    u_lo = _const(lp_u.lo)
+    if not live.any():
+        return []
+    fits = _fit(v_lo + a, live, u_lo), _fit(v_lo + b, live, u_lo)
+    if None in fits:
+        return None
+    us = u_lo + np.arange(len(live))
+    starts, stops = (np.clip(f[0] * us + f[1], f[2], f[3]) for f in fits)
+    if np.any(starts[~live] < stops[~live]):
+        return None  # a row where the relation holds nowhere would get points
+    loops = tuple(replace(lp, lo=_line(lp_u.var, fits[0]), hi=_line(lp_u.var, fits[1])) if lp is lp_v else lp
+                  for lp in n.loops)
+    return [Nest(loops, dsl.all(rest) if rest else None, n.store).stmt(parallel=n.parallel)]
 
 
 def _cut_select(n: Nest, lp_u, lp_v) -> Optional[List]:

@@ -4,7 +4,9 @@ The count of a tensor is the number of points of the iteration domains of its
 reductions: for each reduction, the output elements (restricted by quasi-affine
 guards around the reduction) times the points of its loops, with loop bounds as
 written (a ``where`` filter is evaluated at every point, so it restricts
-nothing). A tensor without reductions counts one per element; a scatter counts
+nothing). A tensor without reductions counts one per element (one per point of its
+region when its readers use it only there, :mod:`.unread`: the kernel writes no
+more); a scatter counts
 the points of its domain; a placeholder counts nothing. So a raw VJP, whose
 index equality is a filter, shows its full |dX| x |domain| cost.
 
@@ -49,6 +51,7 @@ from te_grad.intervals import NotAnIndex, index_values, is_index_expr
 from te_grad.ir import Expr, PlaceholderOp, ReduceAxis, ScatterOp, Tensor, Var, const
 from te_grad.printer import expr_to_str
 from te_grad.transform import substitute
+from .unread import written_regions
 
 #: most points enumerated at once
 BLOCK = 1 << 22
@@ -194,16 +197,17 @@ def _expand(lo: np.ndarray, sizes: np.ndarray) -> Iterator[Tuple[np.ndarray, np.
         yield rows[s:e][at], np.repeat(lo[s:e], size) + offset
 
 
-def tensor_iterations(t: Tensor, ragged: Optional[int] = None) -> int:
+def tensor_iterations(t: Tensor, ragged: Optional[int] = None, region: Optional[Expr] = None) -> int:
     """Innermost iterations to compute ``t`` once from its inputs (see the module docstring;
-    ``ragged``: the trips assumed for a loop whose bounds read data, else such a loop is an error)."""
+    ``ragged``: the trips assumed for a loop whose bounds read data, else such a loop is an error;
+    ``region``: the points of ``t`` that need be written, :func:`.unread.written_regions`)."""
     if isinstance(t.op, PlaceholderOp):
         return 0
     if isinstance(t.op, ScatterOp):
         return _count_nest([], [], t.op.axes, [], t.name, ragged)
     found = reductions_in(t.op.body)
     if not found:
-        return t.size
+        return t.size if region is None else _count_nest(t.op.axes, t.shape, [], [region], t.name, ragged)
     return sum(_count_nest(t.op.axes, t.shape, loops + list(red.axes), guards, t.name, ragged)
                for red, guards, loops in found)
 
@@ -219,7 +223,12 @@ def iterations(tensors, ragged: Optional[int] = None):
     variables = graph_size_vars(tensors)
     if variables:
         return SizeCount(tensors, variables, ragged)
-    return sum(tensor_iterations(t, ragged) for t in topo_order(tensors))
+    return _graph_iterations(tensors, ragged)
+
+
+def _graph_iterations(tensors: List[Tensor], ragged: Optional[int]) -> int:
+    regions = written_regions(tensors)
+    return sum(tensor_iterations(t, ragged, regions.get(id(t))) for t in topo_order(tensors))
 
 
 #: the largest period, degree and start of a closed form searched for
@@ -257,7 +266,7 @@ class SizeCount:
         got = self._values.get(key)
         if got is None:
             outs, _ = specialize(self.tensors, bound)
-            got = self._values[key] = sum(tensor_iterations(t, self.ragged) for t in topo_order(outs))
+            got = self._values[key] = _graph_iterations(outs, self.ragged)
         return got
 
     def _at1(self, n: int) -> int:

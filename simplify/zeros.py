@@ -38,7 +38,8 @@ The rewrite: each float compute that is neither an output nor kept becomes
 ``if_then_else(nz(b), b, 0)`` and each max reduction's ``if_then_else(fin(b), b, -inf)``,
 guards that :mod:`.gather` moves into the domain. Only *masks* are carried: a condition
 at least one of whose conjuncts relates two loop variables (a triangle ``j <= i``, a band
-``i - j < w``). A border, each conjunct on one axis (a padding stage), stays where it is:
+``i - j < w``). A tensor so guarded is then written only on its guard when every reader uses
+it only there (:mod:`.unread`, applied to the graph a kernel is built from). A border, each conjunct on one axis (a padding stage), stays where it is:
 its zeros are few and a conv's loops are faster as a box.
 
 Exactness. A replaced value is one that is 0 (or ``-inf``) by the rules, or one no

@@ -172,6 +172,64 @@ def test_a_triangle_is_cut_into_blocks_of_constant_bounds(name):
     assert cut >= 2, cut
 
 
+@pytest.mark.parametrize("name", ["causal_attention", "band_attention"])
+def test_a_masked_tensor_is_written_over_its_rows_ranges(name):
+    """A tensor written only on its mask (simplify/unread.py): its initialization nest runs
+    under the mask, and split_triangles makes that one nest whose inner range follows the row
+    (``max(0, i - 4) <= j < i + 1``), no guard left; interpreted, it writes exactly the mask's
+    points, the evaluator's values there."""
+    from codegen.loopir import Nest
+    from codegen.schedule import schedule_steps
+    from simplify.unread import written_regions
+    from te_grad.graph import topo_order
+    from te_grad.ir import Const
+    outs, feed = GRAPHS[name]
+    simplified = simplify(outs)
+    regions = written_regions(simplified)
+    (t,) = [t for t in topo_order(simplified) if t.name == "softmax"]
+    assert id(t) in regions
+    steps = dict(schedule_steps(t, t.op.body, AVX512, region=regions[id(t)]))
+    assert Nest.of(steps["definition"].body[0]).cond is not None
+    (nest,) = [Nest.of(s) for s in steps["split_triangles"].body]
+    assert nest.cond is None and not isinstance(nest.loops[-1].hi, Const)
+    values = tg.evaluate([t], feed)[0]
+    got = run(stages_for(simplified, AVX512), feed)[id(t)]
+    i, j = np.indices(t.shape)
+    keep = (j <= i) if name == "causal_attention" else (j <= i) & (i - j < 5)
+    assert np.array_equal(~np.isnan(got), keep)
+    np.testing.assert_allclose(got[keep], values[keep], rtol=1e-12)
+
+
+def test_a_narrow_band_is_cut_into_blocks_about_as_tall_as_it_is_wide():
+    """A band of 16 over 256 rows: blocks of 16 rows (not 256 / 8 = 32), each one guarded nest
+    (a part without the guard narrower than 8 columns joins it): the blocks visit under twice
+    the band's points (blocks of 32 visit about three times)."""
+    from codegen.loopir import Nest
+    from codegen.schedule import schedule_steps
+    from te_grad.ir import Const
+    n, w = 256, 16
+    q, kk = _ph((n, 4), "Q"), _ph((n, 4), "K")
+    d = tg.reduce_axis(4, "d")
+    sc = tg.compute((n, n), lambda i, j: tg.if_then_else(
+        tg.all(j <= i, i - j < w), tg.sum(q[i, d] * kk[j, d], axis=d), 0.0), name="scores")
+    stage = dict(schedule_steps(sc, sc.op.body, AVX512))["split_triangles"]
+    nests = [x for x in map(Nest.of, stage.body) if x is not None and x.accumulates]
+    assert all(isinstance(b, Const) for x in nests for lp in x.loops for b in (lp.lo, lp.hi))
+    rows = sorted({(int(x.loops[0].lo.value), int(x.loops[0].hi.value)) for x in nests})
+    assert rows == [(a, a + 16) for a in range(0, n, 16)], rows
+    assert len(nests) == len(rows)
+    visited = sum((int(x.loops[0].hi.value) - int(x.loops[0].lo.value)) *
+                  (int(x.loops[1].hi.value) - int(x.loops[1].lo.value)) for x in nests)
+    band = sum(min(i + 1, w) for i in range(n))
+    assert visited < 2 * band, (visited, band)
+    rng = np.random.default_rng(16)
+    feed = {t: rng.standard_normal(t.shape) for t in (q, kk)}
+    got = run([stage], feed)[id(sc)]
+    i, j = np.indices((n, n))
+    keep = (j <= i) & (i - j < w)
+    np.testing.assert_allclose(got[keep], tg.evaluate([sc], feed)[0][keep], rtol=1e-12)
+
+
 @pytest.mark.parametrize("name", ["chunks", "concat"])
 def test_selects_on_ranges_of_an_axis_are_cut_into_pieces(name):
     """split_select_ranges cuts the element-wise nest of a concat, and of the gradient of blocks

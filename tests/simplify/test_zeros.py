@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 import te_grad as tg
+from codegen.options import compile_options
+from te_grad.graph import topo_order
 from te_grad.testing import check_gradients, random_feed
 from simplify.zeros import carry_zeros
 
@@ -97,8 +99,9 @@ def test_masked_attention_gradients_are_exact(kind, hand):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
     check_gradients(o, [q, k, v], feed, grads=list(res), head=head, head_value=feed[head], full_limit=0,
                     directions=3)
-    kern = tg.build([o] + list(res), [q, k, v, head])
-    got = kern(*[feed[t] for t in (q, k, v, head)])
+    with compile_options(poison=True):  # a point of a tensor written only on the mask, read, shows
+        kern = tg.build([o] + list(res), [q, k, v, head])
+        got = kern(*[feed[t] for t in (q, k, v, head)])
     np.testing.assert_allclose(got[0], tg.evaluate([o], feed)[0], rtol=1e-12, atol=1e-12)
     for a, b in zip(got[1:], simplified):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
@@ -147,3 +150,98 @@ def test_outputs_and_kept_tensors_keep_their_values_everywhere():
     np.testing.assert_allclose(tg.evaluate([carried[id(o)]], feed)[0], want["o"], rtol=1e-13)
     plain = tg.compute((S, 3), lambda i, f: tg.sum(x[i, c] * v[c, f], axis=c), name="plain")
     assert carry_zeros([plain]) == {}
+
+
+def _band_points(kind):
+    i, j = np.indices((S, S))
+    keep = (j <= i) if kind == "causal" else (j <= i) & (i - j < 6)
+    return keep
+
+
+@pytest.mark.parametrize("kind", ["causal", "band"])
+def test_masked_attention_does_the_banded_forms_iterations(kind):
+    """The full form's element-wise tensors (the masked scores, the exponentials, the softmax and
+    its gradient) are counted, and written, on the mask only (simplify/unread.py): forward and
+    backward within 1.1x of the banded form's iterations (without the regions: 1.4x and more for
+    the band)."""
+    full, banded = _counts(_full, kind), _counts(_banded, kind)
+    for got, want in zip(full, banded):
+        assert got <= 1.1 * want, (full, banded)
+
+
+def _band_graph(kind, dtype="float64"):
+    q, k, v = _inputs(dtype)
+    o = _full(kind, q, k, v)
+    head = tg.placeholder(o.shape, dtype=dtype, name="dO")
+    res = tg.differentiate(o, [q, k, v], head=head)
+    return (q, k, v, head), o, list(res)
+
+
+@pytest.mark.parametrize("kind", ["causal", "band"])
+def test_masked_tensors_are_written_only_on_the_mask(kind):
+    """The kernel's stages write the softmax and its exponentials only inside the mask: run by
+    the loop interpreter (intermediates start as NaN), exactly the mask's points are written;
+    the kernel, its intermediates poisoned, agrees with the evaluator."""
+    from codegen.interpret import run
+    from codegen.schedule import stages_for
+    from simplify.unread import written_regions
+    inputs, o, res = _band_graph(kind)
+    outs = tg.simplify([o] + res)
+    regions = written_regions(outs)
+    named = {t.name: t for t in topo_order(outs) if id(t) in regions}
+    assert {"softmax", "softmax_exp"} <= set(named), sorted(named)
+    rng = np.random.default_rng(3)
+    feed = random_feed(list(inputs), rng)
+    values = run(stages_for(outs), feed)
+    keep = np.broadcast_to(_band_points(kind), (H, S, S))
+    for name in ("softmax", "softmax_exp"):
+        written = ~np.isnan(values[id(named[name])])
+        assert np.array_equal(written, keep), name
+    want = tg.evaluate([o] + res, feed)
+    with compile_options(poison=True, disk_cache=False):
+        got = tg.build([o] + res, list(inputs))(*[feed[t] for t in inputs])
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_poisoned_intermediates_show_a_read_outside_the_region():
+    """The witness can fail: with a region one diagonal too narrow for the softmax, the stages
+    that read it there get NaN from the poisoned buffer, and the outputs show it."""
+    import codegen.schedule as schedule
+    from simplify.unread import written_regions
+    inputs, o, res = _band_graph("band")
+    rng = np.random.default_rng(4)
+    feed = random_feed(list(inputs), rng)
+
+    def narrower(outputs, keep=()):
+        got = written_regions(outputs, keep)
+        for t in topo_order(list(outputs)):
+            if t.name == "softmax" and id(t) in got:
+                j, l = t.op.axes[1], t.op.axes[2]
+                got[id(t)] = tg.all(l <= j, j - l < 5)
+        return got
+    with mock.patch.object(schedule, "written_regions", narrower), compile_options(poison=True, disk_cache=False,
+                                                                                   jit_cache=0):
+        got = tg.build([o] + res, list(inputs))(*[feed[t] for t in inputs])
+    assert any(np.isnan(a).any() for a in got)
+
+
+def test_a_tensor_read_outside_its_mask_is_written_everywhere():
+    """``P = if_then_else(j <= i, X, 0)`` read everywhere (``2 P + 1`` is not zero where the mask
+    is), or in an index under the mask (a value outside would be an address), keeps every point."""
+    from simplify.unread import written_regions
+    x = tg.placeholder((S, S), dtype="float64", name="X")
+    w = tg.placeholder((S,), dtype="float64", name="W")
+    p = tg.compute((S, S), lambda i, j: tg.if_then_else(j <= i, x[i, j], 0.0), name="P")
+    o = tg.compute((S, S), lambda i, j: p[i, j] * 2.0 + 1.0, name="O")
+    assert written_regions([o]) == {}
+    guarded = tg.compute((S, S), lambda i, j: tg.if_then_else(j <= i, p[i, j] * 2.0, 0.0), name="G")
+    assert [t.name for t in topo_order([guarded]) if id(t) in written_regions([guarded])] == ["P"]
+    indexed = tg.compute((S, S), lambda i, j: tg.if_then_else(
+        j <= i, w[tg.cast("int64", p[i, j]) % S], 0.0), name="I")
+    assert written_regions([indexed]) == {}
+    rng = np.random.default_rng(5)
+    feed = random_feed([x], rng)
+    with compile_options(poison=True, disk_cache=False):
+        got = tg.build([o], [x])(feed[x])
+    np.testing.assert_allclose(got, tg.evaluate([o], feed)[0], rtol=1e-13)

@@ -340,7 +340,8 @@ def test_the_generator_draws_mask_stages():
     """Square matrices masked by a causal or band relation of their axes (with -inf before a
     softmax, or with 0, maybe through exp) times a matrix summed over the masked axis are
     drawn, some with the second order, and they pass every check: the zeros carried across
-    tensors (simplify/zeros.py) and the triangles cut into blocks (codegen/triangles.py)."""
+    tensors (simplify/zeros.py), masked tensors written only on their region (simplify/unread.py,
+    checked with poisoned intermediates) and the triangles cut into blocks (codegen/triangles.py)."""
     sources = [(s, from_seed(s).source) for s in range(600)]
     masks = [(s, src) for s, src in sources if "XM = tg.placeholder" in src]
     assert len(masks) > 15
@@ -348,7 +349,10 @@ def test_the_generator_draws_mask_stages():
     assert any("SECOND = True" in src for _, src in masks)
     big = [(s, src) for s, src in masks if re.search(r"XM = tg.placeholder\(\(\d\d, ", src)]
     assert big  # 33 rows or more: the triangles are cut into blocks
+    regions = 0
     for seed, src in masks[:5] + big[:2]:
         outcome = check(Program(src), seed=seed)
         assert not outcome.failed, f"{outcome.kind}: {outcome.detail}\n{src}"
         assert "a causal or band mask (zeros carried across tensors)" in outcome.notes
+        regions += "a tensor written only where it is read (simplify.unread)" in outcome.notes
+    assert regions >= 2  # masked tensors written on their region only, checked with poisoned buffers

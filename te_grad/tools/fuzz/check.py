@@ -6,7 +6,9 @@ simplified gradient (isl) against the raw one, both by the reference
 evaluator; the compiled kernels (LLVM), forward and gradients, in float64 and
 in float32, against the evaluator; and in float64 once more, built with every
 operand copy made whatever its size and for a machine with tiny caches, so that
-the copies and cache tiles that large operands get are exercised as well.
+the copies and cache tiles that large operands get are exercised as well. Every kernel is
+built with its intermediates poisoned (NaN when allocated, the compile option ``poison``), so a
+tensor written only where its readers use it (:mod:`simplify.unread`) shows any read outside.
 
 Second order (programs with ``SECOND``): ``D = <V, g>`` over the simplified first-order
 gradients ``g``, differentiated again; the raw second order against central differences
@@ -141,8 +143,11 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
     rng = np.random.default_rng(seed)
     fallbacks = 0
     notes: List[str] = []
+    from codegen.options import compile_options
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        # poisoned intermediates: a point of a tensor written only on its region
+        # (simplify.unread) that some stage still reads shows as NaN in the outputs
+        with warnings.catch_warnings(record=True) as caught, compile_options(poison=True):
             warnings.simplefilter("always", SimplificationWarning)
             ns = program.build("float64")
             out, inputs = ns["OUT"], ns["INPUTS"]
@@ -204,6 +209,9 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
             notes.append("a conditional index (if_then_else inside an index)")
         if "XM" in ns:
             notes.append("a causal or band mask (zeros carried across tensors)")
+        from simplify.unread import written_regions
+        if written_regions([out] + list(res)):
+            notes.append("a tensor written only where it is read (simplify.unread)")
         if "XS" in ns:
             notes.append("a subexpression shared level after level (a DAG)")
         fallbacks = sum(1 for w in caught if issubclass(w.category, SimplificationWarning))
