@@ -183,6 +183,10 @@ class Stage:
     #: a row pointer whose rows the parallel loops run over: threads get ranges of rows
     #: holding about equal numbers of its edges (:mod:`.ragged_split`), not equal rows
     balance: Optional[Tensor] = None
+    #: the points of ``tensor`` its readers use, over its axes (:mod:`simplify.unread`): the
+    #: stage must store the tensor's values there, and may store anything at other points of
+    #: its buffer (None: every point)
+    region: Optional[Expr] = None
 
     def __post_init__(self):
         object.__setattr__(self, "body", _tuple(self.body))

@@ -154,8 +154,9 @@ def definition(t: Tensor, body: Expr, region: Optional[Expr] = None) -> Stage:
     if symbolic:  # the extent split among threads is that of the bound sizes (codegen.kernel)
         extent = representative(dict(zip(map(id, axes), shape))[id(par)]) if par is not None else 0
         return Stage(t, stmts, extent if extent > 1 else 0, parallel_axis=par if extent > 1 else None,
-                     work=SYMBOLIC_WORK)
-    return Stage(t, stmts, dict(zip(map(id, axes), shape))[id(par)] if par is not None else 0, parallel_axis=par)
+                     work=SYMBOLIC_WORK, region=region)
+    return Stage(t, stmts, dict(zip(map(id, axes), shape))[id(par)] if par is not None else 0, parallel_axis=par,
+                 region=region)
 
 
 @dataclass(frozen=True)
@@ -349,7 +350,7 @@ def _stages(outputs: Sequence[Tensor], machine: Machine, off: FrozenSet[str]) ->
                     done.add(id(lt))
         packed = []
         if "packing" not in off:
-            body, packed = pack_operands(t, body, split_terms(body)[1], lane_var, copies)
+            body, packed = pack_operands(t, body, split_terms(body)[1], lane_var, copies, frozenset(regions))
         stages.extend(compute_stage(p, p.op.body, machine, off) for p in packed)
         stages.append(compute_stage(t, body, machine, off, regions.get(id(t))))
     return stages

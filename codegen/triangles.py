@@ -21,7 +21,12 @@ Promises: for each block of ``u``, the pieces' ranges of ``v`` are disjoint and 
 ``v`` the original nest visits at each ``u`` of the block; a piece drops the relational
 conjuncts only where they hold at every point of it (and its bounds are the original ones'
 values there), and keeps them (with the original bounds as conjuncts) elsewhere. So each
-element accumulates exactly the same terms.
+element accumulates exactly the same terms. The one exception: a piece of a stage whose
+``region`` (:mod:`simplify.unread`) has the relation's conjuncts may drop them when its
+reads are in bounds at every point of its box: each point of the region still accumulates
+exactly the same terms, the others (which no reader uses) whatever the box computes there.
+A guarded element-wise nest's range following the row (:func:`_follow`) visits exactly the
+points where the relation holds.
 """
 from __future__ import annotations
 
@@ -33,8 +38,8 @@ import numpy as np
 from simplify.affine import conjuncts
 from te_grad import dsl
 from te_grad.graph import free_vars
-from te_grad.intervals import grid_values
-from te_grad.ir import Const, Expr, ReduceAxis, Select
+from te_grad.intervals import grid_values, interval, speculatable
+from te_grad.ir import Const, Expr, ReduceAxis, Select, structurally_equal
 from te_grad.transform import substitute
 
 from .loopir import Nest, Stage, rewrite_nests
@@ -61,18 +66,18 @@ def split_triangles(stage: Stage) -> Stage:
     """Each accumulating or guarded nest with a triangle or a band between two loops cut into
     blocks of constant bounds, each element-wise nest storing a select on one into blocks
     storing either branch or the select (see the module docstring)."""
-    return rewrite_nests(stage, _split)
+    return rewrite_nests(stage, lambda n: _split(n, stage))
 
 
-def _split(n: Nest):
+def _split(n: Nest, stage: Stage):
     for k, lp_v in enumerate(n.loops):
         for lp_u in n.loops[:k]:
             if isinstance(lp_u.var, ReduceAxis) or _const(lp_u.lo) is None or _const(lp_u.hi) is None:
                 continue
             if n.accumulates:
-                got = _cut(n, lp_u, lp_v)
+                got = _cut(n, lp_u, lp_v, stage)
             elif n.cond is not None:
-                got = _follow(n, lp_u, lp_v) or _cut(n, lp_u, lp_v)
+                got = _follow(n, lp_u, lp_v) or _cut(n, lp_u, lp_v, stage)
             else:
                 got = _cut_select(n, lp_u, lp_v)
             if got is not None:
@@ -151,9 +156,35 @@ def _blocks(lp_u, rows):
     return out
 
 
-def _cut(n: Nest, lp_u, lp_v) -> Optional[List]:
+def _unused_outside(n: Nest, both: List[Expr], stage: Stage) -> bool:
+    """True if the relation's conjuncts ``both`` are conjuncts of the stage's region (its
+    readers use no point outside them: the nest may store anything there) and the nest stores
+    the stage's tensor at its own axes: a block may then run without the relation."""
+    region = stage.region
+    if region is None or n.store.tensor is not stage.tensor or \
+            tuple(map(id, n.store.indices)) != tuple(map(id, stage.tensor.op.axes)):
+        return False
+    have = conjuncts(region)
+    return all(any(structurally_equal(c, h) for h in have) for c in both)
+
+
+def _speculatable_in(n: Nest, loops, exprs) -> bool:
+    """Every read of ``exprs`` in bounds and no integer division by a variable, at every point
+    of ``loops`` (constant bounds, or reduce axes bounded by them)."""
+    ranges = {}
+    for lp in loops:
+        lo, hi = interval(lp.lo, ranges), interval(lp.hi, ranges)
+        if lo is None or hi is None:
+            return False
+        ranges[id(lp.var)] = (lo[0], hi[1] - 1)
+    return all(speculatable(e, ranges) for e in exprs)
+
+
+def _cut(n: Nest, lp_u, lp_v, stage: Optional[Stage] = None) -> Optional[List]:
     """An accumulating or guarded nest: the blocks' points where the relation holds, the
-    others dropped."""
+    others dropped. A block where the relation holds at some points runs as a box without
+    it when the stage's readers use no point outside it and the box's reads stay in bounds
+    (its other points then store values no one reads)."""
     u, v = lp_u.var, lp_v.var
     bound_ids = {id(x) for b in (lp_v.lo, lp_v.hi) for x in free_vars(b)}
     if not bound_ids <= {id(u)}:
@@ -180,6 +211,11 @@ def _cut(n: Nest, lp_u, lp_v) -> Optional[List]:
         if guarded and bound_ids and not both:
             lo, hi = dsl.maximum(lo, lp_v.lo), dsl.minimum(hi, lp_v.hi)
         conds = rest + (both + original if guarded and both else [])
+        if guarded and both and not original and stage is not None and _unused_outside(n, both, stage):
+            box = tuple(replace(lp, lo=dsl.const(ua), hi=dsl.const(ub)) if lp is lp_u else
+                        replace(lp, lo=lo, hi=hi) if lp is lp_v else lp for lp in n.loops)
+            if _speculatable_in(n, box, [n.store.value] + rest):
+                conds = list(rest)
         cond = dsl.all(conds) if conds else None
         store, var = n.store, v
         if isinstance(v, ReduceAxis):  # the piece's axis carries the piece's bounds, as in .pieces
@@ -194,36 +230,49 @@ def _cut(n: Nest, lp_u, lp_v) -> Optional[List]:
     return out
 
 
-def _fit(ends: np.ndarray, live: np.ndarray, u_lo: int) -> Optional[Tuple[int, int, int, int]]:
-    """``(s, c, lo, hi)`` with ``ends[k] == clip(s * (u_lo + k) + c, lo, hi)`` at every live row
-    ``k``, ``s`` one of 1, -1, 0; None when no such line fits."""
+def _fits(ends: np.ndarray, live: np.ndarray, u_lo: int) -> List[Tuple[int, int, Optional[int], Optional[int]]]:
+    """The lines ``(s, c, lo, hi)`` with ``ends[k] == clip(s * (u_lo + k) + c, lo, hi)`` at every
+    live row ``k`` (``s`` one of 0, 1, -1; a None clip is none), the unclipped first: a row
+    where the relation holds nowhere may need the line past the live rows' ends."""
     k = np.nonzero(live)[0]
     x, us = ends[k], u_lo + k
     lo, hi = int(x.min()), int(x.max())
+    if lo == hi:
+        return [(0, lo, None, None)]
     inner = (x > lo) & (x < hi)
-    for s in (1, -1, 0):
+    out = []
+    for s in (1, -1):
         tries = ({int(x[inner][0] - s * us[inner][0])} if inner.any() else
                  {int(e - s * u) for e in (lo, hi) for u in (us[0], us[-1])})
         for c in sorted(tries):
-            if np.array_equal(np.clip(s * us + c, lo, hi), x):
-                return s, c, lo, hi
-    return None
+            for clip in ((None, None), (lo, None), (None, hi), (lo, hi)):
+                if np.array_equal(np.clip(s * us + c, *clip), x) and (s, c) + clip not in out:
+                    out.append((s, c) + clip)
+    return out
+
+
+def _at(fit, us: np.ndarray) -> np.ndarray:
+    s, c, lo, hi = fit
+    return np.clip(s * us + c, lo, hi) if lo is not None or hi is not None else s * us + c
 
 
 def _line(u, fit) -> Expr:
     s, c, lo, hi = fit
     if s == 0:
-        return dsl.const(min(max(c, lo), hi))
-    e = (u if s == 1 else dsl.const(0) - u) + c if c else (u if s == 1 else dsl.const(0) - u)
-    return dsl.maximum(dsl.const(lo), dsl.minimum(dsl.const(hi), e))
+        return dsl.const(c)
+    e = u if s == 1 else dsl.const(0) - u
+    e = e + c if c else e
+    e = dsl.minimum(dsl.const(hi), e) if hi is not None else e
+    return dsl.maximum(dsl.const(lo), e) if lo is not None else e
 
 
 def _follow(n: Nest, lp_u, lp_v) -> Optional[List]:
     """A guarded element-wise nest (a tensor written only on its region): ``v``'s range made
-    the relation's interval at each ``u``, ``[max(lo, s u + c), min(hi, s' u + c'))``, when both
-    ends follow such lines exactly (checked at every ``u``; rows where the relation holds
-    nowhere get an empty range), the relation's conjuncts dropped. One nest, no blocks: an
-    element-wise store has no register block that a row-dependent range would break."""
+    the relation's interval at each ``u``, ``[max(lo, s u + c), min(hi, s' u + c'))`` (each clip
+    only where needed), when both ends follow such lines exactly at every ``u`` where the
+    relation holds somewhere and give an empty range at the others (checked at every row); the
+    relation's conjuncts dropped. One nest, no blocks: an element-wise store has no register
+    block that a row-dependent range would break."""
     both, rest = _related(n.cond, lp_u, lp_v)
     if not both or not all(_const(b) is not None for b in (lp_u.lo, lp_u.hi, lp_v.lo, lp_v.hi)):
         return None
@@ -234,16 +283,14 @@ def _follow(n: Nest, lp_u, lp_v) -> Optional[List]:
     u_lo = _const(lp_u.lo)
     if not live.any():
         return []
-    fits = _fit(v_lo + a, live, u_lo), _fit(v_lo + b, live, u_lo)
-    if None in fits:
-        return None
     us = u_lo + np.arange(len(live))
-    starts, stops = (np.clip(f[0] * us + f[1], f[2], f[3]) for f in fits)
-    if np.any(starts[~live] < stops[~live]):
-        return None  # a row where the relation holds nowhere would get points
-    loops = tuple(replace(lp, lo=_line(lp_u.var, fits[0]), hi=_line(lp_u.var, fits[1])) if lp is lp_v else lp
-                  for lp in n.loops)
-    return [Nest(loops, dsl.all(rest) if rest else None, n.store).stmt(parallel=n.parallel)]
+    for start in _fits(v_lo + a, live, u_lo):
+        for stop in _fits(v_lo + b, live, u_lo):
+            if np.all(_at(start, us)[~live] >= _at(stop, us)[~live]):  # no point where the relation holds nowhere
+                loops = tuple(replace(lp, lo=_line(lp_u.var, start), hi=_line(lp_u.var, stop)) if lp is lp_v
+                              else lp for lp in n.loops)
+                return [Nest(loops, dsl.all(rest) if rest else None, n.store).stmt(parallel=n.parallel)]
+    return None
 
 
 def _cut_select(n: Nest, lp_u, lp_v) -> Optional[List]:

@@ -6,9 +6,11 @@ sums whose domain is the band, and under guards that are the band. Its zeros out
 written and never used. :func:`written_regions` finds, for each such tensor ``T`` of a
 graph, the region ``R(T)`` (the quasi-affine comparisons of its top-level condition) when
 every read of ``T`` is used only at points of ``R(T)``; the kernel then writes ``T`` only
-there (:func:`codegen.schedule.definition` puts its nests under the guard ``R(T)``, which
-:mod:`codegen.triangles` and :mod:`codegen.guard_ranges` turn into loop ranges), and
-:func:`simplify.count.iterations` counts only those points.
+there (:func:`codegen.schedule.definition` puts its initialization nest under the guard
+``R(T)``, which :mod:`codegen.triangles` and :mod:`codegen.guard_ranges` turn into loop
+ranges, and :mod:`codegen.triangles` may run a block of an accumulating nest as a whole box,
+storing values no one reads outside ``R(T)``), and :func:`simplify.count.iterations` counts
+only the points of ``R(T)``.
 
 Where a read is used. A read ``T[g]`` in a reader ``U``'s body is used only under the
 conjunction of:
@@ -24,9 +26,12 @@ weakens it). The kernel may still *compute* such a read elsewhere (both branches
 select evaluated in a vector, a nested reduction lifted into a tensor computed at every
 point, :mod:`te_grad.lift`), from a point of ``T`` that holds whatever its buffer held; the
 value computed there is then never used. That is harmless only for a value that stays a
-float: so a tensor read in an index, a loop bound, a reduction's ``where``, by a scatter, or
-under a cast to an integer or a bool (an address, a trip count, or LLVM's undefined result
-of converting a float out of range) is never a candidate.
+float and is never taken to be 0 by a product with a structural zero: so a tensor read in
+an index, a loop bound, a reduction's ``where``, by a scatter, or under a cast to an integer
+or a bool (an address, a trip count, or LLVM's undefined result of converting a float out of
+range) is never a candidate, and :mod:`codegen.packing` sums no term over a padded hull when
+a factor reads one (``0 * NaN`` is NaN). A body that shares subexpressions (a DAG) is walked
+once per node and context.
 
 Not candidates either: an output or a kept tensor (its every point is returned), and a
 tensor that is not a float compute whose body is ``if_then_else(c, e, constant)`` with a
@@ -37,8 +42,9 @@ comparison on one axis) or a disjunction would only become a test at every point
 
 Promise: for each ``(T, R)`` returned, no value of the graph's outputs depends on a point of
 ``T`` outside ``R``. The loop interpreter (:mod:`codegen.interpret`) fills intermediates with
-NaN, and the compile option ``poison`` fills the kernel's, so that a read outside shows in
-the outputs; the tests and the fuzzer run with both.
+NaN, and the compile option ``poison`` fills the kernel's when they are allocated, so that a
+read outside shows in the outputs of a kernel's first call; the tests run with both, the
+fuzzer's kernels with ``poison``.
 """
 from __future__ import annotations
 
@@ -74,8 +80,9 @@ class _Reads:
 
     def __init__(self, candidates: Dict[int, Expr]):
         self.candidates = candidates
-        self.uses: Dict[int, List[tuple]] = {}
+        self.uses: Dict[int, Dict[tuple, tuple]] = {}  # per tensor: one use per (indices, context)
         self.struck: Set[int] = set()
+        self.seen: Set[tuple] = set()  # (node, context) walked: a DAG body is walked once per context
 
     def strike(self, e: Optional[Expr]):
         if e is not None:
@@ -83,9 +90,14 @@ class _Reads:
                 self.struck.add(id(r.tensor))
 
     def walk(self, e: Expr, ctx: tuple):
+        key = (id(e),) + tuple(map(id, ctx))
+        if key in self.seen:
+            return
+        self.seen.add(key)
         if isinstance(e, Read):
             if id(e.tensor) in self.candidates:
-                self.uses.setdefault(id(e.tensor), []).append((e.indices, ctx))
+                use = tuple(map(id, e.indices)) + (None,) + key[1:]
+                self.uses.setdefault(id(e.tensor), {})[use] = (e.indices, ctx)
             for i in e.indices:
                 self.strike(i)
         elif isinstance(e, Select):
@@ -152,7 +164,8 @@ def written_regions(outputs: Iterable[Tensor], keep: Iterable[int] = ()) -> Dict
             own = tuple(conjuncts(decided_regions.get(id(u))))
             one = _Reads({id(t): region})
             one.walk(u.op.body, box + own)
-            if id(t) in one.struck or not all(_covered(region, t, idx, ctx) for idx, ctx in one.uses.get(id(t), ())):
+            uses = one.uses.get(id(t), {}).values()
+            if id(t) in one.struck or not all(_covered(region, t, idx, ctx) for idx, ctx in uses):
                 ok = False
                 break
         if ok:

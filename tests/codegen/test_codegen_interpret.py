@@ -14,6 +14,7 @@ from codegen.machine import Machine
 from codegen.schedule import stages_for
 from te_grad.formulations import resize_exact
 from simplify import simplify
+from te_grad.graph import topo_order
 
 AVX512 = Machine(vector_bits=512, vector_registers=32, l1_bytes=48 * 1024, l2_bytes=2 << 20)
 #: caches so small that every contraction is tiled
@@ -200,6 +201,29 @@ def test_a_masked_tensor_is_written_over_its_rows_ranges(name):
     np.testing.assert_allclose(got[keep], values[keep], rtol=1e-12)
 
 
+@pytest.mark.parametrize("relation", ["j <= i - 5", "j >= i + 5", "i + j < 40"])
+def test_a_written_region_with_empty_rows_is_one_nest(relation):
+    """Rows where the relation holds nowhere get an empty range of the same lines (``j <
+    i - 4`` is empty for ``i < 5``), so the nest stays one nest without a guard; interpreted,
+    it writes exactly the region."""
+    from codegen.loopir import Nest
+    from codegen.schedule import schedule_steps
+    n = 64
+    x = _ph((n, n), "X")
+    rel = {"j <= i - 5": lambda i, j: j <= i - 5, "j >= i + 5": lambda i, j: j >= i + 5,
+           "i + j < 40": lambda i, j: i + j < 40}[relation]
+    t = tg.compute((n, n), lambda i, j: tg.if_then_else(rel(i, j), tg.exp(x[i, j]), 0.0), name="T")
+    stage = dict(schedule_steps(t, t.op.body, AVX512, region=rel(*t.op.axes)))["split_triangles"]
+    (nest,) = [Nest.of(s) for s in stage.body]
+    assert nest.cond is None
+    feed = {x: np.random.default_rng(18).standard_normal((n, n))}
+    got = run([stage], feed)[id(t)]
+    i, j = np.indices((n, n))
+    keep = np.asarray(rel(i, j))
+    assert np.array_equal(~np.isnan(got), keep)
+    np.testing.assert_allclose(got[keep], np.exp(feed[x])[keep], rtol=1e-13)
+
+
 def test_a_narrow_band_is_cut_into_blocks_about_as_tall_as_it_is_wide():
     """A band of 16 over 256 rows: blocks of 16 rows (not 256 / 8 = 32), each one guarded nest
     (a part without the guard narrower than 8 columns joins it): the blocks visit under twice
@@ -228,6 +252,39 @@ def test_a_narrow_band_is_cut_into_blocks_about_as_tall_as_it_is_wide():
     i, j = np.indices((n, n))
     keep = (j <= i) & (i - j < w)
     np.testing.assert_allclose(got[keep], tg.evaluate([sc], feed)[0][keep], rtol=1e-12)
+
+
+@pytest.mark.parametrize("shifted", [False, True], ids=["in_bounds", "shifted_read"])
+def test_a_band_no_reader_uses_outside_runs_its_blocks_without_the_guard(shifted):
+    """Masked scores read only inside their band (simplify/unread.py): each block of the
+    contraction runs as a box without the band's guard, storing values no reader uses
+    outside it, when the box's reads stay in bounds; a read ``K[i - j]`` that leaves ``K``
+    outside the band keeps the guard. Interpreted (unwritten points NaN), the output is the
+    evaluator's either way."""
+    from codegen.loopir import Nest
+    from codegen.schedule import schedule_steps
+    from simplify.unread import written_regions
+    n, w = 128, 8
+    q, kk, v = _ph((n, 4), "Q"), _ph((n, 4), "K"), _ph((n, 4), "V")
+    d, e = tg.reduce_axis(4, "d"), tg.reduce_axis(n, "e")
+    band = lambda i, j: tg.all(j <= i, i - j < w)  # noqa: E731
+    sc = tg.compute((n, n), lambda i, j: tg.if_then_else(
+        band(i, j), tg.sum(q[i, d] * kk[i - j if shifted else j, d], axis=d), 0.0), name="scores")
+    out = tg.compute((n, 4), lambda i, f: tg.sum(tg.if_then_else(band(i, e), sc[i, e] * v[e, f], 0.0),
+                                                 axis=e), name="out")
+    (simple,) = simplify([out])
+    regions = written_regions([simple])
+    (t,) = [x for x in topo_order([simple]) if x.name == "scores"]
+    assert id(t) in regions
+    stage = dict(schedule_steps(t, t.op.body, AVX512, region=regions[id(t)]))["split_triangles"]
+    nests = [x for x in map(Nest.of, stage.body) if x is not None and x.accumulates]
+    assert len(nests) > 4
+    guarded = [x for x in nests if x.cond is not None]
+    assert (len(guarded) == len(nests)) if shifted else not guarded
+    rng = np.random.default_rng(17)
+    feed = {x: rng.standard_normal(x.shape) for x in (q, kk, v)}
+    got = run(stages_for([simple], AVX512), feed)[id(simple)]
+    np.testing.assert_allclose(got, tg.evaluate([out], feed)[0], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", ["chunks", "concat"])

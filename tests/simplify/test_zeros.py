@@ -245,3 +245,60 @@ def test_a_tensor_read_outside_its_mask_is_written_everywhere():
     with compile_options(poison=True, disk_cache=False):
         got = tg.build([o], [x])(feed[x])
     np.testing.assert_allclose(got, tg.evaluate([o], feed)[0], rtol=1e-13)
+
+
+def test_a_padded_convolution_hull_never_reads_a_tensor_written_on_its_region():
+    """A per-position filter ``K[h, r]``, masked where its tap leaves the sequence (a relation
+    of ``h`` and ``r``), is written only there; the convolution reading it must then not be
+    summed over a zero-padded hull (codegen/packing.py), whose added points would read ``K``
+    where it was never written (0 times NaN is NaN). Interpreted and compiled with poisoned
+    intermediates, the output is the evaluator's."""
+    from codegen.interpret import run
+    from codegen.schedule import stages_for
+    from simplify.unread import written_regions
+    b_n, c_n, n, taps = 8, 4, 128, 5
+    x = tg.placeholder((b_n, c_n, n), dtype="float64", name="X")
+    w = tg.placeholder((c_n, c_n), dtype="float64", name="W")
+    a = tg.placeholder((n, 8), dtype="float64", name="A")
+    bw = tg.placeholder((8, taps), dtype="float64", name="B")
+    k = tg.reduce_axis(8, "k")
+    filt = tg.compute((n, taps), lambda h, r: tg.if_then_else(tg.all(h + r >= 2, h + r < n + 2),
+                                                              tg.sum(a[h, k] * bw[k, r], axis=k), 0.0), name="K")
+    r, c = tg.reduce_axis(taps, "r"), tg.reduce_axis(c_n, "c")
+    y = tg.compute((b_n, c_n, n), lambda b, o, h: tg.sum(
+        tg.if_then_else(tg.all(h + r - 2 >= 0, h + r - 2 < n), x[b, c, h + r - 2], 0.0) * filt[h, r] * w[o, c],
+        axis=[c, r]), name="Y")
+    inputs = [x, w, a, bw]
+    feed = random_feed(inputs, np.random.default_rng(6))
+    want = tg.evaluate([y], feed)[0]
+    simple = tg.simplify([y])
+    assert [t.name for t in topo_order(simple) if id(t) in written_regions(simple)] == ["K"]
+    np.testing.assert_allclose(run(stages_for(simple), feed)[id(simple[0])], want, rtol=1e-12, atol=1e-12)
+    with compile_options(poison=True, disk_cache=False):
+        got = tg.build([y], inputs)(*[feed[t] for t in inputs])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_shared_subexpression_is_walked_once():
+    """A reader whose body shares a subexpression level after level (``e = tanh(e * e + e)``,
+    a DAG of 2^12 paths) is walked once per node: a handful of isl implications, not one per path."""
+    import simplify.unread as unread
+    a = tg.placeholder((S, 4), dtype="float64", name="A")
+    d = tg.reduce_axis(4, "d")
+    t = tg.compute((S, S), lambda i, j: tg.if_then_else(j <= i, tg.sum(a[i, d] * a[j, d], axis=d), 0.0), name="T")
+
+    def body(i, j):
+        e = t[i, j]
+        for _ in range(12):
+            e = tg.tanh(e * e + e)
+        return tg.if_then_else(j <= i, e, 0.0)
+    u = tg.compute((S, S), body, name="U")
+    calls, implies = [], unread.implies
+
+    def counted(*args):
+        calls.append(args)
+        return implies(*args)
+    with mock.patch.object(unread, "implies", counted):
+        regions = unread.written_regions([u])
+    assert [x.name for x in topo_order([u]) if id(x) in regions] == ["T"]
+    assert len(calls) <= 2, len(calls)
