@@ -62,7 +62,8 @@ from te_grad.errors import UserError
 from te_grad.ir import Const, Expr, PlaceholderOp, Reduce, ScatterOp, Select, Tensor, Var, distinct_nodes
 from te_grad.ir import structurally_equal
 from simplify.count import RAGGED_TRIPS, tensor_iterations
-from simplify.unread import written_regions
+from simplify.inline import Redirect
+from simplify.unread import read_through, written_regions
 from te_grad.transform import sum_terms
 from te_grad.sizes import uses_sizes
 
@@ -335,19 +336,24 @@ def _stages(outputs: Sequence[Tensor], machine: Machine, off: FrozenSet[str]) ->
     stages: List[Stage] = []
     done = set()
     regions = written_regions(outputs)  # tensors no reader uses everywhere: written only there
+    through = read_through(outputs, regions)  # masked copies: their readers read what they copy
+    redirect = Redirect(through, {}).visit if through else (lambda e: e)
     for t in topo_order(list(outputs)):
         if isinstance(t.op, PlaceholderOp):
             continue
         if isinstance(t.op, ScatterOp):
             stages.extend(scatter_stages(t, off))
             continue
+        if id(t) in through:
+            continue
         body = t.op.body
         if split_terms(body) is None:
             body, lifted = normalized_body(t)
             for lt in lifted:  # lifted reductions are in terms form by construction
                 if id(lt) not in done:
-                    stages.append(compute_stage(lt, lt.op.body, machine, off))
+                    stages.append(compute_stage(lt, redirect(lt.op.body), machine, off))
                     done.add(id(lt))
+        body = redirect(body)
         packed = []
         if "packing" not in off:
             body, packed = pack_operands(t, body, split_terms(body)[1], lane_var, copies, frozenset(regions))

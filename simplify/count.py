@@ -6,7 +6,7 @@ guards around the reduction) times the points of its loops, with loop bounds as
 written (a ``where`` filter is evaluated at every point, so it restricts
 nothing). A tensor without reductions counts one per element (one per point of its
 region when its readers use it only there, :mod:`.unread`: the kernel writes no
-more); a scatter counts
+more; nothing when it only copies another tensor there); a scatter counts
 the points of its domain; a placeholder counts nothing. So a raw VJP, whose
 index equality is a filter, shows its full |dX| x |domain| cost.
 
@@ -51,7 +51,7 @@ from te_grad.intervals import NotAnIndex, index_values, is_index_expr
 from te_grad.ir import Expr, PlaceholderOp, ReduceAxis, ScatterOp, Tensor, Var, const
 from te_grad.printer import expr_to_str
 from te_grad.transform import substitute
-from .unread import written_regions
+from .unread import read_through, written_regions
 
 #: most points enumerated at once
 BLOCK = 1 << 22
@@ -228,7 +228,8 @@ def iterations(tensors, ragged: Optional[int] = None):
 
 def _graph_iterations(tensors: List[Tensor], ragged: Optional[int]) -> int:
     regions = written_regions(tensors)
-    return sum(tensor_iterations(t, ragged, regions.get(id(t))) for t in topo_order(tensors))
+    through = read_through(tensors, regions)  # copies the kernel does not make
+    return sum(tensor_iterations(t, ragged, regions.get(id(t))) for t in topo_order(tensors) if id(t) not in through)
 
 
 #: the largest period, degree and start of a closed form searched for

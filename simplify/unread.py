@@ -40,6 +40,9 @@ triangle ``j <= i``, a band ``i - j < w``), which the schedule turns into loop r
 (:mod:`codegen.triangles`); ``R(T)`` is then ``c``'s quasi-affine comparisons. A border (each
 comparison on one axis) or a disjunction would only become a test at every point.
 
+A tensor so narrowed that only copies another one on its region (:func:`read_through`) is
+not computed at all: its readers read the other tensor.
+
 Promise: for each ``(T, R)`` returned, no value of the graph's outputs depends on a point of
 ``T`` outside ``R``. The loop interpreter (:mod:`codegen.interpret`) fills intermediates with
 NaN, and the compile option ``poison`` fills the kernel's when they are allocated, so that a
@@ -53,7 +56,7 @@ from typing import Dict, Iterable, List, Optional, Set
 from te_grad import dsl, dtypes
 from te_grad.graph import free_vars, topo_order
 from te_grad.ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, Reduce,
-                        ScatterOp, SizeVar, Select, Tensor, Unary, reads_in)
+                        ScatterOp, SizeVar, Select, Tensor, Unary, reads_in, structurally_equal)
 from te_grad.transform import substitute
 
 from .affine import conjuncts, decided
@@ -171,3 +174,29 @@ def written_regions(outputs: Iterable[Tensor], keep: Iterable[int] = ()) -> Dict
         if ok:
             decided_regions[id(t)] = region
     return decided_regions
+
+
+def read_through(outputs: Iterable[Tensor], regions: Dict[int, Expr]) -> Dict[int, Tensor]:
+    """``{id(T): X}`` for each tensor ``T`` of ``regions`` whose body is ``if_then_else(c,
+    X[axes], constant)`` with ``c`` exactly its region's comparisons and ``X`` of its shape and
+    dtype, read at its own point: on its region ``T`` is ``X``, and no reader uses ``T``
+    elsewhere, so its readers may read ``X`` and ``T`` need not be computed (a masked copy,
+    ``masked = if_then_else(band, scores, 0)`` when ``scores`` is already masked). ``X`` is
+    followed through such copies to the first tensor that is none. Its reads stay in its own
+    region: the walk that gave ``T`` its region covered ``T``'s read of ``X`` under ``c``."""
+    out: Dict[int, Tensor] = {}
+    for t in topo_order(list(outputs)):  # producers first: a copy of a copy resolves at once
+        region = regions.get(id(t))
+        if region is None:
+            continue
+        body = t.op.body
+        want = conjuncts(region)
+        have = conjuncts(body.cond)
+        if len(have) != len(want) or not all(any(structurally_equal(c, w) for w in want) for c in have):
+            continue
+        r = body.t
+        if not isinstance(r, Read) or r.tensor.shape != t.shape or r.tensor.dtype != t.dtype or \
+                tuple(map(id, r.indices)) != tuple(map(id, t.op.axes)):
+            continue
+        out[id(t)] = out.get(id(r.tensor), r.tensor)
+    return out
