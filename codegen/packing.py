@@ -101,13 +101,14 @@ class Copies:
 
 
 def pack_operands(t: Tensor, body: Expr, terms, lane_of: Callable[[Tensor, Reduce], Optional[Var]],
-                  copies: Optional[Copies] = None, partial: FrozenSet[int] = frozenset()) -> Tuple[Expr, List[Tensor]]:
+                  copies: Optional[Copies] = None, unhulled: FrozenSet[int] = frozenset()) -> Tuple[Expr, List[Tensor]]:
     """``body`` (of compute ``t``, in terms form: ``terms`` as ``split_terms`` gives them)
     with padded, split and transposed operands read from copies, and the copies made for
     it (those already in ``copies`` are reused, not returned). ``lane_of(t, term)`` is the
-    variable the schedule will run a term's vector lanes along. ``partial``: ids of tensors
-    written only where their readers use them (:mod:`simplify.unread`), which a hull must
-    not read."""
+    variable the schedule will run a term's vector lanes along. ``unhulled``: ids of tensors a
+    padded hull must not read (written only where their readers use them,
+    :mod:`simplify.unread`, or computed at points the graph never evaluates: a lifted
+    reduction, the tensor a masked copy's readers read instead)."""
     copies = copies if copies is not None else Copies()
     packed: List[Tensor] = []
     swaps: Dict[int, Expr] = {}
@@ -120,7 +121,7 @@ def pack_operands(t: Tensor, body: Expr, terms, lane_of: Callable[[Tensor, Reduc
 
     for _, red in terms:
         new = red
-        padded = _padded_term(t, new, partial)
+        padded = _padded_term(t, new, unhulled)
         if padded is not None:
             f, before, shape, axes = padded
             copy = use(("padded", id(f.tensor), tuple(before), shape),
@@ -280,13 +281,12 @@ def _factors(e: Expr) -> List[Expr]:
     return [e]
 
 
-def _padded_term(t: Tensor, red: Reduce, partial: FrozenSet[int] = frozenset()):
+def _padded_term(t: Tensor, red: Reduce, unhulled: FrozenSet[int] = frozenset()):
     """``(factor, border before, padded shape, hull)`` when the term may be summed over the
     constant hull of its bounds with that factor read from a zero-padded copy; None when
     the term's bounds are constant, no factor accounts for them (proved by isl), a factor
-    reads a tensor of ``partial`` (written only where the term's own points read it: the
-    hull's other points hold anything, and 0 times a NaN is no 0), or the copy would not
-    pay."""
+    reads a tensor of ``unhulled`` (whose values at the hull's other points are anything: 0
+    times a NaN is no 0), or the copy would not pay."""
     if red.combiner != "sum" or red.where is not None or all(r.extent is not None for r in red.axes):
         return None
     out_ranges, out_bounds = _out_bounds(t)  # an axis of run-time extent has no int range
@@ -304,7 +304,7 @@ def _padded_term(t: Tensor, red: Reduce, partial: FrozenSet[int] = frozenset()):
     factors = _factors(red.body)
     if not all(isinstance(g, (Read, Const)) for g in factors):
         return None  # a computed factor (a partial derivative) may be infinite where the hull adds points
-    if any(isinstance(g, Read) and id(g.tensor) in partial for g in factors):
+    if any(isinstance(g, Read) and id(g.tensor) in unhulled for g in factors):
         return None
     for f in factors:
         if not isinstance(f, Read) or f.tensor is t:

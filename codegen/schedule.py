@@ -338,6 +338,10 @@ def _stages(outputs: Sequence[Tensor], machine: Machine, off: FrozenSet[str]) ->
     regions = written_regions(outputs)  # tensors no reader uses everywhere: written only there
     through = read_through(outputs, regions)  # masked copies: their readers read what they copy
     redirect = Redirect(through, {}).visit if through else (lambda e: e)
+    # what a padded hull (codegen.packing) must not read: tensors written only on their region,
+    # those a copy's readers now read instead (their values outside it are the graph's, never
+    # evaluated), and below, each tensor's lifted reductions (computed at every point)
+    unhulled = frozenset(regions) | {id(x) for x in through.values()}
     for t in topo_order(list(outputs)):
         if isinstance(t.op, PlaceholderOp):
             continue
@@ -350,13 +354,14 @@ def _stages(outputs: Sequence[Tensor], machine: Machine, off: FrozenSet[str]) ->
         if split_terms(body) is None:
             body, lifted = normalized_body(t)
             for lt in lifted:  # lifted reductions are in terms form by construction
+                unhulled |= {id(lt)}
                 if id(lt) not in done:
                     stages.append(compute_stage(lt, redirect(lt.op.body), machine, off))
                     done.add(id(lt))
         body = redirect(body)
         packed = []
         if "packing" not in off:
-            body, packed = pack_operands(t, body, split_terms(body)[1], lane_var, copies, frozenset(regions))
+            body, packed = pack_operands(t, body, split_terms(body)[1], lane_var, copies, unhulled)
         stages.extend(compute_stage(p, p.op.body, machine, off) for p in packed)
         stages.append(compute_stage(t, body, machine, off, regions.get(id(t))))
     return stages

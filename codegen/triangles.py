@@ -22,8 +22,9 @@ Promises: for each block of ``u``, the pieces' ranges of ``v`` are disjoint and 
 conjuncts only where they hold at every point of it (and its bounds are the original ones'
 values there), and keeps them (with the original bounds as conjuncts) elsewhere. So each
 element accumulates exactly the same terms. The one exception: a piece of a stage whose
-``region`` (:mod:`simplify.unread`) has the relation's conjuncts may drop them when its
-reads are in bounds at every point of its box: each point of the region still accumulates
+``region`` (:mod:`simplify.unread`) has the relation's conjuncts, storing the stage's tensor
+at its own axes, with the relation from the guard (``v``'s bounds constant), may drop them
+when its reads are in bounds at every point of its box: each point of the region still accumulates
 exactly the same terms, the others (which no reader uses) whatever the box computes there.
 A guarded element-wise nest's range following the row (:func:`_follow`) visits exactly the
 points where the relation holds.

@@ -30,7 +30,8 @@ float and is never taken to be 0 by a product with a structural zero: so a tenso
 an index, a loop bound, a reduction's ``where``, by a scatter, or under a cast to an integer
 or a bool (an address, a trip count, or LLVM's undefined result of converting a float out of
 range) is never a candidate, and :mod:`codegen.packing` sums no term over a padded hull when
-a factor reads one (``0 * NaN`` is NaN). A body that shares subexpressions (a DAG) is walked
+a factor reads one, the tensor a copy's readers read instead (:func:`read_through`), or a
+lifted reduction (``0 * NaN`` is NaN). A body that shares subexpressions (a DAG) is walked
 once per node and context.
 
 Not candidates either: an output or a kept tensor (its every point is returned), and a

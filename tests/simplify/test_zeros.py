@@ -307,3 +307,47 @@ def test_a_shared_subexpression_is_walked_once():
         regions = unread.written_regions([u])
     assert [x.name for x in topo_order([u]) if id(x) in regions] == ["T"]
     assert len(calls) <= 2, len(calls)
+
+
+@pytest.mark.parametrize("factor", ["copy_of_placeholder", "lifted_max"])
+def test_a_padded_hull_never_reads_what_the_graph_never_evaluates(factor):
+    """Two more factors a zero-padded hull must not read at its added points: the placeholder a
+    masked copy's readers read instead of the copy (``F`` is inf outside the mask, where the copy
+    was 0), and a reduction lifted out of the term (computed at every point, from a tensor
+    written only on its mask). The output is the evaluator's, compiled and interpreted."""
+    from codegen.interpret import run
+    from codegen.schedule import stages_for
+    b_n, c_n, n, taps, kk = 8, 4, 128, 5, 3
+    x = tg.placeholder((b_n, c_n, n), dtype="float64", name="X")
+    w = tg.placeholder((c_n, c_n), dtype="float64", name="W")
+    inside = lambda h, r: tg.all(h + r >= 2, h + r < n + 2)  # noqa: E731
+    r, c = tg.reduce_axis(taps, "r"), tg.reduce_axis(c_n, "c")
+    rng = np.random.default_rng(7)
+    feed = {x: rng.standard_normal(x.shape), w: rng.standard_normal(w.shape)}
+    if factor == "copy_of_placeholder":
+        f = tg.placeholder((n, taps), dtype="float64", name="F")
+        filt = tg.compute((n, taps), lambda h, r_: tg.if_then_else(inside(h, r_), f[h, r_], 0.0), name="K")
+        value = np.where(np.add.outer(np.arange(n), np.arange(taps)) < 2, np.inf, rng.standard_normal((n, taps)))
+        feed[f] = value
+        tap = lambda h: filt[h, r]  # noqa: E731
+        extra = [f]
+    else:
+        a = tg.placeholder((n, kk), dtype="float64", name="A")
+        bw = tg.placeholder((kk, taps), dtype="float64", name="B")
+        t = tg.compute((n, taps, kk), lambda h, r_, k: tg.if_then_else(
+            inside(h, r_), tg.exp(a[h, k] * bw[k, r_]), 0.0), name="T")
+        feed.update({a: rng.standard_normal(a.shape), bw: rng.standard_normal(bw.shape)})
+        k = tg.reduce_axis(kk, "k")
+        tap = lambda h: tg.max(t[h, r, k], axis=k)  # noqa: E731
+        extra = [a, bw]
+    y = tg.compute((b_n, c_n, n), lambda b, o, h: tg.sum(
+        tg.if_then_else(tg.all(h + r - 2 >= 0, h + r - 2 < n), x[b, c, h + r - 2], 0.0) * tap(h) * w[o, c],
+        axis=[c, r]), name="Y")
+    inputs = [x, w] + extra
+    want = tg.evaluate([y], feed)[0]
+    assert np.all(np.isfinite(want))
+    simple = tg.simplify([y])
+    np.testing.assert_allclose(run(stages_for(simple), feed)[id(simple[0])], want, rtol=1e-12, atol=1e-12)
+    with compile_options(poison=True, disk_cache=False):
+        got = tg.build([y], inputs)(*[feed[t_] for t_ in inputs])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
