@@ -87,6 +87,7 @@ class _Reads:
         self.uses: Dict[int, Dict[tuple, tuple]] = {}  # per tensor: one use per (indices, context)
         self.struck: Set[int] = set()
         self.seen: Set[tuple] = set()  # (node, context) walked: a DAG body is walked once per context
+        self.contexts: List[tuple] = []  # kept alive, so that no id in ``seen`` is reused
 
     def strike(self, e: Optional[Expr]):
         if e is not None:
@@ -98,6 +99,7 @@ class _Reads:
         if key in self.seen:
             return
         self.seen.add(key)
+        self.contexts.append(ctx)
         if isinstance(e, Read):
             if id(e.tensor) in self.candidates:
                 use = tuple(map(id, e.indices)) + (None,) + key[1:]
