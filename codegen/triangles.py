@@ -169,7 +169,7 @@ def _unused_outside(n: Nest, both: List[Expr], stage: Stage) -> bool:
     return all(any(structurally_equal(c, h) for h in have) for c in both)
 
 
-def _speculatable_in(n: Nest, loops, exprs) -> bool:
+def _speculatable_in(loops, exprs) -> bool:
     """Every read of ``exprs`` in bounds and no integer division by a variable, at every point
     of ``loops`` (constant bounds, or reduce axes bounded by them)."""
     ranges = {}
@@ -215,7 +215,7 @@ def _cut(n: Nest, lp_u, lp_v, stage: Optional[Stage] = None) -> Optional[List]:
         if guarded and both and not original and stage is not None and _unused_outside(n, both, stage):
             box = tuple(replace(lp, lo=dsl.const(ua), hi=dsl.const(ub)) if lp is lp_u else
                         replace(lp, lo=lo, hi=hi) if lp is lp_v else lp for lp in n.loops)
-            if _speculatable_in(n, box, [n.store.value] + rest):
+            if _speculatable_in(box, [n.store.value] + rest):
                 conds = list(rest)
         cond = dsl.all(conds) if conds else None
         store, var = n.store, v
