@@ -30,6 +30,7 @@ unmarked there, never marked, and the stage computes exactly what it did.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
@@ -81,7 +82,7 @@ def accumulate_nest(order: List[Var], bounds, store: Store, cond, parallel, out_
         if inner_is_output:
             lanes = block_vector_bits(machine, reduce_lanes=False) // (8 * SIZE.get(store.tensor.dtype, 4))
             row = (int(bounds[id(inner_var)][1].value) - int(bounds[id(inner_var)][0].value)) // lanes
-        for var, factor in _jam_choices(outer, bounds, store, parallel, out_axes, accumulators, row):
+        for var, factor in _jam_choices(outer, bounds, store, parallel, out_axes, accumulators, row, inner_var):
             jam_outer = Var(var.name + "o")
             hi = bounds[id(var)][1]
             if var is parallel and (not isinstance(hi, Const) or hi.value % factor):
@@ -162,7 +163,7 @@ def block_vector_bits(machine: Machine, reduce_lanes: bool) -> int:
 
 
 def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes,
-                 max_copies: int, row: Optional[int] = None) -> List[Tuple[Var, int]]:
+                 max_copies: int, row: Optional[int] = None, inner: Optional[Var] = None) -> List[Tuple[Var, int]]:
     """Output loops to unroll-and-jam into the register block, with their factors.
 
     Each must have constant bounds ``[lo, hi)`` with ``hi - lo`` divisible by its factor
@@ -172,16 +173,18 @@ def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes,
     the jammed copies). First the innermost such loop that is not split among threads
     and the next such loop out, each by 4, 3 or 2 (a block of ``Q @ K.T`` then
     shares each row of ``Q`` among columns and each row of ``K`` among rows); then the
-    split loop itself, by the largest of 8, 6, 4, 3, 2 dividing its extent; at most
+    split loop itself, by the largest of 8, 6, 4, 3, 2 dividing its extent (of 8, 4, 2 when
+    the extent is known at run time; when the row is one vector register, the factor keeping
+    the most copies busy, dividing or not, the last values then forming a remainder); at most
     ``max_copies`` copies in all, and at least ``Thresholds.min_split_blocks`` blocks of the split
     loop for the threads (:mod:`codegen.options`).
 
-    When the block's lanes run along an output axis whose row holds ``row`` vector registers,
-    the split loop's factor is the one whose block keeps the most accumulators busy
-    (:func:`_accumulators_used`), the last values past whole blocks then forming a remainder:
-    with 12 accumulators and rows of at least 2 registers, 6 rows of 2 registers (12
-    accumulators, 8 loads for 12 multiply-adds) rather than 8 rows of one (8 accumulators,
-    too few to cover the latency of two multiply-add units, and 9 loads for 8)."""
+    When the block's lanes run along an output axis whose row holds at least 2 vector
+    registers (``row``; ``inner`` is the lanes' loop), the factors are chosen together
+    instead (:func:`_jams_by_loads`): the most accumulators busy, then the least weighted
+    loads per step of the reduce loops. With 12 accumulators, 6 rows of 2 registers rather
+    than 8 rows of one (8 accumulators, too few to cover the latency of two multiply-add
+    units, and 9 loads for 8 multiply-adds)."""
     reads = distinct_reads(store.value)
 
     def eligible(v):
@@ -197,8 +200,11 @@ def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes,
         # run those loops once, for all values of v together
         if any(v is x for k, lo_hi in bounds.items() if k != id(v) for b in lo_hi for x in free_vars(b)):
             return False
-        return any(all(not any(x is v for x in free_vars(i)) for i in r.indices) for r in reads)
+        return any(not _uses(r, v) for r in reads)
 
+    if row is not None and row >= 2:
+        assert inner is not None, "the lanes' loop decides which reads are vectors"
+        return _jams_by_loads(outer, bounds, parallel, eligible, max_copies, row, reads, inner)
     chosen: List[Tuple[Var, int]] = []
     copies = 1
     for v in reversed(outer):
@@ -213,7 +219,7 @@ def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes,
     if parallel is not None and any(parallel is v for v in outer) and eligible(parallel):
         hi = bounds[id(parallel)][1]
         fewest = current_options().thresholds.min_split_blocks
-        if isinstance(hi, Const) and row:
+        if isinstance(hi, Const) and row:  # (a row of one register)
             n = hi.value
             fits = [f for f in (8, 6, 4, 3, 2) if n // f >= fewest and copies * f <= max_copies]
             factor = max(fits, key=lambda f: (_accumulators_used(copies * f, max_copies, row), n % f == 0, f),
@@ -227,6 +233,74 @@ def _jam_choices(outer: List[Var], bounds, store: Store, parallel, out_axes,
             factor = next((f for f in (8, 4, 2) if n // f >= fewest and copies * f <= max_copies), None)
         if factor is not None:
             chosen.append((parallel, factor))
+    return chosen
+
+
+#: what a vector load of a register block's operand weighs against a broadcast of one value
+#: (an estimate): the vector rows stream through the block from the outer cache levels (a row
+#: of ``W`` in ``X @ W``), the broadcast values are the few elements of the block's own rows,
+#: in L1. With 1, 3 rows of 4 registers (7 loads per 12 multiply-adds) would win over 6 rows
+#: of 2 (8 loads); on AVX2 (``znver3``) the 6 rows of 2 ran faster (BENCHMARKS.md)
+VECTOR_LOAD_COST = 2
+
+
+def _uses(r, v) -> bool:
+    """Whether an index of read ``r`` uses loop variable ``v``."""
+    return any(x is v for i in r.indices for x in free_vars(i))
+
+
+def _jams_by_loads(outer: List[Var], bounds, parallel, eligible, max_copies: int, row: int, reads,
+                   inner: Var) -> List[Tuple[Var, int]]:
+    """The jam of a block whose lanes run along an output axis (loop ``inner``, its row ``row``
+    vector registers long), chosen among every combination of factors, at most ``max_copies``
+    copies in all, of the two innermost eligible loops not split among threads that have one
+    (4, 3, 2 dividing their extents, or none) and of the split loop (8, 6, 4, 3, 2 with at
+    least ``Thresholds.min_split_blocks`` blocks at its extent or representative size, or
+    none; a factor not dividing it leaves a remainder, :func:`accumulate_nest`). The order:
+    the most accumulators in use (:func:`_accumulators_used`), then the least weighted loads
+    per step of the reduce loops, then a split factor dividing the split loop's constant
+    extent, then the smallest split factor (the shortest remainder), then the most copies.
+    A read weighs, per step, one load for each of its distinct copies (the product of the
+    factors of the jammed loops its indices use), :data:`VECTOR_LOAD_COST` per vector
+    register when it varies along the lanes.
+
+    ``Y[b, s, :] = X[b, s, :] @ W`` over a run-time batch ``b`` (the reshaped layout of a
+    transformer's linear layers) so gets 6 rows (``s`` by 2, ``b`` by 3) of 2 registers: 6
+    broadcasts and 2 vector loads for 12 multiply-adds, where jamming ``s`` by 4 first left
+    room for ``b`` by 2 only, 8 rows of one register (8 broadcasts and a vector load for 8).
+    A convolution whose vector operand varies with the output rows gets copies along the
+    channels and the images, which share the weights' broadcasts and the input rows."""
+    fewest = current_options().thresholds.min_split_blocks
+    loops: List[Tuple[Var, List[int]]] = []
+    for v in reversed(outer):
+        if len(loops) == 2:
+            break
+        if v is not parallel and eligible(v):
+            n = bounds[id(v)][1].value - bounds[id(v)][0].value
+            factors = [f for f in (4, 3, 2) if n % f == 0 and n >= f]
+            if factors:
+                loops.append((v, factors + [1]))
+    hi = None
+    if parallel is not None and any(parallel is v for v in outer) and eligible(parallel):
+        hi = bounds[id(parallel)][1]
+        n = hi.value if isinstance(hi, Const) else representative(hi)
+        loops.append((parallel, [f for f in (8, 6, 4, 3, 2) if n // f >= fewest] + [1]))
+    used = [[_uses(r, v) for v, _ in loops] for r in reads]
+    along = [_uses(r, inner) for r in reads]
+    best, chosen = None, []
+    for combo in itertools.product(*[factors for _, factors in loops]):
+        copies = math.prod(combo)
+        if copies > max_copies:
+            continue
+        acc = _accumulators_used(copies, max_copies, row)
+        per_copy = acc // copies
+        loads = sum(math.prod(f for f, u in zip(combo, us) if u) * (VECTOR_LOAD_COST * per_copy if a else 1)
+                    for us, a in zip(used, along))
+        split = combo[-1] if hi is not None else 1
+        divides = not isinstance(hi, Const) or hi.value % split == 0
+        key = (acc, -loads, divides, -split, copies)
+        if best is None or key > best:
+            best, chosen = key, [(v, f) for (v, _), f in zip(loops, combo) if f > 1]
     return chosen
 
 

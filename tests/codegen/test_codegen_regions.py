@@ -129,16 +129,16 @@ def test_big_regions_are_blocked_and_small_ones_are_not():
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("rows,factor,rest", [(50, 6, 2), (53, 6, None), (64, 6, 2), (60, 6, 0), (51, 3, 0)])
+@pytest.mark.parametrize("rows,factor,rest", [(50, 6, 2), (53, 6, None), (64, 6, 2), (60, 6, 0), (51, 6, 3)])
 def test_the_split_axis_is_jammed_for_the_most_accumulators_and_its_remainder_in_blocks_dividing_it(
         always_parallel, threads, rows, factor, rest):
     """Rows of 64 lanes span several vector registers, so 6 rows of 2 or more registers keep
     more accumulators busy than 8 rows of one: the split axis is jammed by 6 even where 6 does
     not divide it, and its last rows form a remainder, jammed by a divisor of 6 dividing the
-    rows (2 for rows 48..50 and 60..64), else one row at a time (48..53); among factors
-    keeping as many busy, one dividing the axis (3 rows of 51). The threads take ranges of
-    whole blocks of 6 rows (the remainder adds nothing to the stage's granule), and the
-    interpreter and the kernel agree with the evaluator at every thread count."""
+    rows (2 for rows 48..50 and 60..64, 3 for rows 48..51), else one row at a time (48..53):
+    3 rows of 4 registers would keep as many busy, but with more loads per multiply-add. The
+    threads take ranges of whole blocks of 6 rows (the remainder adds nothing to the stage's
+    granule), and the interpreter and the kernel agree with the evaluator at every thread count."""
     from codegen.interpret import run
     from codegen.loopir import RegisterBlocked, loops
     from codegen.schedule import stages_for
@@ -162,3 +162,32 @@ def test_the_split_axis_is_jammed_for_the_most_accumulators_and_its_remainder_in
     outs, inputs, feed = _with_gradient(y, [x, w], np.random.default_rng(rows))
     kern, _ = assert_kernel_matches(outs, inputs, feed, threads=threads, rtol=1e-9, atol=1e-11, scaled=True)
     assert all(r.chunks == (threads if threads > 1 else 0) for r in kern.plan())
+
+
+def test_a_run_time_batch_of_sequences_is_jammed_six_rows_of_two_registers():
+    """``Y[b, s, :] = X[b, s, :] @ W`` over a run-time batch (a transformer's linear layer on
+    (batch, seq, d)): the jam is chosen over the sequence axis and the batch together, 6 rows
+    (``s`` by 2, ``b`` by 3: 6 broadcasts and 2 vector loads per 12 multiply-adds), where
+    jamming ``s`` by 4 first left room for ``b`` by 2 only (8 rows of one register: 9 loads
+    for 8). The batches past the last whole block of 3 run one at a time; the kernel agrees
+    with the evaluator at batches that are and are not multiples of 3."""
+    from codegen.loopir import RegisterBlocked, loops
+    from codegen.machine import Machine
+    from codegen.schedule import stages_for
+
+    b = tg.var("batch", min=1)
+    x = tg.placeholder((b, 8, 32), name="X")
+    w = tg.placeholder((32, 64), name="W")
+    k = tg.reduce_axis(32, "k")
+    y = tg.compute((b, 8, 64), lambda i, j, l: tg.sum(x[i, j, k] * w[k, l], axis=k), name="Y")
+    avx2 = Machine(vector_bits=256, vector_registers=16)
+    (stage,) = [s for s in stages_for([y], avx2) if s.tensor is y]
+    blocks = [lp for lp in loops(stage.body) if isinstance(lp.kind, RegisterBlocked)]
+    assert sorted((j.var.name, j.factor) for j in blocks[0].kind.jams) == [("i", 3), ("j", 2)]
+    assert [(j.var.name, j.factor) for j in blocks[1].kind.jams] == [("j", 2)]  # the last batches
+    kern = tg.build([y], [x, w], threads=1)
+    rng = np.random.default_rng(0)
+    for batch in (4, 6, 7):
+        feed = {x: rng.standard_normal((batch, 8, 32)).astype(np.float32),
+                w: rng.standard_normal((32, 64)).astype(np.float32)}
+        assert_same(kern(feed[x], feed[w]), tg.evaluate([y], feed)[0], rtol=1e-5, atol=1e-5)
