@@ -259,7 +259,8 @@ def _jams_by_loads(outer: List[Var], bounds, parallel, eligible, max_copies: int
     none; a factor not dividing it leaves a remainder, :func:`accumulate_nest`). The order:
     the most accumulators in use (:func:`_accumulators_used`), then the least weighted loads
     per step of the reduce loops, then a split factor dividing the split loop's constant
-    extent, then the smallest split factor (the shortest remainder), then the most copies.
+    extent, then the smallest split factor (the shortest remainder), then the fewest copies
+    (each then holds more of the row: its vector loads run longer along one row of memory).
     A read weighs, per step, one load for each of its distinct copies (the product of the
     factors of the jammed loops its indices use), :data:`VECTOR_LOAD_COST` per vector
     register when it varies along the lanes.
@@ -298,7 +299,7 @@ def _jams_by_loads(outer: List[Var], bounds, parallel, eligible, max_copies: int
                     for us, a in zip(used, along))
         split = combo[-1] if hi is not None else 1
         divides = not isinstance(hi, Const) or hi.value % split == 0
-        key = (acc, -loads, divides, -split, copies)
+        key = (acc, -loads, divides, -split, -copies)
         if best is None or key > best:
             best, chosen = key, [(v, f) for (v, _), f in zip(loops, combo) if f > 1]
     return chosen
