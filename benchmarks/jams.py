@@ -10,8 +10,9 @@ variable, called at batch 16, built three times in this process and the calls in
 with a vector load weighed as one broadcast (``VECTOR_LOAD_COST = 1``), and with the jam of
 ``--before`` (a ``register_blocking.py`` of another version; default: the greedy choice this
 version keeps for rows of one register, which is what earlier versions chose on a run-time
-split loop); then the same product reading ``W`` as it lies against a copy packed in panels of
-16 columns, and PyTorch's ``matmul``. Printed: ms and GFLOP/s.
+split loop); then the same product reading ``W`` as it lies (no copy in panels,
+``panels.NO_PANELS``) against a copy packed in panels of 16 columns given as input, and
+PyTorch's ``matmul``. Printed: ms and GFLOP/s.
 
 ``--models``: the training steps of :mod:`import_models`'s models (SGD with momentum), built
 with the jam chosen now and with ``--before``'s, their steps interleaved with eager PyTorch's
@@ -103,7 +104,9 @@ def linear(args):
     k2, k3 = tg.reduce_axis(k_, "k"), tg.reduce_axis(k_, "k")
     plain = tg.compute((rows, n), lambda i, l: tg.sum(x2[i, k2] * w[k2, l], axis=k2), name="plain")
     panel = tg.compute((rows, n // 16, 16), lambda i, lb, li: tg.sum(x2[i, k3] * p[lb, k3, li], axis=k3), name="panel")
-    kp = built(lambda: tg.build([plain], [x2, w], threads=args.threads))
+    from panels import NO_PANELS  # W as it lies: te_grad would copy it in panels itself
+    with codegen.compile_options(thresholds=NO_PANELS):
+        kp = built(lambda: tg.build([plain], [x2, w], threads=args.threads))
     kq = built(lambda: tg.build([panel], [x2, p], threads=args.threads))
     x2v = xv.reshape(rows, k_)
     pv = np.ascontiguousarray(wv.reshape(k_, n // 16, 16).transpose(1, 0, 2))
@@ -123,15 +126,19 @@ def linear(args):
         print(f"{name:28s} {s * 1e3:8.3f} ms {flops / s / 1e9:7.1f} GFLOP/s")
 
 
-def models(args):
+def compare_models(names, threads, rounds, variants):
+    """The training steps of :mod:`import_models`'s models ``names`` (SGD with momentum), each
+    built by every ``variants[name](make)`` (``make()`` compiles the trainer), their steps
+    interleaved with eager PyTorch's (medians of ``rounds``): ms and each variant's ratio to the
+    first and to eager."""
     import torch
     import torch.nn.functional as F
 
     import te_grad.torch as tgt
     from import_models import models as all_models
     from te_grad import train
-    torch.set_num_threads(args.threads)
-    for name in args.models:
+    torch.set_num_threads(threads)
+    for name in names:
         make, inputs, labels, batch = all_models()[name]
         torch.manual_seed(0)
         net = make()
@@ -142,10 +149,10 @@ def models(args):
             yp = tg.placeholder(tuple(ys.shape), dtype="int64", name="y")
             tr = train.Trainer(model, inputs=model.input_placeholders(), targets=[yp],
                                loss=tg.nn.softmax_cross_entropy, optimizer=train.SGD(lr=0.01, momentum=0.9),
-                               threads=args.threads, progress=False)
+                               threads=threads, progress=False)
             tr.compile()
             return tr
-        after, before = built(trainer), built(trainer, before_choice(args.before))
+        built_ = {k: build(trainer) for k, build in variants.items()}
         batch_args = [x.numpy() for x in xs] + [ys.numpy()]
         eager = make()
         eager.load_state_dict(net.state_dict())
@@ -155,12 +162,18 @@ def models(args):
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(eager(*xs), ys).backward()
             opt.step()
-        med = interleaved({"before": lambda: before.update(*batch_args), "after": lambda: after.update(*batch_args),
-                           "eager": eager_step}, args.rounds)
-        print(f"{name} threads={args.threads}: before {med['before'] * 1e3:.2f} ms, after {med['after'] * 1e3:.2f} ms, "
-              f"eager {med['eager'] * 1e3:.2f} ms | after / before {med['after'] / med['before']:.3f}, "
-              f"before / eager {med['before'] / med['eager']:.2f}, after / eager {med['after'] / med['eager']:.2f}",
-              flush=True)
+        runs = {k: (lambda tr=tr: tr.update(*batch_args)) for k, tr in built_.items()}
+        med = interleaved({**runs, "eager": eager_step}, rounds)
+        first = next(iter(variants))
+        parts = [f"{k} {med[k] * 1e3:.2f} ms" for k in med]
+        ratios = [f"{k} / {first} {med[k] / med[first]:.3f}" for k in variants if k != first] + \
+            [f"{k} / eager {med[k] / med['eager']:.2f}" for k in variants]
+        print(f"{name} threads={threads}: {', '.join(parts)} | {', '.join(ratios)}", flush=True)
+
+
+def models(args):
+    compare_models(args.models, args.threads, args.rounds,
+                   {"before": lambda make: built(make, before_choice(args.before)), "after": built})
 
 
 def main():

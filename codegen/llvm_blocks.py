@@ -13,6 +13,8 @@ turned it back into its plain nest).
 """
 from __future__ import annotations
 
+import math
+
 from te_grad.errors import InternalError
 from te_grad.ops import identity_of
 from te_grad.graph import free_vars
@@ -21,6 +23,7 @@ from te_grad.ir import Const, Read
 
 from .llvm import ir
 from .llvm_types import I32, I64, MEMORY, SCALAR, SIZE
+from .loop_order import panel_width
 from .loopir import RegisterBlock, Store
 from .register_blocking import block_plan, memory_step, row_step
 
@@ -64,8 +67,9 @@ class RegisterBlockEmitter:
         else:  # lanes far apart in memory: read and written element by element, once per block
             row = ScatteredRow(self.b, SCALAR[st.tensor.dtype], width, memory_step(st, blk.var))
 
-        def one_block(v0, keep_from):
+        def one_block(v0, keep_from, align):
             lanes = self.b.add(self.splat(v0, width), iota)
+            self.lane_align = align
             targets = []
             self.env[id(blk.var)] = v0
             for j, acc in enumerate(accs):
@@ -83,14 +87,15 @@ class RegisterBlockEmitter:
                     value = self.b.select(done, row.load(target), value)
                 row.store(value, target)
             del self.env[id(blk.var)]
+            self.lane_align = 1
 
         if tail is not None:
-            one_block(ir.Constant(I64, tail[0]), tail[1])
+            one_block(ir.Constant(I64, tail[0]), tail[1], math.gcd(tail[0], width))
             return
         lo = int(blk.lo.value)
         self.counted(ir.Constant(I64, 0), ir.Constant(I64, full), blk.var.name + "_block",
                      lambda b: one_block(self.b.add(ir.Constant(I64, lo), self.b.mul(b, ir.Constant(I64, width))),
-                                         None))
+                                         None, math.gcd(lo, width)))
 
     def reduction_lanes(self, blk: RegisterBlock, width: int, n_full: int, tail, accs, iota):
         """Lanes along a reduce axis: vectors accumulate across every loop, lanes combine at the end."""
@@ -206,6 +211,10 @@ class RegisterBlockEmitter:
             row = self.b.load(self.b.bitcast(ptr, ir.PointerType(span)), align=SIZE[e.tensor.dtype])
             pick = ir.Constant(ir.VectorType(I32, width), [ir.Constant(I32, step * k) for k in range(width)])
             return self.b.shuffle_vector(row, ir.Constant(span, ir.Undefined), pick)
+        panel = panel_width(e.indices, var)
+        if panel is not None and (width % panel == 0 or panel % width == 0) \
+                and self.lane_align % min(width, panel) == 0:
+            return self.panel_read(e, var, width, min(width, panel))
         idx = [self.as_vector(self.expr(i)) for i in e.indices]
         offset = None
         for ix, stride in zip(idx, self.strides_of(e.tensor.shape)):
@@ -222,6 +231,28 @@ class RegisterBlockEmitter:
             out = self.b.insert_element(out, self.b.load(self.b.gep(base, [lane], inbounds=True)),
                                         ir.Constant(I32, k))
         return out
+
+
+    def panel_read(self, e: Read, var, width: int, chunk: int):
+        """The read ``P[.., v // w, .., v % w]`` of a block whose first lane is a multiple of
+        ``chunk`` (which divides ``w``): each run of ``chunk`` lanes lies in one panel, one
+        vector load each, joined."""
+        elem = MEMORY[e.tensor.dtype]
+        saved, self.vec = self.vec, None
+        first = self.env[id(var)]
+        parts = []
+        for c in range(width // chunk):
+            self.env[id(var)] = self.b.add(first, ir.Constant(I64, c * chunk)) if c else first
+            ptr = self.address(e.tensor, [self.expr(i) for i in e.indices])
+            parts.append(self.b.load(self.b.bitcast(ptr, ir.PointerType(ir.VectorType(elem, chunk))),
+                                     align=SIZE[e.tensor.dtype]))
+        self.env[id(var)] = first
+        self.vec = saved
+        while len(parts) > 1:
+            n = parts[0].type.count
+            join = ir.Constant(ir.VectorType(I32, 2 * n), [ir.Constant(I32, k) for k in range(2 * n)])
+            parts = [self.b.shuffle_vector(a, b, join) for a, b in zip(parts[::2], parts[1::2])]
+        return parts[0]
 
 
 def _iota(width: int):

@@ -164,6 +164,7 @@ class StageEmitter(RegisterBlockEmitter, LoopKindEmitter):
         self.ranges: Dict[int, tuple] = {}  # inclusive value ranges of the enclosing loop variables
         self.bounds: Dict[int, tuple] = {}  # (lo, hi) expressions of the enclosing loops (symbolic_inside)
         self.vec = None  # inside a register block: (id of its variable, lane values, width)
+        self.lane_align = 1  # a power of two known to divide the register block's first lane
         self.transposed = None  # inside a transpose block: (its read, the vector of this row)
         self.emitted: List[Loop] = []  # the annotated loops (blocks, transposes, scans) lowered as marked
         self.exact = 0  # > 0: float arithmetic without contraction (see stored_value)

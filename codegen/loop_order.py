@@ -21,7 +21,7 @@ from simplify.affine import constant_value
 from simplify.linear import coefficient
 from te_grad import dsl
 from te_grad.graph import free_vars
-from te_grad.ir import Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var, distinct_reads
+from te_grad.ir import Binary, Const, Expr, Read, Reduce, ReduceAxis, Tensor, Var, distinct_reads
 from te_grad.transform import substitute
 
 from .loopir import Nest, Stage, rewrite_nests
@@ -57,6 +57,23 @@ def _size_bound(e: Expr) -> bool:
     return isinstance(e, Const) or representative(e) is not None
 
 
+def panel_width(indices: Sequence[Expr], v: Var) -> Optional[int]:
+    """``w`` when ``indices`` are ``[.., v // w, .., v % w]`` with ``v`` in no other index: a
+    copy in panels of ``w`` along ``v`` (:mod:`.packing`), whose lanes along ``v`` are
+    contiguous within a panel (one vector load per panel when a block's first lane is a
+    multiple of ``w`` or of its width, :mod:`.llvm_blocks`)."""
+    last = indices[-1] if indices else None
+    if not (isinstance(last, Binary) and last.op == "floormod" and last.a is v and isinstance(last.b, Const)):
+        return None
+    w = int(last.b.value)
+    quotients = [k for k, i in enumerate(indices[:-1]) if isinstance(i, Binary) and i.op == "floordiv"
+                 and i.a is v and isinstance(i.b, Const) and int(i.b.value) == w]
+    if w < 2 or len(quotients) != 1 or any(k != quotients[0] and any(x is v for x in free_vars(i))
+                                           for k, i in enumerate(indices[:-1])):
+        return None
+    return w
+
+
 def _lane_cost(indices: Sequence[Expr], v: Var) -> float:
     """The cost of an access at ``indices`` when vector lanes run along ``v``."""
     if not indices:
@@ -64,7 +81,7 @@ def _lane_cost(indices: Sequence[Expr], v: Var) -> float:
     uses = [any(x is v for x in free_vars(i)) for i in indices]
     if not any(uses):
         return INVARIANT_COST
-    if not any(uses[:-1]) and coefficient(indices[-1], v) in (1, -1):
+    if not any(uses[:-1]) and coefficient(indices[-1], v) in (1, -1) or panel_width(indices, v):
         return UNIT_COST
     return STRIDED_COST
 
@@ -83,6 +100,9 @@ def _max_stride(v: Var, reads: Sequence[Read]) -> int:
     best = 0
     for r in reads:
         stride = 1
+        if panel_width(r.indices, v):  # contiguous within a panel
+            best = max(best, 1)
+            continue
         for ix, n in reversed(list(zip(r.indices, r.tensor.shape))):
             c = coefficient(ix, v)
             if c is None:

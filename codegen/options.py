@@ -53,6 +53,11 @@ class Thresholds:
     #: that cache tiling takes one value at a time (the accumulators are loaded and stored once
     #: per value)
     min_tile_steps: int = 16
+    #: a contraction operand read along the lanes is copied in panels (:mod:`codegen.packing`)
+    #: when a step of its reduction moves at least this many bytes, or when the part of it a
+    #: row of blocks walks spans at least ``min_panel_bytes``
+    min_panel_stride: int = 2048
+    min_panel_bytes: int = 1 << 18
     #: the fewest whole blocks of the split axis a register block jammed along it leaves for the
     #: threads (:mod:`codegen.register_blocking`)
     min_split_blocks: int = 8

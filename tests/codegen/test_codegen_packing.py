@@ -1,5 +1,5 @@
 """Copies of contraction operands (codegen/packing.py: transposed, zero-padded, split into
-congruence classes): when they are made, that
+congruence classes, in panels): when they are made, that
 every read of the new loops stays inside its tensor, and that kernels reading them
 equal the reference evaluator in float64."""
 import itertools
@@ -9,7 +9,8 @@ import pytest
 
 import te_grad as tg
 from codegen import packing
-from codegen.loopir import If, Loop, Store, stmt_stores
+from codegen.loop_order import panel_width
+from codegen.loopir import If, Loop, RegisterBlock, RegisterBlocked, Store, loops_of_kind, stmt_stores
 from codegen.machine import Machine
 from codegen.schedule import stages_for
 from te_grad.graph import reads_in
@@ -54,7 +55,7 @@ def reads_stay_inside(outputs):
         return True
     stages = stages_for(simplify(outputs), AVX512)
     # the stages reading a copy (a copy's own reads are guarded by its border test)
-    suffixes = ("_padded", "_packed", "_classes")
+    suffixes = ("_padded", "_packed", "_classes", "_panels")
     readers = [s for s in stages if not s.tensor.name.endswith(suffixes) and
                any(r.tensor.name.endswith(suffixes) for st in stmt_stores(s.body) for r in reads_in(st.value))]
     return all(walk(s.body, {}) for s in readers)
@@ -186,3 +187,86 @@ def test_a_structural_zero_never_meets_an_infinite_computed_factor(always_pack):
     assert np.isfinite(want[0]) and np.isfinite(got[0])
     np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
     np.testing.assert_allclose(got[np.isfinite(want)], want[np.isfinite(want)], rtol=1e-12)
+
+
+AVX2 = Machine(vector_bits=256, vector_registers=16)
+
+
+def _dense(rows, cols, out, dtype="float64"):
+    x = tg.placeholder((rows, cols), name="X", dtype=dtype)
+    w = tg.placeholder((out, cols), name="W", dtype=dtype)
+    y = tg.nn.dense(x, w)
+    head = tg.placeholder(y.shape, name="H", dtype=dtype)
+    return [y] + tg.gradient(y, [x, w], head=head), [x, w, head]
+
+
+@pytest.mark.parametrize("machine", [AVX512, AVX2], ids=["avx512", "avx2"])
+def test_long_weight_rows_are_read_from_panels(machine):
+    # X @ W.T over 512 outputs: a step of k moves 2 KiB in W's transposed copy (4 in float64), and
+    # the input gradient walks W's 512 rows of 128: both read panels of one cache line, whose
+    # lanes are one vector load per panel; X's rows (64 of 128) stay as they are
+    outputs, inputs = _dense(64, 128, 512)
+    stages = stages_for(simplify(outputs), machine)
+    names = sorted(s.tensor.name for s in stages if s.tensor.name.endswith("_panels"))
+    assert names == ["W_packed_panels", "W_panels"]
+    assert len(_blocked_along_panels(stages, 8)) == 2
+    assert reads_stay_inside(outputs)
+    compare(outputs, inputs)
+    # 128 columns of 128: a step moves 1 KiB over 128 KiB in float64, nothing to gain
+    assert copies(_dense(64, 128, 128)[0], "_panels") == []
+
+
+def _blocked_along_panels(stages, w):
+    """The stages reading a copy in panels, each checked to read it only in register blocks whose
+    lanes run along the panels' axis (loop_order costs ``P[j // w, .., j % w]`` as contiguous)."""
+    readers = [s for s in stages if any(r.tensor.name.endswith("_panels") for st in stmt_stores(s.body)
+                                        for r in reads_in(st.value))]
+    for s in readers:
+        blocks = [RegisterBlock.of(lp) for lp in loops_of_kind(s.body, RegisterBlocked)]
+        in_blocks = [(b, r) for b in blocks for r in reads_in(b.store.value) if r.tensor.name.endswith("_panels")]
+        everywhere = [r for st in stmt_stores(s.body) for r in reads_in(st.value) if r.tensor.name.endswith("_panels")]
+        assert in_blocks and len(in_blocks) == len(everywhere), s.tensor.name
+        assert all(panel_width(r.indices, b.var) == w for b, r in in_blocks), s.tensor.name
+    return readers
+
+
+def test_a_weight_gradient_walks_panels_of_the_layer_input():
+    # dW[j, k] = sum_i H[i, j] * X[i, k] over 1024 rows of X (128 float32, 512 bytes a step, 512 KiB
+    # walked): X in panels; the sum over i must stay inside register blocks along k
+    outputs, _ = _dense(1024, 128, 512, "float32")
+    stages = stages_for(simplify(outputs), AVX2)
+    assert sorted(s.tensor.name for s in stages if s.tensor.name.endswith("_panels")) == \
+        ["W_packed_panels", "W_panels", "X_panels"]
+    assert len(_blocked_along_panels(stages, 16)) == 3
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_products_read_from_panels_and_their_gradients(always_pack, transposed):
+    a = tg.placeholder((5, 7), name="A", dtype="float64")
+    b = tg.placeholder((24, 7) if transposed else (7, 24), name="B", dtype="float64")
+    k = tg.reduce_axis(7, "k")
+    y = tg.compute((5, 24), lambda i, j: tg.sum(a[i, k] * (b[j, k] if transposed else b[k, j]), axis=k), name="Y")
+    head = tg.placeholder(y.shape, name="H", dtype="float64")
+    outputs = [y] + tg.gradient(y, [a, b], head=head)
+    assert copies([y], "_panels") == ["B_packed_panels" if transposed else "B_panels"]
+    assert reads_stay_inside(outputs)
+    compare(outputs, [a, b, head])
+
+
+@pytest.mark.parametrize("machine", [AVX512, AVX2], ids=["avx512", "avx2"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("w,n", [(4, 12), (8, 24), (8, 40), (16, 40), (16, 64), (32, 96), (8, 37)])
+def test_panels_written_by_hand_at_every_alignment(machine, dtype, w, n):
+    # P[l // w, k, l % w]: a block whose first lane is a multiple of its width or of w loads
+    # each panel's part as one vector; the last block of a row that is not a multiple of the
+    # width starts inside a panel and gathers its lanes
+    rows, red = 7, 9
+    x = tg.placeholder((rows, red), name="X", dtype=dtype)
+    p = tg.placeholder(((n + w - 1) // w, red, w), name="P", dtype=dtype)
+    k = tg.reduce_axis(red, "k")
+    y = tg.compute((rows, n), lambda i, l: tg.sum(x[i, k] * p[l // w, k, l % w], axis=k), name="Y")
+    feed = {t: RNG.standard_normal(t.shape).astype(dtype) for t in (x, p)}
+    want = tg.evaluate([y], feed)[0]
+    got = tg.build([y], [x, p], machine=machine, disk_cache=False)(feed[x], feed[p])
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)

@@ -12,6 +12,7 @@ import te_grad as tg
 from te_grad import nn
 from codegen import packing
 from codegen.interpret import run
+from codegen.loop_order import panel_width
 from codegen.loopir import RegisterBlock, RegisterBlocked, loops, loops_of_kind
 from codegen.machine import Machine
 from codegen.schedule import schedule_steps, split_terms, stages_for
@@ -71,10 +72,13 @@ def test_lanes_run_along_the_output_channels_of_a_tiny_image(name, machine):
             and any(isinstance(inner.kind, RegisterBlocked) for inner in loops(lp.body))]
     assert len(jammed) + len(rest) == len(blocks)
     assert all(lp.hi.value - lp.lo.value < factor for lp in rest)
-    # the weights come from a copy with the output channels last: unit-stride lanes
+    # the weights come from a copy with the output channels last (in panels of 16 channels:
+    # a step of a reduce loop would move 1 KiB in it): unit-stride lanes
     packed = [r for s in stages if s is conv for b in blocks for r in reads_in(b.store.value)
-              if r.tensor.name == "W_packed"]
-    assert packed and all(r.indices[-1] is channel for r in packed)
+              if r.tensor.name.startswith("W_packed")]
+    assert packed and all(panel_width(r.indices, channel) == 16 for r in packed)
+    panels = next(s for s in stages if s.tensor.name == "W_packed_panels")
+    assert [r.tensor.name for r in reads_in(panels.tensor.op.body)] == ["W_packed"]
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))

@@ -265,6 +265,23 @@ def test_the_generator_draws_coo_stages():
         assert "a where pinning an output index by data (a COO scatter)" in outcome.notes
 
 
+def test_the_generator_draws_products_copied_in_panels():
+    """Linear layers over 32 or 48 columns (``W[k, i1]`` and ``W[i1, k]``) and products reading
+    panels written by hand, ``P[i1 // 8, q, i1 % 8]``, over columns that are not all whole
+    panels: the kernel built with every copy reads the weights from copies in panels, and the
+    programs pass every check."""
+    sources = [(s, from_seed(s).source) for s in range(600)]
+    panel = [(s, src) for s, src in sources if "// 8, Q" in src]
+    assert len(panel) >= 5
+    assert any("[i1, K" in src for _, src in panel) and any("[K" in src and ", i1]" in src for _, src in panel)
+    hand = [int(re.search(r"compute\(\(\d+, (\d+)\), lambda i0, i1: tg\.sum\(L", src).group(1)) for _, src in panel]
+    assert any(n % 8 for n in hand) and any(n % 8 == 0 for n in hand)  # rows of panels ending inside one, and whole
+    for seed, src in panel[:3]:
+        outcome = check(Program(src), seed=seed)
+        assert not outcome.failed, f"{outcome.kind}: {outcome.detail}\n{src}"
+        assert "an operand copied in panels (codegen.packing)" in outcome.notes, outcome
+
+
 def test_the_generator_draws_sized_stages():
     """Programs whose last stage has a shape in a size variable (a window, a stride, a shift,
     a reduction over (0, n), a guard on the size), checked at 2 or 3 sizes, the smallest
@@ -284,7 +301,6 @@ def test_sized_weight_gradients_are_cut_for_the_cache_in_the_fuzzer():
     """The sized stage written as a weight gradient (a sum over ``(0, n)`` and a constant
     axis) is drawn, and the symbolic kernel the fuzzer builds for tiny caches takes its batch
     loop one value at a time (:mod:`codegen.cache_tiling`): the fuzzer exercises that cut."""
-    import te_grad as tg
     from te_grad.tools.fuzz.check import _built_with_every_copy
     sources = [(s, from_seed(s).source) for s in range(300)]
     weight = [(s, src) for s, src in sources if "kM = tg.reduce_axis" in src]

@@ -186,7 +186,9 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
                            "mismatch-compiled-f64", 1e-12)
                 # half the programs (by their text) on the narrow machine
                 narrow = zlib.crc32(program.source.encode()) % 2 == 1
-                got = _compiled_with_every_copy([out] + list(res), order, feed, narrow)
+                every = _built_with_every_copy([out] + list(res), order, narrow)
+                got = every(*[feed[t] for t in order])
+                got = got if isinstance(got, tuple) else (got,)
                 _close(got[0], y, 1e-9, f"compiled {out.name} (every copy, small caches) vs evaluator",
                        "mismatch-compiled-forward", 1e-12)
                 for x, c, s in zip(inputs, got[1:], simp_values):
@@ -195,6 +197,8 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
                 _check_float32(program, feed, head_value, y, simp_values)
                 if _check_aliasing(kern, order, feed):
                     notes.append("out= aliasing refused")
+                if "_panels[" in every.loops:
+                    notes.append("an operand copied in panels (codegen.packing)")
             if ns.get("SECOND"):
                 status = _worse(status, _second_order(out, inputs, ids, head, feed, res, rng, compile_))
                 notes.append("second order")
@@ -455,12 +459,6 @@ def _built_with_every_copy(outputs, order, narrow: bool = False):
     with packing.using(dataclasses.replace(packing.EVERY_COPY, min_parallel_work=0)):
         return tg.build(outputs, inputs=order, threads=3,
                         machine=Machine(**(NARROW_SMALL_CACHES if narrow else SMALL_CACHES)))
-
-
-def _compiled_with_every_copy(outputs, order, feed, narrow: bool = False):
-    """The results of :func:`_built_with_every_copy`'s kernel on ``feed``."""
-    got = _built_with_every_copy(outputs, order, narrow)(*[feed[t] for t in order])
-    return got if isinstance(got, tuple) else (got,)
 
 
 def _check_float32(program: Program, feed64, head_value, y64, grads64):

@@ -41,7 +41,12 @@ by hand, without ``stop_gradient`` (the shift's gradient is proven zero and drop
 loop variables, piecewise affine, or on data), guarded, maybe summed over the window; or in
 a *mask stage*, a square matrix masked by a causal or band relation of its two axes (with
 ``-inf`` before a softmax, or with ``0``), times a matrix summed over the masked axis (the
-mask's zeros carried across tensors, :mod:`simplify.zeros`).
+mask's zeros carried across tensors, :mod:`simplify.zeros`); or in a *shared stage* (a
+subexpression shared level after level, a DAG); or in a *blocks stage* (blocks of one axis
+read apart, then a concat); or in a *panel stage*, a linear layer over 32 or 48 columns
+(``W[k, i1]`` or ``W[i1, k]``: the kernel built with every copy reads it from a copy in
+panels, :mod:`codegen.packing`) and a product reading panels written by hand,
+``P[i1 // 8, q, i1 % 8]``, over columns that may end inside a panel.
 
 Conventions excluded by construction: a ``max`` / ``min`` reduction that may be
 empty (its value is -inf / inf) is combined with a finite constant, so no
@@ -322,6 +327,8 @@ class _Gen:
             stages.append(self.shared_stage(len(stages), stages[-1]))
         elif self.chance(3):  # blocks of one axis read apart, and a concat: selects on ranges of an axis
             stages.append(self.blocks_stage(len(stages), stages[-1]))
+        elif self.chance(3):  # products over long weight rows: operands copied in panels, panels read by hand
+            stages.append(self.panel_stage(len(stages), stages[-1]))
         self.lines.append(f"OUT = {stages[-1]}")
         self.lines.append(f"STAGES = [{', '.join(stages)}]")
         self.lines.append(f"INPUTS = [{', '.join([f'X{k}' for k in range(n_inputs)] + self.extra_inputs)}]")
@@ -686,6 +693,33 @@ class _Gen:
                f"tg.if_then_else(i1 == {heads * 8 + self.draw(3)}, C(2.0), C(1.0)) * XK[i0, i1 - {heads * 8}])")
         self.lines.append(f"S{s} = tg.compute(({rows}, {heads * 8 + width}), lambda i0, i1: {cat}, name='S{s}')")
         self.sources.append((f"S{s}", (rows, heads * 8 + width)))
+        return f"S{s}"
+
+    def panel_stage(self, s: int, prev: str) -> str:
+        """A linear layer ``L[i0, i1] = sum_k A[i0, k] * W[k, i1]`` (or ``W[i1, k]``) whose
+        ``16 * m`` output columns let the packing read ``W`` from a copy in panels of a cache line
+        (:mod:`codegen.packing`; the fuzzer builds with every copy), then a product reading a
+        layout in panels of 8 written by hand, ``P[i1 // 8, k, i1 % 8]``, over ``8 * m + r``
+        columns (register blocks whose last block starts inside a panel), scaled by ``prev``."""
+        rows, red, cols = 2 + self.draw(4), 2 + self.draw(4), 16 * (2 + self.draw(2))
+        transposed = self.chance(2)
+        self.lines.append(f"A{s} = tg.placeholder(({rows}, {red}), dtype=DT, name='A{s}')")
+        shape = (cols, red) if transposed else (red, cols)
+        self.lines.append(f"W{s} = tg.placeholder({shape!r}, dtype=DT, name='W{s}')")
+        hand = 8 * (2 + self.draw(3)) + self.draw(8)
+        panels = (hand + 7) // 8
+        self.lines.append(f"P{s} = tg.placeholder(({panels}, {cols}, 8), dtype=DT, name='P{s}')")
+        self.extra_inputs.extend([f"A{s}", f"W{s}", f"P{s}"])
+        w = f"W{s}[i1, k]" if transposed else f"W{s}[k, i1]"
+        self.lines.append(f"K{s} = tg.reduce_axis({red}, 'k')")
+        self.lines.append(f"L{s} = tg.compute(({rows}, {cols}), lambda i0, i1: tg.sum(A{s}[i0, K{s}] * "
+                          f"{w.replace('k', f'K{s}')}, axis=K{s}), name='L{s}')")
+        shape_prev = next(sh for name, sh in reversed(self.sources) if name == prev)
+        scale = f"{prev}[{', '.join(['0'] * len(shape_prev))}]" if shape_prev else f"{prev}[()]"
+        self.lines.append(f"Q{s} = tg.reduce_axis({cols}, 'q')")
+        self.lines.append(f"S{s} = tg.compute(({rows}, {hand}), lambda i0, i1: tg.sum(L{s}[i0, Q{s}] * "
+                          f"P{s}[i1 // 8, Q{s}, i1 % 8], axis=Q{s}) * tg.cast(DT, {scale}), name='S{s}')")
+        self.sources.append((f"S{s}", (rows, hand)))
         return f"S{s}"
 
 
