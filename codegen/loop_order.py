@@ -58,17 +58,17 @@ def _size_bound(e: Expr) -> bool:
 
 
 def panel_width(indices: Sequence[Expr], v: Var) -> Optional[int]:
-    """``w`` when ``indices`` are ``[.., v // w, .., v % w]`` with ``v`` in no other index: a
-    copy in panels of ``w`` along ``v`` (:mod:`.packing`), whose lanes along ``v`` are
-    contiguous within a panel (one vector load per panel when a block's first lane is a
-    multiple of ``w`` or of its width, :mod:`.llvm_blocks`)."""
+    """``w``, a power of two, when ``indices`` are ``[.., v // w, .., v % w]`` with ``v`` in no
+    other index: a copy in panels of ``w`` along ``v`` (:mod:`.packing`), whose lanes along
+    ``v`` are contiguous within a panel (one vector load per panel when a block's first lane
+    is a multiple of ``w`` or of its width, both powers of two, :mod:`.llvm_blocks`)."""
     last = indices[-1] if indices else None
     if not (isinstance(last, Binary) and last.op == "floormod" and last.a is v and isinstance(last.b, Const)):
         return None
     w = int(last.b.value)
     quotients = [k for k, i in enumerate(indices[:-1]) if isinstance(i, Binary) and i.op == "floordiv"
                  and i.a is v and isinstance(i.b, Const) and int(i.b.value) == w]
-    if w < 2 or len(quotients) != 1 or any(k != quotients[0] and any(x is v for x in free_vars(i))
+    if w < 2 or w & (w - 1) or len(quotients) != 1 or any(k != quotients[0] and any(x is v for x in free_vars(i))
                                            for k, i in enumerate(indices[:-1])):
         return None
     return w

@@ -47,13 +47,19 @@ cache line per step, but each 2 KiB past the last, a new page every second step.
 lays each panel's rows one after the other, and the read becomes ``P[j // w, k, j % w]``:
 :func:`.loop_order.panel_width` costs it as contiguous along ``j``, and a block whose first
 lane is a multiple of ``w`` (or of its width, when narrower) loads each panel's part as one
-vector (:mod:`.llvm_blocks`; a block starting elsewhere gathers its lanes). Made when ``W``'s
-last extent is a multiple of ``w`` (more than one panel), the term's bounds and the output's
-written region do not depend on ``j`` (its blocks start at multiples of ``w``), and a step of
-the reduction moves at least ``min_panel_stride`` bytes or the walk spans ``min_panel_bytes``
-(:class:`Thresholds`; on a Zen 3 core, ``(1024, 128) @ (128, 512)`` went from 53 to 67
-GFLOP/s, a 128-wide ``W`` of 128 rows gained nothing). A transposed copy may itself be
-copied in panels.
+vector (:mod:`.llvm_blocks`; a block starting elsewhere, the last block of an output row that
+is not a multiple of ``w``, gathers its lanes). Made for a sum whose lanes run along the
+output axis ``j``, read as the last index of ``W`` and by no other operand, when ``W``'s last
+extent is a multiple of ``w`` (more than one panel); when neither the term's bounds nor its
+``where`` depend on ``j`` and the output is not among the tensors a padded hull must not
+read (those written only on a region, and the like: their loops may start anywhere); when a
+step of the reduction moves at least ``min_panel_stride`` bytes or the walk spans
+``min_panel_bytes``; and when each element serves ``min_reuse`` rows and the product has
+``min_work`` multiply-adds (:class:`Thresholds`; on a Zen 3 core ``(1024, 128) @ (128, 512)``
+went from 2.09 to 1.68 ms, 64 to 80 GFLOP/s, BENCHMARKS.md; a 128-wide ``W`` of 128 rows
+gained nothing). A transposed copy may itself be copied in panels (two passes). The copy is
+chosen from the lanes :func:`.loop_order.lane_var` predicts; where the final schedule runs
+them elsewhere (tiny operands built with every copy) it is made and read element by element.
 
 Promises: the rewritten body computes the same values (the copies hold exactly
 the operands' values, and zeros); the copies are returned, producers of the new

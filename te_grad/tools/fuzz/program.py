@@ -700,7 +700,8 @@ class _Gen:
         ``16 * m`` output columns let the packing read ``W`` from a copy in panels of a cache line
         (:mod:`codegen.packing`; the fuzzer builds with every copy), then a product reading a
         layout in panels of 8 written by hand, ``P[i1 // 8, k, i1 % 8]``, over ``8 * m + r``
-        columns (register blocks whose last block starts inside a panel), scaled by ``prev``."""
+        columns (in the default build, register blocks whose last block may start inside a panel
+and gather), scaled by ``prev``."""
         rows, red, cols = 2 + self.draw(4), 2 + self.draw(4), 16 * (2 + self.draw(2))
         transposed = self.chance(2)
         self.lines.append(f"A{s} = tg.placeholder(({rows}, {red}), dtype=DT, name='A{s}')")
