@@ -22,6 +22,12 @@ reduce axes included, plus constants), is computed in every reader: a layer norm
 in stages reads its centered input twice, and recomputing one subtraction per read costs
 less than storing the tensor and loading it back twice.
 
+An *identity copy*, a tensor whose body is the read of another tensor of its shape and
+dtype at its own axes in order (an adjoint passed through a reshape that keeps the shape, a
+linear layer's gradient handed on), is read in its place by every reader, however many and
+of whatever kind (reductions too): each such read loads the same element, and the copy's
+pass over memory disappears.
+
 Promises: only tensors that are not protected (outputs, kept forward tensors) are
 inlined: element-wise ones (no reduction) read exactly once in the whole graph by a
 compute without reductions at exactly its own indices with the same shape, any read
@@ -156,6 +162,20 @@ def _copies(c: Tensor, read: Read, cache: Dict[int, list]) -> bool:
     return body is read and _each_element_once(c, read, cache)
 
 
+def identity_copy(t: Tensor) -> bool:
+    """True if ``t``'s body is a read of another tensor of ``t``'s shape and dtype at ``t``'s own
+    axes, in order (always in bounds: nothing for a run-time check to keep)."""
+    body = t.op.body if isinstance(t.op, ComputeOp) else None
+    return (isinstance(body, Read) and body.tensor is not t and body.tensor.shape == t.shape
+            and body.tensor.dtype == t.dtype and len(body.indices) == len(t.op.axes)
+            and all(i is a for i, a in zip(body.indices, t.op.axes)))
+
+
+def _forwardable(p: Tensor, reads: List[Tuple[Tensor, Read]]) -> bool:
+    """An identity copy read only by computes: they read what it copies instead."""
+    return bool(reads) and identity_copy(p) and all(isinstance(c.op, ComputeOp) for c, _ in reads)
+
+
 def inline_elementwise(roots: Iterable[Tensor], protected: Set[int] = frozenset()) -> Dict[int, Tensor]:
     """``{id(old): new}`` for every tensor behind ``roots``, element-wise producers fused
     into their readers (see the module docstring). Tensors in ``protected`` (by id) and
@@ -168,7 +188,9 @@ def inline_elementwise(roots: Iterable[Tensor], protected: Set[int] = frozenset(
     fused = {id(p) for p in order if id(p) not in protected and _fusable(p, reads.get(id(p), []), cache)}
     recomputed = {id(p) for p in order if id(p) not in protected and id(p) not in fused
                   and _recomputable(p, reads.get(id(p), []), cache)}
-    candidates = fused | recomputed
+    forwarded = {id(p) for p in order if id(p) not in protected and id(p) not in fused
+                 and _forwardable(p, reads.get(id(p), []))}
+    candidates = fused | recomputed | forwarded
     new: Dict[int, Tensor] = {}
     inline: Dict[int, Tensor] = {}
     if not candidates:
@@ -187,6 +209,8 @@ def inline_elementwise(roots: Iterable[Tensor], protected: Set[int] = frozenset(
             readers = [c for c, _ in reads.get(id(t), [])]
             if id(t) in recomputed and not _cheap(out):
                 continue  # cheap as written, not once its own producers were fused into it
+            if id(t) in forwarded and not identity_copy(out):
+                continue  # its producer was fused into it: a copy no more
             if all(out.op.body.depth + reader.op.body.depth <= INLINE_DEPTH for reader in readers):
                 inline[id(out)] = out
     return new

@@ -301,6 +301,45 @@ def test_a_producer_read_once_by_a_copy_is_computed_in_the_copy():
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
 
 
+def test_identity_copies_are_read_through_by_every_reader():
+    """A copy of a tensor at its own indices (an imported linear layer's adjoint handed on) read
+    by a contraction, an element-wise reader and a row sum: all three read the original and
+    the copy is gone. Kept: a copy that transposes, one that casts, one that is an output,
+    and one whose producer was fused into it (then it computes, it no longer copies)."""
+    from te_grad.graph import topo_order
+    x = tg.placeholder((4, 6), dtype="float64", name="X")
+    w = tg.placeholder((6, 5), dtype="float64", name="W")
+    same = tg.compute((4, 6), lambda i, j: x[i, j], name="same")
+    k, r = tg.reduce_axis(6, "k"), tg.reduce_axis(6, "r")
+    y = tg.compute((4, 5), lambda i, j: tg.sum(same[i, k] * w[k, j], axis=k), name="Y")
+    z = tg.compute((4, 6), lambda i, j: same[i, j] * 2.0 + tg.exp(same[i, j]), name="Z")
+    rows = tg.compute((4,), lambda i: tg.sum(same[i, r], axis=r), name="rows")
+    def pairs(t, name):  # read twice, by a sum that reads no element once: neither fused nor recomputed
+        a = tg.reduce_axis(t.shape[1], "a")
+        return tg.compute(t.shape, lambda i, j: tg.sum(tg.cast("float64", t[i, a] * t[i, j]), axis=a), name=name)
+    turned = tg.compute((6, 4), lambda i, j: x[j, i], name="turned")
+    t2 = pairs(turned, "t2")
+    cast = tg.compute((4, 6), lambda i, j: tg.cast("float32", x[i, j]), name="cast")
+    c2 = pairs(cast, "c2")
+    kept = tg.compute((4, 6), lambda i, j: x[i, j], name="kept")
+    k2 = pairs(kept, "k2")
+    e = tg.compute((4, 6), lambda i, j: tg.exp(x[i, j]) + x[i, j], name="e")  # read once: fused into `held`
+    held = tg.compute((4, 6), lambda i, j: e[i, j], name="held")
+    h2 = pairs(held, "h2")
+    outs = [y, z, rows, t2, c2, kept, k2, h2]
+    got_graph = tg.simplify(outs)
+    names = {t.name for t in topo_order(got_graph)}
+    assert "same" not in names and {"turned", "cast", "kept", "held"} <= names
+    rng = np.random.default_rng(4)
+    feed = {x: rng.standard_normal(x.shape), w: rng.standard_normal(w.shape)}
+    for got, want in zip(tg.evaluate(got_graph, feed), tg.evaluate(outs, feed)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    kern = tg.build(outs, [x, w], disk_cache=False)
+    assert "same" not in kern.loops
+    for got, want in zip(kern(feed[x], feed[w]), tg.evaluate(outs, feed)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_cheap_producers_are_recomputed_by_their_few_readers():
     """A layer norm in stages reads its centered input twice: the subtraction is computed in
     both readers instead of stored. Not recomputed: a producer read more than CHEAP_READS

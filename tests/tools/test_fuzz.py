@@ -280,6 +280,7 @@ def test_the_generator_draws_products_copied_in_panels():
         outcome = check(Program(src), seed=seed)
         assert not outcome.failed, f"{outcome.kind}: {outcome.detail}\n{src}"
         assert "an operand copied in panels (codegen.packing)" in outcome.notes, outcome
+        assert "an identity copy read through (simplify.inline)" in outcome.notes, outcome
 
 
 def test_the_generator_draws_sized_stages():

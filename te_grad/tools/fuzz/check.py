@@ -218,6 +218,9 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
             notes.append("a tensor written only where it is read (simplify.unread)")
         if "XS" in ns:
             notes.append("a subexpression shared level after level (a DAG)")
+        from simplify.inline import identity_copy
+        if any(identity_copy(t) for t in topo_order([out] + list(res)) if isinstance(t.op, ComputeOp)):
+            notes.append("an identity copy read through (simplify.inline)")
         fallbacks = sum(1 for w in caught if issubclass(w.category, SimplificationWarning))
         return Outcome(status, fallbacks=fallbacks, notes=notes)
     except _Mismatch as m:

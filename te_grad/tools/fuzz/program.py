@@ -46,7 +46,8 @@ subexpression shared level after level, a DAG); or in a *blocks stage* (blocks o
 read apart, then a concat); or in a *panel stage*, a linear layer over 32 or 48 columns
 (``W[k, i1]`` or ``W[i1, k]``: the kernel built with every copy reads it from a copy in
 panels, :mod:`codegen.packing`) and a product reading panels written by hand,
-``P[i1 // 8, q, i1 % 8]``, over columns that may end inside a panel.
+``P[i1 // 8, q, i1 % 8]``, over columns that may end inside a panel, through an identity copy
+of the layer (read through by its readers, :mod:`simplify.inline`).
 
 Conventions excluded by construction: a ``max`` / ``min`` reduction that may be
 empty (its value is -inf / inf) is combined with a finite constant, so no
@@ -699,9 +700,10 @@ class _Gen:
         """A linear layer ``L[i0, i1] = sum_k A[i0, k] * W[k, i1]`` (or ``W[i1, k]``) whose
         ``16 * m`` output columns let the packing read ``W`` from a copy in panels of a cache line
         (:mod:`codegen.packing`; the fuzzer builds with every copy), then a product reading a
-        layout in panels of 8 written by hand, ``P[i1 // 8, k, i1 % 8]``, over ``8 * m + r``
+        layout in panels of 8 written by hand, ``P[i1 // 8, q, i1 % 8]``, over ``8 * m + r``
         columns (in the default build, register blocks whose last block may start inside a panel
-and gather), scaled by ``prev``."""
+        and gather) through an identity copy of the layer (read through, :mod:`simplify.inline`),
+        scaled by ``prev``."""
         rows, red, cols = 2 + self.draw(4), 2 + self.draw(4), 16 * (2 + self.draw(2))
         transposed = self.chance(2)
         self.lines.append(f"A{s} = tg.placeholder(({rows}, {red}), dtype=DT, name='A{s}')")
@@ -717,8 +719,10 @@ and gather), scaled by ``prev``."""
                           f"{w.replace('k', f'K{s}')}, axis=K{s}), name='L{s}')")
         shape_prev = next(sh for name, sh in reversed(self.sources) if name == prev)
         scale = f"{prev}[{', '.join(['0'] * len(shape_prev))}]" if shape_prev else f"{prev}[()]"
+        # an identity copy of the layer, read by the product: read through (simplify.inline)
+        self.lines.append(f"LC{s} = tg.compute(({rows}, {cols}), lambda i0, i1: L{s}[i0, i1], name='LC{s}')")
         self.lines.append(f"Q{s} = tg.reduce_axis({cols}, 'q')")
-        self.lines.append(f"S{s} = tg.compute(({rows}, {hand}), lambda i0, i1: tg.sum(L{s}[i0, Q{s}] * "
+        self.lines.append(f"S{s} = tg.compute(({rows}, {hand}), lambda i0, i1: tg.sum(LC{s}[i0, Q{s}] * "
                           f"P{s}[i1 // 8, Q{s}, i1 % 8], axis=Q{s}) * tg.cast(DT, {scale}), name='S{s}')")
         self.sources.append((f"S{s}", (rows, hand)))
         return f"S{s}"
