@@ -126,11 +126,11 @@ def linear(args):
         print(f"{name:28s} {s * 1e3:8.3f} ms {flops / s / 1e9:7.1f} GFLOP/s")
 
 
-def compare_models(names, threads, rounds, variants):
+def compare_models(names, threads, rounds, variants, eager=True):
     """The training steps of :mod:`import_models`'s models ``names`` (SGD with momentum), each
     built by every ``variants[name](make)`` (``make()`` compiles the trainer), their steps
-    interleaved with eager PyTorch's (medians of ``rounds``): ms and each variant's ratio to the
-    first and to eager."""
+    interleaved with eager PyTorch's unless not ``eager`` (medians of ``rounds``): ms and each
+    variant's ratio to the first and to eager."""
     import torch
     import torch.nn.functional as F
 
@@ -154,20 +154,20 @@ def compare_models(names, threads, rounds, variants):
             return tr
         built_ = {k: build(trainer) for k, build in variants.items()}
         batch_args = [x.numpy() for x in xs] + [ys.numpy()]
-        eager = make()
-        eager.load_state_dict(net.state_dict())
-        opt = torch.optim.SGD(eager.parameters(), lr=0.01, momentum=0.9)
+        twin = make()
+        twin.load_state_dict(net.state_dict())
+        opt = torch.optim.SGD(twin.parameters(), lr=0.01, momentum=0.9)
 
         def eager_step():
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(eager(*xs), ys).backward()
+            F.cross_entropy(twin(*xs), ys).backward()
             opt.step()
         runs = {k: (lambda tr=tr: tr.update(*batch_args)) for k, tr in built_.items()}
-        med = interleaved({**runs, "eager": eager_step}, rounds)
+        med = interleaved({**runs, "eager": eager_step} if eager else runs, rounds)
         first = next(iter(variants))
         parts = [f"{k} {med[k] * 1e3:.2f} ms" for k in med]
         ratios = [f"{k} / {first} {med[k] / med[first]:.3f}" for k in variants if k != first] + \
-            [f"{k} / eager {med[k] / med['eager']:.2f}" for k in variants]
+            [f"{k} / eager {med[k] / med['eager']:.2f}" for k in variants if eager]
         print(f"{name} threads={threads}: {', '.join(parts)} | {', '.join(ratios)}", flush=True)
 
 
