@@ -24,14 +24,17 @@ less than storing the tensor and loading it back twice.
 
 An *identity copy*, a tensor whose body is the read of another tensor of its shape and
 dtype at its own axes in order (an adjoint passed through a reshape that keeps the shape, a
-linear layer's gradient handed on), is read in its place by every reader, however many and
-of whatever kind (reductions too): each such read loads the same element, and the copy's
-pass over memory disappears.
+linear layer's gradient handed on), read only by computes, is read in its place by every
+reader, however many (reductions too): each such read loads the same element at the same
+indices (a read the copy's readers could not prove in bounds is refused there as it was),
+and the copy's pass over memory disappears. A copy read by a scatter is kept, and so is one
+whose own producer was fused into it (read once by it, the usual case of a copy with one
+reader): it then computes, it no longer copies.
 
 Promises: only tensors that are not protected (outputs, kept forward tensors) are
 inlined: element-wise ones (no reduction) read exactly once in the whole graph by a
 compute without reductions at exactly its own indices with the same shape, any read
-exactly once by a copy as above, cheap ones as above; and a fused body stays shallower
+exactly once by a copy as above, cheap ones as above, identity copies as above; and a fused body stays shallower
 than :data:`INLINE_DEPTH`. The values are unchanged: each inlined read computes the
 element it read, with the same expression.
 """
@@ -164,7 +167,7 @@ def _copies(c: Tensor, read: Read, cache: Dict[int, list]) -> bool:
 
 def identity_copy(t: Tensor) -> bool:
     """True if ``t``'s body is a read of another tensor of ``t``'s shape and dtype at ``t``'s own
-    axes, in order (always in bounds: nothing for a run-time check to keep)."""
+    axes, in order."""
     body = t.op.body if isinstance(t.op, ComputeOp) else None
     return (isinstance(body, Read) and body.tensor is not t and body.tensor.shape == t.shape
             and body.tensor.dtype == t.dtype and len(body.indices) == len(t.op.axes)
@@ -209,7 +212,7 @@ def inline_elementwise(roots: Iterable[Tensor], protected: Set[int] = frozenset(
             readers = [c for c, _ in reads.get(id(t), [])]
             if id(t) in recomputed and not _cheap(out):
                 continue  # cheap as written, not once its own producers were fused into it
-            if id(t) in forwarded and not identity_copy(out):
+            if id(t) in forwarded and id(t) not in recomputed and not identity_copy(out):
                 continue  # its producer was fused into it: a copy no more
             if all(out.op.body.depth + reader.op.body.depth <= INLINE_DEPTH for reader in readers):
                 inline[id(out)] = out

@@ -336,6 +336,14 @@ def test_identity_copies_are_read_through_by_every_reader():
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     kern = tg.build(outs, [x, w], disk_cache=False)
     assert "same" not in kern.loops
+    # a cheap copy read twice whose producer was fused into it is still recomputed by its readers
+    from simplify.inline import inline_elementwise
+    doubled = tg.compute((4, 6), lambda i, j: x[i, j] * 2.0, name="doubled")
+    copy = tg.compute((4, 6), lambda i, j: doubled[i, j], name="copy")
+    r1 = tg.compute((4, 6), lambda i, j: tg.exp(copy[i, j]), name="r1")
+    r2 = tg.compute((4, 6), lambda i, j: copy[i, j] * 3.0, name="r2")
+    fused = inline_elementwise([r1, r2])
+    assert {t.name for t in topo_order([fused[id(r1)], fused[id(r2)]])} == {"r1", "r2", "X"}
     for got, want in zip(kern(feed[x], feed[w]), tg.evaluate(outs, feed)):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 

@@ -719,11 +719,13 @@ class _Gen:
                           f"{w.replace('k', f'K{s}')}, axis=K{s}), name='L{s}')")
         shape_prev = next(sh for name, sh in reversed(self.sources) if name == prev)
         scale = f"{prev}[{', '.join(['0'] * len(shape_prev))}]" if shape_prev else f"{prev}[()]"
-        # an identity copy of the layer, read by the product: read through (simplify.inline)
+        # an identity copy of the layer, read by the product (the layer read directly as well,
+        # so that it is not fused into the copy): read through (simplify.inline)
         self.lines.append(f"LC{s} = tg.compute(({rows}, {cols}), lambda i0, i1: L{s}[i0, i1], name='LC{s}')")
         self.lines.append(f"Q{s} = tg.reduce_axis({cols}, 'q')")
         self.lines.append(f"S{s} = tg.compute(({rows}, {hand}), lambda i0, i1: tg.sum(LC{s}[i0, Q{s}] * "
-                          f"P{s}[i1 // 8, Q{s}, i1 % 8], axis=Q{s}) * tg.cast(DT, {scale}), name='S{s}')")
+                          f"P{s}[i1 // 8, Q{s}, i1 % 8], axis=Q{s}) * tg.cast(DT, {scale}) + L{s}[i0, 0], "
+                          f"name='S{s}')")
         self.sources.append((f"S{s}", (rows, hand)))
         return f"S{s}"
 
