@@ -211,9 +211,8 @@ class RegisterBlockEmitter:
             row = self.b.load(self.b.bitcast(ptr, ir.PointerType(span)), align=SIZE[e.tensor.dtype])
             pick = ir.Constant(ir.VectorType(I32, width), [ir.Constant(I32, step * k) for k in range(width)])
             return self.b.shuffle_vector(row, ir.Constant(span, ir.Undefined), pick)
-        panel = panel_width(e.indices, var)
-        if panel is not None and (width % panel == 0 or panel % width == 0) \
-                and self.lane_align % min(width, panel) == 0:
+        panel = panel_width(e.indices, var)  # a power of two, as the width is: one divides the other
+        if panel is not None and self.lane_align % min(width, panel) == 0:
             return self.panel_read(e, var, width, min(width, panel))
         idx = [self.as_vector(self.expr(i)) for i in e.indices]
         offset = None
@@ -231,7 +230,6 @@ class RegisterBlockEmitter:
             out = self.b.insert_element(out, self.b.load(self.b.gep(base, [lane], inbounds=True)),
                                         ir.Constant(I32, k))
         return out
-
 
     def panel_read(self, e: Read, var, width: int, chunk: int):
         """The read ``P[.., v // w, .., v % w]`` of a block whose first lane is a multiple of

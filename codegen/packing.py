@@ -83,6 +83,7 @@ from te_grad.sizes import is_size_expr, size_vars_in
 from te_grad.transform import substitute
 from te_grad.visitor import Mutator
 
+from .llvm_types import SIZE
 from .loop_order import representative
 from .options import Thresholds, compile_options, current_options
 from .symbolic_bounds import speculatable_within, symbolic_inside
@@ -328,7 +329,7 @@ def _panel_operand(t: Tensor, red: Reduce, lane: Optional[Var],
         if any(lane is x for i in b.indices[:-1] for x in free_vars(i)):
             continue
         n = b.tensor.shape[-1]
-        w = PANEL_BYTES // _itemsize(b.tensor.dtype)
+        w = PANEL_BYTES // SIZE[b.tensor.dtype]
         if isinstance(n, Expr) or n % w or n <= w or w < 2:
             continue
         if any(r is not b and any(lane is x for i in r.indices for x in free_vars(i)) for r in reads):
@@ -338,8 +339,8 @@ def _panel_operand(t: Tensor, red: Reduce, lane: Optional[Var],
         if not walked:
             continue
         d = walked[0]
-        step = _count(b.tensor.shape[walked[-1] + 1:]) * _itemsize(b.tensor.dtype)
-        span = _count(b.tensor.shape[d:]) * _itemsize(b.tensor.dtype)
+        step = _count(b.tensor.shape[walked[-1] + 1:]) * SIZE[b.tensor.dtype]
+        span = _count(b.tensor.shape[d:]) * SIZE[b.tensor.dtype]
         used = {id(x) for i in b.indices for x in free_vars(i)}
         reuse = _count([m for a, m in zip(t.op.axes, t.shape) if id(a) not in used])
         if step < th.min_panel_stride and span < th.min_panel_bytes:
@@ -348,10 +349,6 @@ def _panel_operand(t: Tensor, red: Reduce, lane: Optional[Var],
             continue
         return b, d, w
     return None
-
-
-def _itemsize(dtype: str) -> int:
-    return int(np.dtype(dtype).itemsize) if dtype != "bool" else 1
 
 
 def _panels(src: Tensor, d: int, w: int) -> Tensor:

@@ -684,8 +684,7 @@ class _Gen:
         width = parts * heads * 8
         self.lines.append(f"XK = tg.placeholder(({rows}, {width}), dtype=DT, name='XK')")
         self.extra_inputs.append("XK")
-        shape = next(sh for name, sh in reversed(self.sources) if name == prev)
-        scale = f"{prev}[{', '.join(['0'] * len(shape))}]" if shape else f"{prev}[()]"
+        scale = self.first_element(prev)
         blocks = [f"XK[i0, {o * heads * 8} + i1 * 8 + i2]" for o in range(parts)]
         body = f"{blocks[0]} * {blocks[1]}" + (f" + tg.tanh({blocks[2]}) * {scale}" if parts > 2 else f" * {scale}")
         self.lines.append(f"B{s} = tg.compute(({rows}, {heads}, 8), lambda i0, i1, i2: tg.cast(DT, {body}), "
@@ -695,6 +694,11 @@ class _Gen:
         self.lines.append(f"S{s} = tg.compute(({rows}, {heads * 8 + width}), lambda i0, i1: {cat}, name='S{s}')")
         self.sources.append((f"S{s}", (rows, heads * 8 + width)))
         return f"S{s}"
+
+    def first_element(self, name: str) -> str:
+        """The read of source ``name`` at its first element (``name[0, ..]``, or ``name[()]``)."""
+        shape = next(sh for n, sh in reversed(self.sources) if n == name)
+        return f"{name}[{', '.join(['0'] * len(shape))}]" if shape else f"{name}[()]"
 
     def panel_stage(self, s: int, prev: str) -> str:
         """A linear layer ``L[i0, i1] = sum_k A[i0, k] * W[k, i1]`` (or ``W[i1, k]``) whose
@@ -717,8 +721,7 @@ class _Gen:
         self.lines.append(f"K{s} = tg.reduce_axis({red}, 'k')")
         self.lines.append(f"L{s} = tg.compute(({rows}, {cols}), lambda i0, i1: tg.sum(A{s}[i0, K{s}] * "
                           f"{w.replace('k', f'K{s}')}, axis=K{s}), name='L{s}')")
-        shape_prev = next(sh for name, sh in reversed(self.sources) if name == prev)
-        scale = f"{prev}[{', '.join(['0'] * len(shape_prev))}]" if shape_prev else f"{prev}[()]"
+        scale = self.first_element(prev)
         # an identity copy of the layer, read by the product (the layer read directly as well,
         # so that it is not fused into the copy): read through (simplify.inline)
         self.lines.append(f"LC{s} = tg.compute(({rows}, {cols}), lambda i0, i1: L{s}[i0, i1], name='LC{s}')")
