@@ -156,8 +156,10 @@ class _Runtime:
                                                         GRANULE)}
         extent, granule = f[EXTENT], f[GRANULE]
 
-        def bound(k):  # extent * k / chunks, down to a multiple of the granule
-            return b.mul(b.sdiv(b.sdiv(b.mul(extent, k), chunks), granule), granule)
+        def bound(k):  # extent * k / chunks to the nearest multiple of the granule, at most extent
+            twice = b.mul(chunks, b.mul(granule, _c(2)))
+            near = b.mul(b.sdiv(b.add(b.mul(b.mul(extent, k), _c(2)), b.mul(chunks, granule)), twice), granule)
+            return b.select(b.icmp_signed(">", near, extent), extent, near)
         nxt = b.add(chunk, _c(1))
         lo = b.select(b.icmp_signed("==", chunk, _c(0)), _c(0), bound(chunk))
         hi = b.select(b.icmp_signed("==", nxt, chunks), extent, bound(nxt))

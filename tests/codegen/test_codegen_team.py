@@ -195,3 +195,42 @@ def test_thread_counts_are_checked_and_any_count_is_safe(monkeypatch):
     monkeypatch.setenv("TE_GRAD_NUM_THREADS", "lots")
     with pytest.raises(tg.UserError, match="TE_GRAD_NUM_THREADS"):
         tg.build([y], [x])
+
+
+@pytest.mark.parametrize("extent,chunks,granule", [(16, 2, 3), (64, 2, 6), (19, 19, 10), (5, 4, 4), (37, 3, 1),
+                                                   (100, 7, 6), (3, 2, 6)])
+def test_the_team_splits_a_run_where_chunk_bounds_says(extent, chunks, granule):
+    """The native team's chunks are :func:`codegen.regions.chunk_bounds`'s: each starts at the
+    multiple of the granule nearest its share, so 16 rows in blocks of 3 split 9 / 7 (rounding
+    down gave 6 / 10: one thread did 62% of the work). Recorded by a run function that notes
+    the range of every chunk it is handed."""
+    import ctypes
+    from codegen import team_ir
+    from codegen.regions import chunk_bounds
+    seen, lock = [], threading.Lock()
+
+    @ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                      ctypes.c_int64, ctypes.c_void_p)
+    def run(table, first, last, lo, hi, err):
+        with lock:
+            seen.append((lo, hi))
+        return 0
+
+    bounds = chunk_bounds(extent, chunks, granule)
+    assert bounds[0][0] == 0 and bounds[-1][1] == extent
+    assert all(a[1] == b[0] and a[0] <= a[1] for a, b in zip(bounds, bounds[1:]))
+    assert all(lo % granule == 0 or lo == extent for lo, _ in bounds)
+    share = extent / chunks
+    assert all(abs(lo - k * share) <= granule / 2 or lo == extent for k, (lo, _) in enumerate(bounds))
+    crew = team_module.team(2)
+    record = np.zeros((1, team_ir.RECORD), dtype=np.int64)
+    record[0, :team_ir.REC_GRANULE + 1] = (0, 1, 0, extent, chunks, 2, granule)
+    err = (ctypes.c_int64 * 4)()
+    table = (ctypes.c_void_p * 1)()
+    crew.wake()
+    rc = crew.run_plan(crew.address, record.ctypes.data, 1, ctypes.cast(run, ctypes.c_void_p), None, table,
+                       ctypes.addressof(err))
+    assert rc == 0
+    assert sorted(seen) == [b for b in bounds if b[1] > b[0]]
+    if (extent, chunks, granule) == (16, 2, 3):
+        assert bounds == [(0, 9), (9, 16)]
