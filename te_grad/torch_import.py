@@ -28,7 +28,9 @@ The result is an :class:`ImportedModel`, a :class:`te_grad.train.Module`:
   gradient is the sum over its uses, as in PyTorch;
 - its states (:class:`~te_grad.train.State`) are the module's buffers (batch norm's running
   statistics and ``num_batches_tracked``), parameters that do not require a gradient (frozen:
-  read, never updated) and tensor constants. A buffer the training program mutates is updated
+  read, never updated) and tensor constants. Each program reads its own constants: both
+  number the tensors made in ``forward`` from ``lifted_tensor_0``, so a name the evaluation
+  program shares with other values gets a state of its own (``lifted_tensor_0.eval``). A buffer the training program mutates is updated
   by the training step exactly as PyTorch updates it (the program's own
   ``BUFFER_MUTATION`` outputs);
 - calling it with a :class:`~te_grad.train.Context` translates the training program when
@@ -182,7 +184,10 @@ class ImportedModel(Module):
                                                 list(module.named_buffers(remove_duplicate=False)))
         self._params: Dict[str, Param] = {}
         self._states: Dict[str, State] = {}
-        for ep in self.programs.values():
+        #: (training, a program's constant) -> the state holding it: the two programs number their
+        #: lifted constants each from 0, so one name may hold different values in the two modes
+        self._constant_names: Dict[tuple, str] = {}
+        for training, ep in self.programs.items():
             sig = ep.graph_signature
             for spec in sig.input_specs:
                 kind = spec.kind.name
@@ -196,7 +201,7 @@ class ImportedModel(Module):
                 elif kind == "BUFFER":
                     self._state(target, buffers[target])
                 elif kind == "CONSTANT_TENSOR":
-                    self._state(target, ep.constants[target])
+                    self._constant(training, target, ep.constants[target])
                 elif kind not in ("USER_INPUT",):
                     raise UserError(f"import_model: program input {spec.arg.name} of kind {kind} is not supported")
         refused = self._refusals()
@@ -228,6 +233,21 @@ class ImportedModel(Module):
         p = Param(name, shape, "weight" if len(shape) > 1 else "bias", fan_in, shape[0] if shape else 1, dtype)
         p.value = _numpy(value)
         self._params[name] = p
+
+    def _constant(self, training: bool, target: str, value: torch.Tensor):
+        """The state of a program's lifted constant: the other mode's state of that name when it
+        holds the same value, else one of its own (the name suffixed by the mode)."""
+        name = target
+        held = self._states.get(name)
+        if held is not None:
+            same = held.shape == tuple(value.shape) and held.dtype == dtype_of(value.dtype) and \
+                np.array_equal(held.initial, _numpy(value), equal_nan=value.dtype.is_floating_point)
+            if not same:
+                name = f"{target}.{'train' if training else 'eval'}"
+                while name in self._states or name in self._params:
+                    name += "_"
+        self._state(name, value)
+        self._constant_names[(training, target)] = name
 
     def _state(self, name, value: torch.Tensor):
         if name in self._states:
@@ -270,8 +290,10 @@ class ImportedModel(Module):
                 target = self.aliases.get(spec.target, spec.target)
                 holder = self._params.get(target) or self._states[target]
                 inputs[name] = holder.placeholder
-            elif kind in ("BUFFER", "CONSTANT_TENSOR"):
+            elif kind == "BUFFER":
                 inputs[name] = self._states[self.aliases.get(spec.target, spec.target)].placeholder
+            elif kind == "CONSTANT_TENSOR":
+                inputs[name] = self._states[self._constant_names[(bool(ctx.training), spec.target)]].placeholder
             else:
                 x = next(user)
                 if not isinstance(x, Tensor):

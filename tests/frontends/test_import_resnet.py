@@ -295,6 +295,45 @@ def test_batch_norm_without_running_statistics_uses_batch_statistics_in_eval_too
     _grad_check(nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), bn, nn.ReLU()), x)
 
 
+class _ModeConstants(nn.Module):
+    """Tensors made in ``forward``: torch.export lifts each program's as ``lifted_tensor_0``, ...,
+    so the two modes' constants share names but not values."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        if self.training:
+            return self.lin(x) * torch.tensor([2.0, 3.0, 4.0]) + torch.tensor([5.0, 5.0, 5.0])
+        return self.lin(x) + torch.tensor([1.0, 2.0, 3.0])
+
+
+def test_constants_of_the_two_modes_are_each_their_own():
+    """Each mode reads its own lifted constants: the evaluation program once read the training
+    program's ``lifted_tensor_0`` (5, 5, 5) in place of its own (1, 2, 3)."""
+    torch.manual_seed(0)
+    net = _ModeConstants()
+    x = torch.randn(4, 3)
+    model = tgt.import_model(net, (x,))
+    xp = model.input_placeholders()[0]
+    feed = {xp: x.numpy()}
+    feed.update({p.placeholder: p.value for p in model.parameters()})
+    feed.update({s.placeholder: np.asarray(s.initial) for s in model.states()})
+    for training in (True, False):
+        net.train(training)
+        got = tg.evaluate([model(xp, Context(training=training, seed=tg.placeholder((), "int64", name="seed")))],
+                          {**feed})[0]
+        np.testing.assert_allclose(got, net(x).detach().numpy(), rtol=1e-6, atol=1e-6)
+    y = tg.placeholder((4,), dtype="int64", name="y")
+    trainer = train.Trainer(model, inputs=[xp], targets=[y], loss=tg.nn.softmax_cross_entropy,
+                            optimizer=train.SGD(lr=0.0), progress=False)
+    net.eval()
+    np.testing.assert_allclose(trainer.predict(x.numpy()), net(x).detach().numpy(), rtol=1e-6, atol=1e-6)
+    names = sorted(s.name for s in model.states())
+    assert len(names) == 3, names  # the two training constants and the evaluation one
+
+
 def test_batch_norm_momentum_is_pytorchs():
     x = torch.randn(3, 4, 5, 5, generator=torch.Generator().manual_seed(5))
     bn = nn.BatchNorm2d(4, momentum=0.3, eps=1e-3).double()

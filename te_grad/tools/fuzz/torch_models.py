@@ -202,7 +202,7 @@ class _Gen:
             return False
         s = self.spec.shapes[v]
         fn = self.pick(["add", "mul", "sub"])
-        form = self.pick(["value", "value", "keepdim", "param", "scalar"])
+        form = self.pick(["value", "value", "keepdim", "param", "scalar", "constant"])
         if form == "value":
             others = [u for u in self.float_values if u != v and self.spec.shapes[u] == s]
             if others:
@@ -211,6 +211,9 @@ class _Gen:
         if form == "keepdim" and len(s) > 1:
             d = 1 + self.r(len(s) - 1)
             return self.add("arith", fn + "_keepdim", [v], s, dim=d, reduce=self.pick(["mean", "amax", "sum"]))
+        if form == "constant":  # a tensor made in forward, one per mode: torch.export lifts each program's
+            values = [[float(self.pick([-1.0, 0.5, 2.0, 3.0])) for _ in range(s[-1])] for _ in range(2)]
+            return self.add("arith", fn + "_constant", [v], s, train=values[0], eval=values[1])
         if form == "param" and len(s) > 1:
             k = 1 + self.r(len(s) - 1)
             pshape = tuple(d if self.chance(0.7) else 1 for d in s[-k:])
@@ -503,6 +506,8 @@ def _apply(net, name, node, args, torch, F):
         return binops[base](x, red)
     if op.endswith("_param"):
         return binops[base](x, net.params[name])
+    if op.endswith("_constant"):
+        return binops[base](x, torch.tensor(node["train" if net.training else "eval"], dtype=x.dtype))
     if op.endswith("_scalar"):
         c = node["scalar"]
         if node["left"]:
