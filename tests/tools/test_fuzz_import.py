@@ -45,6 +45,25 @@ def test_the_generator_draws_constants_made_in_forward_one_per_mode():
     assert outcome.kind == "ok", outcome
 
 
+@pytest.mark.parametrize("broken", ["predict", "update"])
+def test_a_kernel_wrong_only_at_another_batch_size_is_caught(monkeypatch, broken):
+    """A module imported with a dynamic batch is also run at another batch size: a prediction
+    off there, or a step that does nothing there, is a failure (``mismatch-other-batch``)."""
+    from te_grad import train
+    spec = next(s for s in map(generate, range(100)) if s.dynamic_batch and s.ids is None)
+    real = getattr(train.Trainer, broken)
+
+    def wrong(self, *arrays):
+        if arrays[0].shape[0] == spec.batch:
+            return real(self, *arrays)
+        return real(self, *arrays) * 1.01 if broken == "predict" else None
+    monkeypatch.setattr(train.Trainer, broken, wrong)
+    outcome = check(spec)
+    assert outcome.kind == "mismatch-other-batch", outcome
+    monkeypatch.setattr(train.Trainer, broken, real)
+    assert check(spec).kind == "ok"
+
+
 def test_modules_are_reproducible_and_valid():
     a, b = generate(77), generate(77)
     assert a.describe() == b.describe() and a.nodes == b.nodes

@@ -22,7 +22,9 @@ float64, with or without a dynamic batch, and checks (:func:`check`), against Py
 2. the parameter gradients of ``sum(W * output)`` (``W`` random) in a random mode, by the
    evaluator and by a kernel compiled with ``tg.build``;
 3. one :class:`te_grad.train.Trainer` SGD step on that loss: the new parameters, batch norm's
-   running statistics and ``num_batches_tracked``.
+   running statistics and ``num_batches_tracked``;
+4. with a dynamic batch, the same kernels at another batch size (1 to 3 more): the Trainer's
+   prediction after that step, then the parameters after a second step (``mismatch-other-batch``).
 
 An import that te_grad refuses with a :class:`~te_grad.errors.UserError` naming an operator
 (no rule, or a rule refusing its arguments) is ``rejected``, counted by operator; any other
@@ -595,12 +597,14 @@ def _close(got, want, rtol, what, kind, noise=None):
     _close_rel(got, want, rtol, what, kind, atol=atol)
 
 
-def _inputs(spec: Spec, rng):
+def _inputs(spec: Spec, rng, batch: int = None):
+    """The module's inputs, at ``batch`` (default: the spec's)."""
     import torch
-    x = rng.uniform(-1.0, 1.0, size=spec.input_shape).astype(spec.dtype)
+    batch = spec.batch if batch is None else batch
+    x = rng.uniform(-1.0, 1.0, size=(batch,) + tuple(spec.input_shape[1:])).astype(spec.dtype)
     arrays = [x]
     if spec.ids is not None:
-        arrays.append(rng.integers(0, spec.ids[1], size=(spec.batch, spec.ids[0])).astype("int64"))
+        arrays.append(rng.integers(0, spec.ids[1], size=(batch, spec.ids[0])).astype("int64"))
     return arrays, [torch.from_numpy(a.copy()) for a in arrays]
 
 
@@ -725,6 +729,23 @@ def _check(spec: Spec, compile_: bool) -> None:
         if n in have:
             _close(have[n], b.numpy(), rtol, f"buffer {n} after a step", "mismatch-step-states",
                    noise[n].numpy() if n in noise else None)
+
+    # 4. with a dynamic batch, the same kernels at another batch size: a prediction, then a step
+    if spec.dynamic_batch:
+        other = spec.batch + 1 + int(rng.integers(0, 3))
+        arrays2, tensors2 = _inputs(spec, rng, other)
+        ref2 = [t.double() if t.is_floating_point() else t for t in tensors2]
+        want = _torch_run(tnet, ref2, False)[0]
+        _close(trainer.predict(*arrays2), want, rtol, f"prediction at batch {other} after a step",
+               "mismatch-other-batch", _torch_run(nnet, tensors2, False)[0] if f32 else None)
+        head2 = rng.standard_normal(np.shape(want)).astype(spec.dtype)
+        trainer.update(*arrays2, head2)
+        tnet2 = _torch_step(tnet, ref2, head2.astype(np.float64), lr)
+        noise = dict(_torch_step(nnet, tensors2, head2, lr).named_parameters()) if f32 else {}
+        new = trainer.params
+        for n, p in tnet2.named_parameters():
+            _close(new[n], p.detach().numpy(), rtol, f"parameter {n} after a step at batch {other}",
+                   "mismatch-other-batch", noise[n].detach().numpy() if n in noise else None)
 
 
 def _torch_step(net, tensors, head, lr):
