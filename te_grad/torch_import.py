@@ -113,10 +113,31 @@ def export_program(module: torch.nn.Module, example_inputs: Sequence, training: 
                 ep = torch.export.export(module, args, strict=False)
             except Exception as e2:  # noqa: BLE001
                 raise UserError(f"import_model: torch.export failed: {type(e2).__name__}: {e2}") from e2
+        _detach_no_grad_regions(ep)
         ep = ep.run_decompositions(_decompositions())
     finally:
         module.train(was)
     return ep, reason
+
+
+def _detach_no_grad_regions(ep) -> None:
+    """Every result of a ``torch.no_grad()`` (``set_grad_enabled(False)``) block of ``ep``
+    detached, in place: ``torch.export`` keeps such a block as one higher-order node, which
+    the decomposition inlines, and with it the fact that its results carry no gradient."""
+    graph = ep.graph
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or getattr(node.target, "__name__", "") != "wrap_with_set_grad_enabled" \
+                or node.args[0] is not False:
+            continue
+        for user in list(node.users):  # the block's results, each taken out by a getitem
+            with graph.inserting_after(user):
+                cut = graph.call_function(torch.ops.aten.detach.default, (user,))
+            cut.meta = dict(user.meta)
+            user.replace_all_uses_with(cut, delete_user_cb=lambda u, cut=cut: u is not cut)
+            changed = True
+    if changed:
+        ep.graph_module.recompile()
 
 
 def _check_modules(module: torch.nn.Module, name: str) -> None:
@@ -168,6 +189,11 @@ class ImportedModel(Module):
         #: why the batch is not a size variable although ``dynamic_batch`` was asked for
         self.static_reason: Optional[str] = reasons[0] if reasons else None
         self.dynamic_batch = dynamic_batch and self.static_reason is None
+        #: the least batch the programs hold for: torch.export traces a dynamic batch for 2 on
+        #: (code may treat a batch of 1 otherwise: ``squeeze()``, broadcasting)
+        self.min_batch = 2 if self.dynamic_batch else 1
+        self.min_batch_reason = ("imported with a dynamic batch, which torch.export traces for batches of at "
+                                 "least 2; import with dynamic_batch=False and an example batch of 1 for those")
         if self.static_reason:
             warnings.warn(f"import_model: the batch of {self.module_name} is exact ({self.static_reason})",
                           RuntimeWarning, stacklevel=3)
@@ -322,12 +348,18 @@ class ImportedModel(Module):
                                                                         names)]
 
     def copy_to(self, module: torch.nn.Module, trainer) -> None:
-        """Load ``trainer``'s current parameters and states into ``module`` (by ``state_dict`` name)."""
+        """Load ``trainer``'s current parameters and states into ``module`` (by ``state_dict`` name,
+        and buffers registered with ``persistent=False`` by their names in ``named_buffers``)."""
         values = dict(trainer.params)
         values.update({k: v for k, v in trainer.states.items() if k in self._states})
         own = module.state_dict()
         update = {k: torch.from_numpy(np.array(v)).to(own[k].dtype) for k, v in values.items() if k in own}
         module.load_state_dict(update, strict=False)
+        with torch.no_grad():  # buffers registered with persistent=False are not in the state_dict
+            for k, buf in module.named_buffers(remove_duplicate=False):
+                k = self.aliases.get(k, k)
+                if k in values and k not in own and buf is not None:
+                    buf.copy_(torch.from_numpy(np.array(values[k])).to(buf.dtype))
 
 
 def _aliases(named) -> Dict[str, str]:

@@ -18,8 +18,12 @@ Math of the less obvious rules:
   a size expression under a symbolic batch), as PyTorch updates them.
 - ``native_dropout(x, p, train)``: ``x / (1 - p)`` where a hash of the element's position
   and the step's seed (``Context.seed``, an input of the training step) falls below ``1 -
-  p``, else 0; the identity when not training. The mask is te_grad's, not PyTorch's
-  generator's (the same law, other draws).
+  p``, else 0; the identity when ``train`` is false. The mask is te_grad's, not PyTorch's
+  generator's (the same law, other draws). A dropout that stays on in evaluation mode
+  (``F.dropout(x, p, training=True)``) is refused: a prediction has no seed.
+- ``detach(x)``: ``x`` with ``stop_gradient``; kept out of the decomposition, which makes
+  it an ``alias`` (the identity, its gradient's stop lost). The results of a
+  ``torch.no_grad()`` block are detached before the decomposition inlines the block.
 - ``addmm(c, a, b, beta, alpha) = beta * c + alpha * (a @ b)``.
 - ``linear(x, w, b)[..., n] = sum_k x[..., k] * w[n, k] + b[n]`` over every leading axis of ``x``
   (kept whole: :func:`te_grad.frontends.views.linear`); a ``view`` that flattens ``x``'s leading axes
@@ -42,7 +46,8 @@ from .views import contraction, linear
 RULES: Dict[str, Callable] = {}
 
 #: composite operators ``torch.export`` keeps whole (not decomposed) because a rule here covers them
-KEEP = ("aten.scaled_dot_product_attention.default", "aten.linear.default")
+KEEP = ("aten.scaled_dot_product_attention.default", "aten.linear.default",
+        "aten.detach.default")  # decomposed, ``detach`` is ``alias``: its gradient's stop lost
 
 #: PyTorch's "index to the end" (``x[2:]`` slices to ``sys.maxsize``)
 _END = 2 ** 62
@@ -609,8 +614,11 @@ def _layer_norm(t, x, normalized_shape, w, b, eps):
 @rule("aten.native_dropout.default")
 def _native_dropout(t, x, p, train=True):
     ctx = t.context
-    if not train or p == 0.0 or ctx is None or not getattr(ctx, "training", False):
+    if not train or p == 0.0:
         return (x, None)
+    if ctx is None or not getattr(ctx, "training", False):  # F.dropout(..., training=True) in evaluation
+        raise UserError(f"dropout (p={p}) in evaluation mode (F.dropout(x, p, training=True), Monte Carlo "
+                        "dropout): te_grad's prediction draws no random numbers")
     if not 0.0 <= p < 1.0:
         raise UserError(f"dropout probability {p} is not in [0, 1)")
     return (dropout(x, p, ctx), None)

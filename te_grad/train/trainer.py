@@ -99,6 +99,10 @@ class Trainer:
     ``model``: a :class:`~te_grad.train.Module` (called on the first input), or a function
     of the input placeholders returning the output tensor, with ``params`` listing its
     parameter placeholders. ``loss(output, *targets)`` returns a 0-d tensor.
+
+    A parameter the training loss does not read (an evaluation-only branch, an unused head)
+    is left as it is by every step, weight decay and momentum included, as PyTorch's
+    optimizers leave a parameter whose ``grad`` is ``None``.
     """
 
     def __init__(self, model, inputs: Sequence[Tensor], targets: Sequence[Tensor], loss: Callable,
@@ -243,7 +247,10 @@ class Trainer:
             if self.clip_norm is not None:
                 grads = _clipped(grads, self.clip_norm)
             hyper = Hyper(lr, t)
+            read = {id(x) for x in _placeholders([loss])}
             for p, g in zip(params, grads):
+                if id(p.placeholder) not in read:  # no gradient at all (PyTorch's grad None): untouched
+                    continue
                 states = [self._slots[k].placeholder for k in self._opt_states[p.name]]
                 new_p, new_states = self.optimizer.update(p.placeholder, g, states, hyper)
                 new[self._index[p.name]] = new_p
@@ -342,7 +349,16 @@ class Trainer:
             out.append(a)
         if len({a.shape[0] for a in out}) != 1:
             raise UserError(f"Trainer: the batch arrays have different sizes {[a.shape[0] for a in out]}")
+        self._check_min_batch(out[0].shape[0] if out and out[0].ndim else None)
         return out
+
+    def _check_min_batch(self, n):
+        """A batch smaller than the model holds for (``min_batch``: an imported model with a
+        dynamic batch holds for 2 on, as torch.export traced it) is a :class:`UserError`."""
+        least = getattr(self.model, "min_batch", 1)
+        if n is not None and n < least:
+            raise UserError(f"Trainer: a batch of {n}: {type(self.model).__name__} holds for batches of at least "
+                            f"{least} ({getattr(self.model, 'min_batch_reason', '')}); pass larger batches")
 
     def update(self, *batch, lr: Optional[float] = None) -> float:
         """One training step on a batch (inputs then targets, numpy arrays); returns the loss.
@@ -420,6 +436,7 @@ class Trainer:
         on the batch size variable, serves every batch size (inputs whose other dimensions are
         the placeholders'); otherwise, or where the model needs an int batch, one per shape."""
         arrays = [np.ascontiguousarray(a) for a in inputs]
+        self._check_min_batch(arrays[0].shape[0] if arrays and arrays[0].ndim else None)
         kernel, slots = self._predict_kernel(tuple(a.shape for a in arrays))
         for t, a in zip(self.inputs, arrays):
             if a.dtype != np.dtype(t.dtype):
@@ -564,7 +581,14 @@ class Trainer:
 
     def _predict_kernel_for(self, shapes, build):
         xs = [dsl.placeholder(s, dtype=t.dtype, name=t.name) for s, t in zip(shapes, self.inputs)]
-        out = self._forward(xs, Context(training=False))
+        ctx = Context(training=False)
+        out = self._forward(xs, ctx)
+        if ctx.updates:  # a prediction changes no state: such a model's outputs would drift from PyTorch's
+            names = [s.name for s in self._model_states if id(s.placeholder) in ctx.updates] or ["?"]
+            raise UserError(f"predict: the model changes its state in evaluation mode ({', '.join(names)}); "
+                            "te_grad's prediction does not update state")
+        if not isinstance(out, Tensor):
+            raise UserError(f"predict: the model must return one tensor, got {type(out).__name__}")
         reads = {id(x) for x in _placeholders([out])}
         slots = [k for k, s in enumerate(self._slots) if id(s.placeholder) in reads]
         return build([out], xs + [self._slots[k].placeholder for k in slots], threads=self.threads), slots

@@ -4,7 +4,8 @@
 (:func:`generate`: a DAG over one float input, and an int input of ids when an ``Embedding``
 is drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d, LayerNorm,
 activations, pools, broadcasting arithmetic with tensors, parameters and scalars, residual
-adds, softmax / log_softmax, views and permutations, a linear layer between views that flatten
+adds, operands detached (``.detach()``, a ``torch.no_grad()`` block), softmax / log_softmax,
+views and permutations, a linear layer between views that flatten
 its input's leading axes into rows and restore them, slices, ``cat`` / ``chunk`` / ``split``,
 ``matmul`` / ``bmm``, reductions, ``scaled_dot_product_attention``), each in float32 or
 float64, with or without a dynamic batch, and checks (:func:`check`), against PyTorch:
@@ -204,7 +205,7 @@ class _Gen:
             return False
         s = self.spec.shapes[v]
         fn = self.pick(["add", "mul", "sub"])
-        form = self.pick(["value", "value", "keepdim", "param", "scalar", "constant"])
+        form = self.pick(["value", "value", "keepdim", "param", "scalar", "constant", "stop"])
         if form == "value":
             others = [u for u in self.float_values if u != v and self.spec.shapes[u] == s]
             if others:
@@ -213,6 +214,8 @@ class _Gen:
         if form == "keepdim" and len(s) > 1:
             d = 1 + self.r(len(s) - 1)
             return self.add("arith", fn + "_keepdim", [v], s, dim=d, reduce=self.pick(["mean", "amax", "sum"]))
+        if form == "stop":  # a detached operand: by .detach() or out of a torch.no_grad() block
+            return self.add("arith", fn + "_stop", [v], s, how=self.pick(["detach", "no_grad"]))
         if form == "constant":  # a tensor made in forward, one per mode: torch.export lifts each program's
             values = [[float(self.pick([-1.0, 0.5, 2.0, 3.0])) for _ in range(s[-1])] for _ in range(2)]
             return self.add("arith", fn + "_constant", [v], s, train=values[0], eval=values[1])
@@ -508,6 +511,12 @@ def _apply(net, name, node, args, torch, F):
         return binops[base](x, red)
     if op.endswith("_param"):
         return binops[base](x, net.params[name])
+    if op.endswith("_stop"):
+        if node["how"] == "detach":
+            return binops[base](x, torch.sigmoid(x).detach())
+        with torch.no_grad():
+            other = torch.sigmoid(x) * 1.5
+        return binops[base](x, other)
     if op.endswith("_constant"):
         return binops[base](x, torch.tensor(node["train" if net.training else "eval"], dtype=x.dtype))
     if op.endswith("_scalar"):

@@ -1,0 +1,155 @@
+"""PyTorch semantics an imported model keeps, each against eager PyTorch in float64: a
+``detach`` and a ``torch.no_grad()`` block stop the gradient; a parameter the training loss
+does not read is left alone by weight decay and momentum (PyTorch's ``grad`` is None); a
+non-persistent buffer is copied back; and what te_grad cannot do as PyTorch does is a
+``UserError``, not another number: state changed in evaluation mode, dropout left on in
+evaluation mode, a batch of 1 for a model imported with a dynamic batch."""
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import te_grad as tg  # noqa: E402
+import te_grad.torch as tgt  # noqa: E402
+from te_grad import train  # noqa: E402
+from te_grad.errors import UserError  # noqa: E402
+
+
+def _trainer(model, **opt):
+    return train.Trainer(model, inputs=model.input_placeholders(), targets=[], loss=tg.nn.mean,
+                         optimizer=train.SGD(lr=0.5, **opt), progress=False)
+
+
+def _torch_step(net, x, **opt):
+    ref = copy.deepcopy(net)
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.5, **opt)
+    ref(x).mean().backward()
+    sgd.step()
+    return ref
+
+
+class _Stops(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2, bias=False)
+
+    def forward(self, x):
+        y = self.lin(x)
+        with torch.no_grad():
+            z = y * 2
+        return y * y.detach() + y * z + torch.tanh(y).detach()
+
+
+def test_detach_and_no_grad_stop_the_gradient():
+    """d/dW of y * y.detach() + y * (2 y under no_grad) is 3 y x, not 6 y x: the decomposition
+    made ``detach`` an ``alias`` and inlined the ``no_grad`` block, and both were differentiated."""
+    torch.manual_seed(0)
+    net = _Stops().double()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    trainer = _trainer(tgt.import_model(net, (x,)))
+    trainer.update(x.numpy())
+    want = _torch_step(net, x).lin.weight.detach().numpy()
+    np.testing.assert_allclose(trainer.params["lin.weight"], want, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(want, net.lin.weight.detach().numpy())
+
+
+class _EvalHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+        self.lin2 = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.lin(x) if self.training else self.lin2(x)
+
+
+@pytest.mark.parametrize("opt", [dict(weight_decay=0.1), dict(momentum=0.9, weight_decay=0.1)])
+def test_a_parameter_the_loss_does_not_read_is_left_alone(opt):
+    torch.manual_seed(1)
+    net = _EvalHead().double()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    trainer = _trainer(tgt.import_model(net, (x,)), **opt)
+    trainer.update(x.numpy())
+    ref = _torch_step(net, x, **opt)
+    for name, p in ref.named_parameters():
+        np.testing.assert_allclose(trainer.params[name], p.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(trainer.params["lin2.bias"], net.lin2.bias.detach().numpy())
+    np.testing.assert_allclose(trainer.predict(x.numpy()), ref.eval()(x).detach().numpy(), rtol=1e-12)
+
+
+class _Shift(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+        self.register_buffer("shift", torch.zeros(3), persistent=False)
+
+    def forward(self, x):
+        if self.training:
+            self.shift.add_(x.mean(0))
+        return self.lin(x - self.shift)
+
+
+def test_a_non_persistent_buffer_is_copied_back():
+    torch.manual_seed(2)
+    net = _Shift().double()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    model = tgt.import_model(net, (x,))
+    trainer = _trainer(model)
+    trainer.update(x.numpy())
+    ref = _torch_step(net, x)
+    back = copy.deepcopy(net)
+    model.copy_to(back, trainer)
+    np.testing.assert_allclose(back.shift.numpy(), ref.shift.numpy(), rtol=1e-12)
+    assert np.abs(ref.shift.numpy()).max() > 0.01
+    np.testing.assert_allclose(back.eval()(x).detach().numpy(), ref.eval()(x).detach().numpy(), rtol=1e-12)
+
+
+class _EvalCounter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+        self.register_buffer("acc", torch.zeros(3))
+
+    def forward(self, x):
+        self.acc.mul_(0.5).add_(x.mean(0))
+        return self.lin(x + self.acc)
+
+
+class _McDropout(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 4)
+
+    def forward(self, x):
+        return torch.nn.functional.dropout(self.lin(x), 0.5, training=True)
+
+
+class _Squeezes(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return torch.softmax(self.lin(x).squeeze(), 0).reshape(-1, 2)
+
+
+def test_what_would_differ_from_pytorch_is_refused():
+    x = torch.randn(4, 3, dtype=torch.float64)
+    trainer = _trainer(tgt.import_model(_EvalCounter().double(), (x,)))
+    trainer.update(x.numpy())  # training changes the buffer as PyTorch does; a prediction cannot
+    with pytest.raises(UserError, match=r"changes its state in evaluation mode \(acc\)"):
+        trainer.predict(x.numpy())
+    with pytest.raises(UserError, match="dropout .* in evaluation mode"):
+        tgt.import_model(_McDropout().double(), (x,))
+    net = _Squeezes().double()
+    model = tgt.import_model(net, (torch.randn(5, 3, dtype=torch.float64),))
+    trainer = _trainer(model)
+    x1 = np.random.default_rng(0).standard_normal((1, 3))
+    with pytest.raises(UserError, match="a batch of 1: .* at least 2"):
+        trainer.predict(x1)
+    with pytest.raises(UserError, match="a batch of 1"):
+        trainer.update(x1)
+    exact = _trainer(tgt.import_model(net, (torch.from_numpy(x1),), dynamic_batch=False))
+    np.testing.assert_allclose(exact.predict(x1), net.eval()(torch.from_numpy(x1)).detach().numpy(), rtol=1e-12)
