@@ -2,7 +2,7 @@
 
     git show fd496b6:codegen/team_ir.py > /tmp/team_ir_before.py
     python benchmarks/team_chunks.py --before /tmp/team_ir_before.py [--models encoder resnet_small]
-        [--threads 2] [--rounds 40]
+        [--threads 2] [--rounds 40] [--no-eager]
 
 A shared run's parallel range is cut into one chunk per thread at multiples of its stages'
 block size (``codegen.regions.chunk_bounds``). The training steps of :mod:`import_models`'s
@@ -57,11 +57,15 @@ def main():
     ap.add_argument("--models", nargs="+", default=["encoder", "resnet_small"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--no-eager", action="store_true",
+                    help="the two teams alone (eager PyTorch's threads, spinning after its step, slow "
+                         "whichever team runs next)")
     args = ap.parse_args()
     now = team_module.team(args.threads)
     before = team_from(args.before, args.threads)
     compare_models(args.models, args.threads, args.rounds,
-                   {"before": lambda make: OnTeam(make(), before), "after": lambda make: OnTeam(make(), now)})
+                   {"before": lambda make: OnTeam(make(), before), "after": lambda make: OnTeam(make(), now)},
+                   eager=not args.no_eager)
 
 
 if __name__ == "__main__":
