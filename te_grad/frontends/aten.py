@@ -8,6 +8,9 @@ follow PyTorch's semantics (the translator checks every result's rank, extents a
 against the captured program's). The operators are those of PyTorch's core ATen opset after
 ``torch.export``'s decompositions, plus the few composite ones kept whole
 (:data:`KEEP`), because te_grad has a better form of them than their decomposition.
+Arithmetic and the float functions first cast integer and boolean tensor operands to the
+float dtype PyTorch recorded for the result (``_promoted``): an int64 tensor times a Python
+float is float64 under ``torch.set_default_dtype(torch.float64)``, not float32 widened after.
 
 Math of the less obvious rules:
 
@@ -40,6 +43,7 @@ from ..errors import UserError
 from ..ir import Tensor
 from ..train.layers import dropout
 from ..sizes import same_shape
+from .translate import dtype_of
 from .views import contraction, linear
 
 #: operator name -> rule
@@ -164,6 +168,29 @@ RULES["aten.maximum.default"] = binary(dsl.maximum, "maximum")
 RULES["aten.minimum.default"] = binary(dsl.minimum, "minimum")
 RULES["aten.pow.Tensor_Scalar"] = binary(lambda a, b: a * a if b == 2 else dsl.pow(a, b), "pow")
 RULES["aten.pow.Tensor_Tensor"] = binary(dsl.pow, "pow")
+
+
+def _promoted(rule_fn: Callable) -> Callable:
+    """``rule_fn`` with its integer and boolean tensor operands first cast to the float dtype
+    PyTorch recorded for the node's result: PyTorch gives an integer tensor times a Python
+    float the default dtype (float64 after ``torch.set_default_dtype``), where te_grad's own
+    promotion would compute it in float32 and the result be widened after."""
+    def apply(t, *args, **kw):
+        val = getattr(getattr(t, "node", None), "meta", {}).get("val")
+        want = dtype_of(getattr(val, "dtype", None))
+        if want is not None and dtypes.is_float(want):
+            args = [dsl.compute(a.shape, lambda *i, a=a: dsl.cast(want, a[i]), name="to_float")
+                    if isinstance(a, Tensor) and not dtypes.is_float(a.dtype) else a for a in args]
+        return rule_fn(t, *args, **kw)
+    return apply
+
+
+for _n in ("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Scalar", "rsub.Tensor", "mul.Tensor",
+           "mul.Scalar", "div.Tensor", "div.Scalar", "maximum.default", "minimum.default", "pow.Tensor_Scalar",
+           "pow.Tensor_Tensor", "exp.default", "log.default", "sqrt.default", "erf.default", "sin.default",
+           "cos.default", "log1p.default", "expm1.default", "rsqrt.default", "reciprocal.default", "atan.default",
+           "asin.default", "acos.default"):
+    RULES[f"aten.{_n}"] = _promoted(RULES[f"aten.{_n}"])
 
 
 @rule("aten.clamp.default")

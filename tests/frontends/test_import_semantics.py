@@ -153,3 +153,27 @@ def test_what_would_differ_from_pytorch_is_refused():
         trainer.update(x1)
     exact = _trainer(tgt.import_model(net, (torch.from_numpy(x1),), dynamic_batch=False))
     np.testing.assert_allclose(exact.predict(x1), net.eval()(torch.from_numpy(x1)).detach().numpy(), rtol=1e-12)
+
+
+class _IntTimesFloat(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, i):
+        return i * 0.3 * self.w + torch.exp(i[:, :1] / 7) + i / 3
+
+
+def test_integers_meet_floats_in_the_dtype_pytorch_records():
+    """An int64 tensor times a Python float is computed in the float dtype PyTorch recorded for
+    the node (float64 here, the default dtype), not in float32 and widened after (a relative
+    error of 2e-8); an integer true division is that too."""
+    keep = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        net = _IntTimesFloat()
+        i = torch.arange(10, 18).reshape(2, 4)
+        trainer = _trainer(tgt.import_model(net, (i,)))
+        np.testing.assert_allclose(trainer.predict(i.numpy()), net(i).detach().numpy(), rtol=1e-15)
+    finally:
+        torch.set_default_dtype(keep)
