@@ -402,6 +402,11 @@ class Trainer:
         learning rate of each step."""
         rng = np.random.default_rng(seed)
         n = len(x)
+        last = n % batch_size if isinstance(batch_size, int) and batch_size > 0 else 0
+        if last and not drop_last and last < getattr(self.model, "min_batch", 1):  # before any step, not after one
+            raise UserError(f"Trainer.fit: {n} samples in batches of {batch_size} leave a last batch of {last}; "
+                            f"{type(self.model).__name__} holds for batches of at least "
+                            f"{self.model.min_batch}: pass drop_last=True or another batch_size")
         means = []
         start = time.monotonic()
         for epoch in range(epochs):

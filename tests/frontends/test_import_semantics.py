@@ -151,6 +151,10 @@ def test_what_would_differ_from_pytorch_is_refused():
         trainer.predict(x1)
     with pytest.raises(UserError, match="a batch of 1"):
         trainer.update(x1)
+    data = np.random.default_rng(1).standard_normal((9, 3))
+    with pytest.raises(UserError, match="leave a last batch of 1; .* drop_last=True"):
+        trainer.fit(data, np.zeros((9, 2)), batch_size=4)
+    assert trainer.t == 0  # refused before any step
     exact = _trainer(tgt.import_model(net, (torch.from_numpy(x1),), dynamic_batch=False))
     np.testing.assert_allclose(exact.predict(x1), net.eval()(torch.from_numpy(x1)).detach().numpy(), rtol=1e-12)
 
