@@ -30,6 +30,7 @@ accumulates, one also updates).
 """
 from __future__ import annotations
 
+import numbers
 import sys
 import time
 import warnings
@@ -41,7 +42,7 @@ import numpy as np
 from .. import dsl, dtypes, nn, sizes
 from ..collector import during_build
 from ..errors import UserError
-from ..ir import Tensor
+from ..ir import Const, Tensor
 from .init import Initializer, xavier_uniform
 from .layers import Context, Module, Param
 from .optim import Hyper, Optimizer, check_hyper
@@ -75,6 +76,13 @@ def _fans(shape) -> Tuple[int, int]:
     return shape[1] * receptive, shape[0] * receptive
 
 
+def _derived_zero(g) -> bool:
+    """Whether ``g`` is a gradient derived as the constant 0: nothing differentiable reads the
+    parameter (every read of it under ``stop_gradient``, a ``detach``)."""
+    body = getattr(getattr(g, "op", None), "body", None)
+    return isinstance(body, Const) and body.value == 0
+
+
 def _as_params(params) -> List[Param]:
     """User placeholders as parameters (kind from rank: vectors are biases, the rest weights)."""
     out = []
@@ -101,8 +109,9 @@ class Trainer:
     parameter placeholders. ``loss(output, *targets)`` returns a 0-d tensor.
 
     A parameter the training loss does not read (an evaluation-only branch, an unused head)
-    is left as it is by every step, weight decay and momentum included, as PyTorch's
-    optimizers leave a parameter whose ``grad`` is ``None``.
+    or reads only under ``stop_gradient`` (a ``detach``, a ``torch.no_grad()`` block: its
+    gradient is derived as the constant 0) is left as it is by every step, weight decay and
+    momentum included, as PyTorch's optimizers leave a parameter whose ``grad`` is ``None``.
     """
 
     def __init__(self, model, inputs: Sequence[Tensor], targets: Sequence[Tensor], loss: Callable,
@@ -228,6 +237,7 @@ class Trainer:
         accuracy = self._accuracy(out, ys)
         params = self._param_list
         grads = gradient(loss, [p.placeholder for p in params])
+        raw_grads = list(grads)
         new: Dict[int, Tensor] = {}
         if self.accumulate > 1:
             sums = [self._slots[self._acc[p.name]].placeholder for p in params]
@@ -248,8 +258,8 @@ class Trainer:
                 grads = _clipped(grads, self.clip_norm)
             hyper = Hyper(lr, t)
             read = {id(x) for x in _placeholders([loss])}
-            for p, g in zip(params, grads):
-                if id(p.placeholder) not in read:  # no gradient at all (PyTorch's grad None): untouched
+            for p, g, raw in zip(params, grads, raw_grads):
+                if id(p.placeholder) not in read or _derived_zero(raw):  # PyTorch's grad None: untouched
                     continue
                 states = [self._slots[k].placeholder for k in self._opt_states[p.name]]
                 new_p, new_states = self.optimizer.update(p.placeholder, g, states, hyper)
@@ -402,7 +412,7 @@ class Trainer:
         learning rate of each step."""
         rng = np.random.default_rng(seed)
         n = len(x)
-        last = n % batch_size if isinstance(batch_size, int) and batch_size > 0 else 0
+        last = n % int(batch_size) if isinstance(batch_size, numbers.Integral) and batch_size > 0 else 0
         if last and not drop_last and last < getattr(self.model, "min_batch", 1):  # before any step, not after one
             raise UserError(f"Trainer.fit: {n} samples in batches of {batch_size} leave a last batch of {last}; "
                             f"{type(self.model).__name__} holds for batches of at least "

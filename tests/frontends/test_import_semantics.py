@@ -181,3 +181,29 @@ def test_integers_meet_floats_in_the_dtype_pytorch_records():
         np.testing.assert_allclose(trainer.predict(i.numpy()), net(i).detach().numpy(), rtol=1e-15)
     finally:
         torch.set_default_dtype(keep)
+
+
+class _ReadUnderNoGrad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+        self.shift = torch.nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x):
+        with torch.no_grad():
+            c = self.scale.abs() + 1
+        return self.lin(x) * c + self.shift.detach()
+
+
+def test_a_parameter_read_only_under_no_grad_or_detach_is_left_alone():
+    """Its gradient is derived as the constant 0, PyTorch's is None: weight decay must not move it."""
+    torch.manual_seed(3)
+    net = _ReadUnderNoGrad().double()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    trainer = _trainer(tgt.import_model(net, (x,)), weight_decay=0.1, momentum=0.9)
+    trainer.update(x.numpy())
+    ref = _torch_step(net, x, weight_decay=0.1, momentum=0.9)
+    for name, p in ref.named_parameters():
+        np.testing.assert_allclose(trainer.params[name], p.detach().numpy(), rtol=1e-12, atol=1e-12)
+    assert trainer.params["scale"] == 2.0 and trainer.params["shift"] == 0.5
