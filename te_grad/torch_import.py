@@ -30,9 +30,9 @@ The result is an :class:`ImportedModel`, a :class:`te_grad.train.Module`:
   statistics and ``num_batches_tracked``), parameters that do not require a gradient (frozen:
   read, never updated) and tensor constants. Each program reads its own constants: both
   number the tensors made in ``forward`` from ``lifted_tensor_0``, so a name the evaluation
-  program shares with other values gets a state of its own (``lifted_tensor_0.eval``). A buffer the training program mutates is updated
-  by the training step exactly as PyTorch updates it (the program's own
-  ``BUFFER_MUTATION`` outputs);
+  program shares with other values gets a state of its own (``lifted_tensor_0.eval``). A
+  buffer the training program mutates is updated by the training step exactly as PyTorch
+  updates it (the program's own ``BUFFER_MUTATION`` outputs);
 - calling it with a :class:`~te_grad.train.Context` translates the training program when
   ``ctx.training`` and the evaluation program otherwise (batch norm on running statistics,
   dropout the identity). Dropout in training draws its mask from the step's seed.
