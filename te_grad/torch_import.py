@@ -140,6 +140,45 @@ def _detach_no_grad_regions(ep) -> None:
         ep.graph_module.recompile()
 
 
+#: core ATen operators whose result PyTorch's autograd does not connect to their tensor operands
+#: (the result of ``detach``, and a tensor made only in the shape of another)
+_NOT_DIFFERENTIABLE = frozenset(f"aten.{op}.default" for op in (
+    "detach", "full_like", "empty_like", "zeros_like", "ones_like", "rand_like", "randn_like", "randint_like",
+    "new_full", "new_empty", "new_zeros", "new_ones", "new_empty_strided"))
+
+
+def _floating(value) -> bool:
+    if isinstance(value, (tuple, list)):
+        return any(_floating(v) for v in value)
+    return isinstance(value, torch.Tensor) and (value.dtype.is_floating_point or value.dtype.is_complex)
+
+
+def gradient_reach(ep, aliases: Dict[str, str]) -> List[frozenset]:
+    """For each user output of the training program ``ep``, the parameters (by their kept
+    names, ``aliases`` applied) whose ``grad`` PyTorch's autograd sets when a loss of that output
+    is differentiated: those with a path to it through operators that connect their result to
+    their operands. A result connects when it is floating point and its operator differentiable:
+    a comparison, an integer result, ``.item()``, ``detach``, ``zeros_like`` cut the path, while
+    ``0 * p`` does not (PyTorch's ``grad`` of ``p`` is zeros, which weight decay still moves,
+    where te_grad derives the constant 0)."""
+    reach: Dict[str, frozenset] = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind.name == "PARAMETER":
+            reach[spec.arg.name] = frozenset([aliases.get(spec.target, spec.target)])
+    outputs = []
+    for node in ep.graph.nodes:
+        if node.op == "output":
+            outputs = list(node.args[0])
+        if node.op != "call_function" or op_name(node) in _NOT_DIFFERENTIABLE \
+                or not _floating(node.meta.get("val")):
+            continue
+        found = frozenset().union(*[reach.get(a.name, frozenset()) for a in node.all_input_nodes])
+        if found:
+            reach[node.name] = found
+    return [reach.get(getattr(v, "name", None), frozenset())
+            for spec, v in zip(ep.graph_signature.output_specs, outputs) if spec.kind.name == "USER_OUTPUT"]
+
+
 def _check_modules(module: torch.nn.Module, name: str) -> None:
     """A :class:`UserError` naming every submodule whose training step ``torch.export`` cannot
     capture faithfully: batch norm with ``momentum=None`` (a cumulative average, whose factor
@@ -208,6 +247,8 @@ class ImportedModel(Module):
         #: each name of a shared (tied) parameter or buffer -> its first name, the one te_grad keeps
         self.aliases: Dict[str, str] = _aliases(list(module.named_parameters(remove_duplicate=False)) +
                                                 list(module.named_buffers(remove_duplicate=False)))
+        #: per user output of the training program, the parameters whose gradient PyTorch sets
+        self.gradient_reach = gradient_reach(self.programs[True], self.aliases)
         self._params: Dict[str, Param] = {}
         self._states: Dict[str, State] = {}
         #: (training, a program's constant) -> the state holding it: the two programs number their
@@ -292,6 +333,11 @@ class ImportedModel(Module):
 
     def rename(self, prefix: str):
         raise UserError("an imported model keeps its PyTorch names; it cannot be put inside a Sequential")
+
+    def params_with_gradient(self, outputs: Sequence[int]) -> set:
+        """The parameters whose ``grad`` PyTorch sets from a loss of the training outputs at
+        positions ``outputs`` (:func:`gradient_reach`): the others are left alone by a step."""
+        return set().union(*[self.gradient_reach[k] for k in outputs])
 
     def __call__(self, *args):
         return self.forward(*args)

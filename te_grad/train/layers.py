@@ -10,7 +10,7 @@ the layer, so weights move between the two by name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import dsl, nn
 from ..errors import UserError
@@ -75,6 +75,13 @@ class Module:
             if isinstance(v, (Param, State)):
                 v.name = f"{prefix}{attr}"
                 v.placeholder = dsl.placeholder(v.shape, dtype=v.dtype, name=v.name)
+
+    def params_with_gradient(self, outputs: Sequence[int]) -> Optional[Set[str]]:
+        """The names of the parameters a training step moves when its loss reads the outputs at
+        positions ``outputs``, by the rule of the framework the model comes from; ``None`` (the
+        default) for te_grad's own: a parameter whose gradient is derived as the constant 0 (the
+        loss does not read it, or only under ``stop_gradient``) stays as it is."""
+        return None
 
     def __call__(self, x: Tensor, ctx: Context) -> Tensor:
         return self.forward(x, ctx)

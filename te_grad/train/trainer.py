@@ -109,9 +109,11 @@ class Trainer:
     parameter placeholders. ``loss(output, *targets)`` returns a 0-d tensor.
 
     A parameter the training loss does not read (an evaluation-only branch, an unused head)
-    or reads only under ``stop_gradient`` (a ``detach``, a ``torch.no_grad()`` block: its
-    gradient is derived as the constant 0) is left as it is by every step, weight decay and
-    momentum included, as PyTorch's optimizers leave a parameter whose ``grad`` is ``None``.
+    or reads only under ``stop_gradient`` (its gradient is derived as the constant 0) is left
+    as it is by every step, weight decay and momentum included, as PyTorch's optimizers leave a
+    parameter whose ``grad`` is ``None``. A model may say which parameters a step moves by its
+    own framework's rule (:meth:`Module.params_with_gradient`): an imported PyTorch model moves
+    exactly those whose ``grad`` PyTorch would set, so ``0 * p.sum()`` still decays ``p``.
     """
 
     def __init__(self, model, inputs: Sequence[Tensor], targets: Sequence[Tensor], loss: Callable,
@@ -205,6 +207,15 @@ class Trainer:
         ys = [dsl.placeholder(s, dtype=t.dtype, name=t.name) for t, s in zip(self.targets, shapes[len(xs):])]
         return xs, ys
 
+    def _params_with_gradient(self, out, loss) -> Optional[set]:
+        """:meth:`Module.params_with_gradient` of the model for the outputs ``loss`` reads."""
+        if not isinstance(self.model, Module):
+            return None
+        from ..graph import topo_order
+        used = {id(t) for t in topo_order([loss])}
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        return self.model.params_with_gradient([k for k, o in enumerate(outs) if id(o) in used])
+
     def _forward(self, xs, ctx):
         if isinstance(self.model, Module):
             return self.model(*xs, ctx)
@@ -257,9 +268,14 @@ class Trainer:
             if self.clip_norm is not None:
                 grads = _clipped(grads, self.clip_norm)
             hyper = Hyper(lr, t)
+            moved = self._params_with_gradient(out, loss)
             read = {id(x) for x in _placeholders([loss])}
             for p, g, raw in zip(params, grads, raw_grads):
-                if id(p.placeholder) not in read or _derived_zero(raw):  # PyTorch's grad None: untouched
+                if moved is not None:
+                    still = p.name not in moved
+                else:  # PyTorch's grad None: untouched
+                    still = id(p.placeholder) not in read or _derived_zero(raw)
+                if still:
                     continue
                 states = [self._slots[k].placeholder for k in self._opt_states[p.name]]
                 new_p, new_states = self.optimizer.update(p.placeholder, g, states, hyper)

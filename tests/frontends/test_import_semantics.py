@@ -207,3 +207,43 @@ def test_a_parameter_read_only_under_no_grad_or_detach_is_left_alone():
     for name, p in ref.named_parameters():
         np.testing.assert_allclose(trainer.params[name], p.detach().numpy(), rtol=1e-12, atol=1e-12)
     assert trainer.params["scale"] == 2.0 and trainer.params["shift"] == 0.5
+
+
+class _ZeroGradient(torch.nn.Module):
+    """``0 * p.sum()`` (the way to make every parameter take part in a step), a comparison and a
+    tensor shaped like a parameter: PyTorch connects only the first to the loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+        self.unused = torch.nn.Parameter(torch.full((2,), 3.0))
+        self.gate = torch.nn.Parameter(torch.tensor([1.0, -1.0]))
+        self.like = torch.nn.Parameter(torch.tensor([4.0, 5.0]))
+
+    def forward(self, x):
+        y = torch.where(self.gate > 0, self.lin(x), -self.lin(x)) + torch.zeros_like(self.like)
+        return y + 0 * self.unused.sum()
+
+
+@pytest.mark.parametrize("opt", [dict(weight_decay=0.1), dict(momentum=0.9, weight_decay=0.1)])
+def test_a_parameter_whose_gradient_is_zero_is_decayed_as_pytorch_decays_it(opt):
+    """PyTorch's ``grad`` of ``unused`` is zeros, not None, so weight decay moves it, although
+    te_grad derives its gradient as the constant 0; ``gate`` (read by a comparison) and
+    ``like`` (read by ``zeros_like``) get None and stay."""
+    torch.manual_seed(4)
+    net = _ZeroGradient().double()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    trainer = _trainer(tgt.import_model(net, (x,)), **opt)
+    trainer.update(x.numpy())
+    trainer.update(x.numpy())
+    ref = copy.deepcopy(net)
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.5, **opt)
+    for _ in range(2):
+        sgd.zero_grad()
+        ref(x).mean().backward()
+        sgd.step()
+    assert ref.gate.grad is None and ref.like.grad is None and ref.unused.grad is not None
+    for name, p in ref.named_parameters():
+        np.testing.assert_allclose(trainer.params[name], p.detach().numpy(), rtol=1e-12, atol=1e-12)
+    assert not np.allclose(trainer.params["unused"], 3.0)
+    np.testing.assert_array_equal(trainer.params["gate"], [1.0, -1.0])

@@ -73,6 +73,17 @@ def test_the_generator_draws_detached_operands(how):
     assert outcome.kind == "ok", outcome
 
 
+@pytest.mark.parametrize("how", ["zero", "gate", "like"])
+def test_the_generator_draws_parameters_whose_gradient_is_zero(how):
+    """``0 * p.sum()`` (PyTorch's grad of ``p`` zeros: weight decay moves ``p``), ``x * (p > 0)``
+    and ``zeros_like(p)`` (grad None: ``p`` stays); the step's weight decay tells them apart."""
+    specs = [s for s in map(generate, range(300)) if any(n["op"] == "add_cut" and n["how"] == how
+                                                         for n in s.nodes)]
+    assert len(specs) >= 3
+    outcome = check(specs[0])
+    assert outcome.kind == "ok", outcome
+
+
 @pytest.mark.parametrize("broken", ["predict", "update"])
 def test_a_kernel_wrong_only_at_another_batch_size_is_caught(monkeypatch, broken):
     """A module imported with a dynamic batch is also run at another batch size: a prediction

@@ -4,7 +4,8 @@
 (:func:`generate`: a DAG over one float input, and an int input of ids when an ``Embedding``
 is drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d, LayerNorm,
 activations, pools, broadcasting arithmetic with tensors, parameters and scalars, residual
-adds, operands detached (``.detach()``, a ``torch.no_grad()`` block), softmax / log_softmax,
+adds, operands detached (``.detach()``, a ``torch.no_grad()`` block), parameters read only
+where their gradient is zero (``0 * p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``), softmax / log_softmax,
 views and permutations, a linear layer between views that flatten
 its input's leading axes into rows and restore them, slices, ``cat`` / ``chunk`` / ``split``,
 ``matmul`` / ``bmm``, reductions, ``scaled_dot_product_attention``), each in float32 or
@@ -22,8 +23,9 @@ float64, with or without a dynamic batch, and checks (:func:`check`), against Py
    two elements);
 2. the parameter gradients of ``sum(W * output)`` (``W`` random) in a random mode, by the
    evaluator and by a kernel compiled with ``tg.build``;
-3. one :class:`te_grad.train.Trainer` SGD step on that loss: the new parameters, batch norm's
-   running statistics and ``num_batches_tracked``;
+3. one :class:`te_grad.train.Trainer` SGD step on that loss, with weight decay (which moves a
+   parameter whose PyTorch ``grad`` is zeros and leaves one whose ``grad`` is None): the new
+   parameters, batch norm's running statistics and ``num_batches_tracked``;
 4. with a dynamic batch, the same kernels at another batch size (1 to 3 more): the Trainer's
    prediction after that step, then the parameters after a second step (``mismatch-other-batch``).
 
@@ -205,7 +207,7 @@ class _Gen:
             return False
         s = self.spec.shapes[v]
         fn = self.pick(["add", "mul", "sub"])
-        form = self.pick(["value", "value", "keepdim", "param", "scalar", "constant", "stop"])
+        form = self.pick(["value", "value", "keepdim", "param", "scalar", "constant", "stop", "cut"])
         if form == "value":
             others = [u for u in self.float_values if u != v and self.spec.shapes[u] == s]
             if others:
@@ -219,6 +221,9 @@ class _Gen:
         if form == "constant":  # a tensor made in forward, one per mode: torch.export lifts each program's
             values = [[float(self.pick([-1.0, 0.5, 2.0, 3.0])) for _ in range(s[-1])] for _ in range(2)]
             return self.add("arith", fn + "_constant", [v], s, train=values[0], eval=values[1])
+        if form == "cut" and len(s) > 1:  # a parameter whose gradient is 0 (PyTorch: zeros, or None when cut)
+            pshape = tuple(d if self.chance(0.7) else 1 for d in s[1:])
+            return self.add("arith", "add_cut", [v], s, pshape=pshape, how=self.pick(["zero", "gate", "like"]))
         if form == "param" and len(s) > 1:
             k = 1 + self.r(len(s) - 1)
             pshape = tuple(d if self.chance(0.7) else 1 for d in s[-k:])
@@ -458,7 +463,7 @@ def build_module(spec: Spec):
                             if ln.bias is not None:
                                 ln.bias.uniform_(-0.5, 0.5)
                     self.layers[name] = ln
-                elif op.endswith("_param") or op == "matmul_param":
+                elif op.endswith("_param") or op.endswith("_cut"):
                     self.params[name] = torch.nn.Parameter(torch.empty(node["pshape"]).uniform_(-1.0, 1.0))
                 elif op == "sdpa":
                     self.layers[name] = torch.nn.Linear(node["features"], node["features"])
@@ -511,6 +516,10 @@ def _apply(net, name, node, args, torch, F):
         return binops[base](x, red)
     if op.endswith("_param"):
         return binops[base](x, net.params[name])
+    if op.endswith("_cut"):  # 0 * p: PyTorch's grad of p is zeros (weight decay moves p); p > 0 and
+        p = net.params[name]  # zeros_like(p) cut p off the loss (its grad None: p stays)
+        return {"zero": lambda: x + 0 * p.sum(), "gate": lambda: x * (p > 0),
+                "like": lambda: x + torch.zeros_like(p)}[node["how"]]()
     if op.endswith("_stop"):
         if node["how"] == "detach":
             return binops[base](x, torch.sigmoid(x).detach())
@@ -720,7 +729,7 @@ def _check(spec: Spec, compile_: bool) -> None:
     lr = 0.5
     y = tg.placeholder(tuple(np.shape(head)), dtype=spec.dtype, name="y")
     trainer = train.Trainer(model, inputs=xs, targets=[y], loss=lambda o, t: tg.nn.sum(tg.nn.multiply(o, t)),
-                            optimizer=train.SGD(lr=lr), progress=False, dynamic_batch=spec.dynamic_batch)
+                            optimizer=train.SGD(lr=lr, weight_decay=DECAY), progress=False, dynamic_batch=spec.dynamic_batch)
     trainer.update(*arrays, head)
     if spec.dynamic_batch and trainer.static_reason:   # the step fell back to a kernel per batch size
         raise _Mismatch("static-batch", f"the training step was not built on a batch size variable: "
@@ -771,9 +780,13 @@ def _torch_step(net, tensors, head, lr):
     return tnet
 
 
+#: the weight decay of the SGD steps, in te_grad and in PyTorch
+DECAY = 0.1
+
+
 def torch_sgd(net, lr):
     import torch
-    return torch.optim.SGD(net.parameters(), lr=lr)
+    return torch.optim.SGD(net.parameters(), lr=lr, weight_decay=DECAY)
 
 
 def check_seed(seed: int, compile_: bool = True) -> Outcome:
