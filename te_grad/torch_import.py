@@ -199,6 +199,16 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 class ImportedModel(Module):
     """A ``torch.nn.Module`` as a :class:`te_grad.train.Module` (see the module docstring)."""
 
+    #: why a model with a dynamic batch takes batches of 2 on (:attr:`min_batch`)
+    min_batch_reason = ("imported with a dynamic batch, which torch.export traces for batches of at "
+                        "least 2; import with dynamic_batch=False and an example batch of 1 for those")
+
+    @property
+    def min_batch(self) -> int:
+        """The least batch the programs hold for: torch.export traces a dynamic batch for 2 on
+        (code may treat a batch of 1 otherwise: ``squeeze()``, broadcasting)."""
+        return 2 if self.dynamic_batch else 1
+
     @during_build
     def __init__(self, module: torch.nn.Module, example_inputs: Sequence, dynamic_batch: bool = True):
         if not isinstance(module, torch.nn.Module):
@@ -228,11 +238,6 @@ class ImportedModel(Module):
         #: why the batch is not a size variable although ``dynamic_batch`` was asked for
         self.static_reason: Optional[str] = reasons[0] if reasons else None
         self.dynamic_batch = dynamic_batch and self.static_reason is None
-        #: the least batch the programs hold for: torch.export traces a dynamic batch for 2 on
-        #: (code may treat a batch of 1 otherwise: ``squeeze()``, broadcasting)
-        self.min_batch = 2 if self.dynamic_batch else 1
-        self.min_batch_reason = ("imported with a dynamic batch, which torch.export traces for batches of at "
-                                 "least 2; import with dynamic_batch=False and an example batch of 1 for those")
         if self.static_reason:
             warnings.warn(f"import_model: the batch of {self.module_name} is exact ({self.static_reason})",
                           RuntimeWarning, stacklevel=3)

@@ -8,9 +8,10 @@ follow PyTorch's semantics (the translator checks every result's rank, extents a
 against the captured program's). The operators are those of PyTorch's core ATen opset after
 ``torch.export``'s decompositions, plus the few composite ones kept whole
 (:data:`KEEP`), because te_grad has a better form of them than their decomposition.
-Arithmetic and the float functions first cast integer and boolean tensor operands to the
-float dtype PyTorch recorded for the result (``_promoted``): an int64 tensor times a Python
-float is float64 under ``torch.set_default_dtype(torch.float64)``, not float32 widened after.
+Arithmetic and the float functions (``rule(..., promote=True)``) first cast integer and
+boolean tensor operands to the float dtype PyTorch recorded for the result: an int64 tensor
+times a Python float is float64 under ``torch.set_default_dtype(torch.float64)``, not float32
+widened after.
 
 Math of the less obvious rules:
 
@@ -57,15 +58,32 @@ KEEP = ("aten.scaled_dot_product_attention.default", "aten.linear.default",
 _END = 2 ** 62
 
 
-def rule(*names: str):
-    """Register the decorated function as the rule of each operator in ``names``."""
+def rule(*names: str, promote: bool = False):
+    """Register the decorated function as the rule of each operator in ``names``; with
+    ``promote`` (arithmetic and the float functions), its integer and boolean tensor operands
+    are first cast to the float dtype PyTorch recorded (:func:`_promoted`)."""
     def deco(fn):
         for n in names:
             if n in RULES:
                 raise RuntimeError(f"two rules for {n}")
-            RULES[n] = fn
+            RULES[n] = _promoted(fn) if promote else fn
         return fn
     return deco
+
+
+def _promoted(rule_fn: Callable) -> Callable:
+    """``rule_fn`` with its integer and boolean tensor operands first cast to the float dtype
+    PyTorch recorded for the node's result: PyTorch gives an integer tensor times a Python
+    float the default dtype (float64 after ``torch.set_default_dtype``), where te_grad's own
+    promotion would compute it in float32 and the result be widened after."""
+    def apply(t, *args, **kw):
+        val = getattr(getattr(t, "node", None), "meta", {}).get("val")
+        want = dtype_of(getattr(val, "dtype", None))
+        if want is not None and dtypes.is_float(want):
+            args = [dsl.compute(a.shape, lambda *i, a=a: dsl.cast(want, a[i]), name="to_float")
+                    if isinstance(a, Tensor) and not dtypes.is_float(a.dtype) else a for a in args]
+        return rule_fn(t, *args, **kw)
+    return apply
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -119,14 +137,14 @@ for _n, _f in {"relu": nn.relu, "sigmoid": nn.sigmoid, "tanh": nn.tanh}.items():
 for _n, _f in {"exp": dsl.exp, "log": dsl.log, "sqrt": dsl.sqrt, "erf": dsl.erf, "sin": dsl.sin, "cos": dsl.cos,
                "log1p": dsl.log1p, "expm1": dsl.expm1, "rsqrt": lambda v: 1.0 / dsl.sqrt(v),
                "reciprocal": lambda v: 1.0 / v, "atan": dsl.atan, "asin": dsl.asin, "acos": dsl.acos}.items():
-    RULES[f"aten.{_n}.default"] = unary(_f, _n)
+    rule(f"aten.{_n}.default", promote=True)(unary(_f, _n))
 
 
 RULES["aten.neg.default"] = unary(lambda v: -v, "neg", floating=False)
 RULES["aten.abs.default"] = unary(dsl.abs, "abs", floating=False)
 
 
-@rule("aten.add.Tensor", "aten.add.Scalar")
+@rule("aten.add.Tensor", "aten.add.Scalar", promote=True)
 def _add(t, a, b, alpha=1):
     if alpha != 1:
         b = nn.multiply(b, alpha) if isinstance(b, Tensor) else b * alpha
@@ -135,7 +153,7 @@ def _add(t, a, b, alpha=1):
     return nn.add(a, b)
 
 
-@rule("aten.sub.Tensor", "aten.sub.Scalar")
+@rule("aten.sub.Tensor", "aten.sub.Scalar", promote=True)
 def _sub(t, a, b, alpha=1):
     if alpha != 1:
         b = nn.multiply(b, alpha) if isinstance(b, Tensor) else b * alpha
@@ -144,19 +162,19 @@ def _sub(t, a, b, alpha=1):
     return nn.subtract(a, b)
 
 
-@rule("aten.rsub.Scalar", "aten.rsub.Tensor")
+@rule("aten.rsub.Scalar", "aten.rsub.Tensor", promote=True)
 def _rsub(t, a, b, alpha=1):
     return _sub(t, b, a, alpha)
 
 
-@rule("aten.mul.Tensor", "aten.mul.Scalar")
+@rule("aten.mul.Tensor", "aten.mul.Scalar", promote=True)
 def _mul(t, a, b):
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         return a * b
     return nn.multiply(a, b)
 
 
-@rule("aten.div.Tensor", "aten.div.Scalar")
+@rule("aten.div.Tensor", "aten.div.Scalar", promote=True)
 def _div(t, a, b):
     for v in (a, b):
         if isinstance(v, Tensor) and not dtypes.is_float(v.dtype):
@@ -164,33 +182,10 @@ def _div(t, a, b):
     return nn.divide(a, b)
 
 
-RULES["aten.maximum.default"] = binary(dsl.maximum, "maximum")
-RULES["aten.minimum.default"] = binary(dsl.minimum, "minimum")
-RULES["aten.pow.Tensor_Scalar"] = binary(lambda a, b: a * a if b == 2 else dsl.pow(a, b), "pow")
-RULES["aten.pow.Tensor_Tensor"] = binary(dsl.pow, "pow")
-
-
-def _promoted(rule_fn: Callable) -> Callable:
-    """``rule_fn`` with its integer and boolean tensor operands first cast to the float dtype
-    PyTorch recorded for the node's result: PyTorch gives an integer tensor times a Python
-    float the default dtype (float64 after ``torch.set_default_dtype``), where te_grad's own
-    promotion would compute it in float32 and the result be widened after."""
-    def apply(t, *args, **kw):
-        val = getattr(getattr(t, "node", None), "meta", {}).get("val")
-        want = dtype_of(getattr(val, "dtype", None))
-        if want is not None and dtypes.is_float(want):
-            args = [dsl.compute(a.shape, lambda *i, a=a: dsl.cast(want, a[i]), name="to_float")
-                    if isinstance(a, Tensor) and not dtypes.is_float(a.dtype) else a for a in args]
-        return rule_fn(t, *args, **kw)
-    return apply
-
-
-for _n in ("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Scalar", "rsub.Tensor", "mul.Tensor",
-           "mul.Scalar", "div.Tensor", "div.Scalar", "maximum.default", "minimum.default", "pow.Tensor_Scalar",
-           "pow.Tensor_Tensor", "exp.default", "log.default", "sqrt.default", "erf.default", "sin.default",
-           "cos.default", "log1p.default", "expm1.default", "rsqrt.default", "reciprocal.default", "atan.default",
-           "asin.default", "acos.default"):
-    RULES[f"aten.{_n}"] = _promoted(RULES[f"aten.{_n}"])
+rule("aten.maximum.default", promote=True)(binary(dsl.maximum, "maximum"))
+rule("aten.minimum.default", promote=True)(binary(dsl.minimum, "minimum"))
+rule("aten.pow.Tensor_Scalar", promote=True)(binary(lambda a, b: a * a if b == 2 else dsl.pow(a, b), "pow"))
+rule("aten.pow.Tensor_Tensor", promote=True)(binary(dsl.pow, "pow"))
 
 
 @rule("aten.clamp.default")

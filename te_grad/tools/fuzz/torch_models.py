@@ -678,7 +678,7 @@ def _check(spec: Spec, compile_: bool) -> None:
     rtol = 1e-10 if spec.dtype == "float64" else 1e-4
     # PyTorch's results: the same module and values in float64 (exact to float32's tolerance);
     # for a float32 module, PyTorch's float32 results measure the module's rounding noise
-    ref, ref_tensors = copy.deepcopy(net).double(), [t.double() if t.is_floating_point() else t for t in tensors]
+    ref, ref_tensors = copy.deepcopy(net).double(), _float64(tensors)
     f32 = spec.dtype == "float32"
     model = import_model(net, tuple(tensors), dynamic_batch=spec.dynamic_batch)
     if spec.dynamic_batch and not model.dynamic_batch:   # no generated module depends on its batch's value
@@ -752,7 +752,7 @@ def _check(spec: Spec, compile_: bool) -> None:
     if spec.dynamic_batch:
         other = spec.batch + 1 + int(rng.integers(0, 3))
         arrays2, tensors2 = _inputs(spec, rng, other)
-        ref2 = [t.double() if t.is_floating_point() else t for t in tensors2]
+        ref2 = _float64(tensors2)
         want = _torch_run(tnet, ref2, False)[0]
         _close(trainer.predict(*arrays2), want, rtol, f"prediction at batch {other} after a step",
                "mismatch-other-batch", _torch_run(nnet, tensors2, False)[0] if f32 else None)
@@ -764,6 +764,11 @@ def _check(spec: Spec, compile_: bool) -> None:
         for n, p in tnet2.named_parameters():
             _close(new[n], p.detach().numpy(), rtol, f"parameter {n} after a step at batch {other}",
                    "mismatch-other-batch", noise[n].detach().numpy() if n in noise else None)
+
+
+def _float64(tensors) -> list:
+    """``tensors`` with the floating ones in float64 (the inputs of the float64 reference)."""
+    return [t.double() if t.is_floating_point() else t for t in tensors]
 
 
 def _torch_step(net, tensors, head, lr):
