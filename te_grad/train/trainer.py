@@ -546,6 +546,7 @@ class Trainer:
         from codegen.export import c_name
         name = c_name(os.path.basename(path))
         shapes = tuple(t.shape for t in self.inputs + self.targets)
+        self._check_min_batch(shapes[0][0] if shapes and shapes[0] and isinstance(shapes[0][0], int) else None)
         step = self._step_for_shapes(shapes, True, exact=True)  # the C entry point has the placeholders' batch
         if step.carried:  # states the step only reads (frozen parameters, constants): copied to state_out
             step = self._build_step(shapes, True, carry=True)

@@ -247,3 +247,15 @@ def test_a_parameter_whose_gradient_is_zero_is_decayed_as_pytorch_decays_it(opt)
         np.testing.assert_allclose(trainer.params[name], p.detach().numpy(), rtol=1e-12, atol=1e-12)
     assert not np.allclose(trainer.params["unused"], 3.0)
     np.testing.assert_array_equal(trainer.params["gate"], [1.0, -1.0])
+
+
+def test_an_exported_step_at_a_batch_the_model_does_not_hold_for_is_refused(tmp_path):
+    """The C step has the batch of the Trainer's input placeholders: a batch of 1 for a model
+    imported with a dynamic batch (traced for 2 on) would compute another function there."""
+    net = _Squeezes().double()
+    model = tgt.import_model(net, (torch.randn(5, 3, dtype=torch.float64),))
+    one = train.Trainer(model, inputs=[tg.placeholder((1, 3), dtype="float64", name="x")], targets=[],
+                        loss=tg.nn.mean, optimizer=train.SGD(lr=0.5), progress=False)
+    with pytest.raises(UserError, match="a batch of 1: .* at least 2"):
+        one.export(str(tmp_path / "one"))
+    assert not list(tmp_path.iterdir())
