@@ -68,8 +68,9 @@ def interleaved(runs, rounds):
         for _ in range(3):
             f()
     times = {k: [] for k in runs}
-    for _ in range(rounds):
-        for k, f in runs.items():
+    order = list(runs.items())
+    for r in range(rounds):  # each round starts at the next variant: none always follows the same one
+        for k, f in order[r % len(order):] + order[:r % len(order)]:
             t = time.perf_counter()
             f()
             times[k].append(time.perf_counter() - t)
