@@ -41,6 +41,8 @@ AMBIGUOUS = {
 def canonical(dtype) -> str:
     """Return the te_grad name of ``dtype`` (a string, numpy dtype or type); the ambiguous
     names of :data:`AMBIGUOUS` are a :class:`UserError` saying what to write."""
+    if type(dtype) is str and dtype in _RANK:  # a te_grad name already (most calls: IR nodes)
+        return dtype
     if dtype is None:  # np.dtype(None) would silently mean float64
         raise UserError(f"a dtype is required; te_grad supports {', '.join(DTYPES)}")
     if isinstance(dtype, str) and dtype.strip().lower() in AMBIGUOUS:
