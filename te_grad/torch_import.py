@@ -341,7 +341,7 @@ class ImportedModel(Module):
 
     def params_with_gradient(self, outputs: Sequence[int]) -> set:
         """The parameters whose ``grad`` PyTorch sets from a loss of the training outputs at
-        positions ``outputs`` (:func:`gradient_reach`): the others are left alone by a step."""
+        positions ``outputs`` (:func:`gradient_reach`)."""
         return set().union(*[self.gradient_reach[k] for k in outputs])
 
     def __call__(self, *args):

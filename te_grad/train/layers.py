@@ -77,10 +77,12 @@ class Module:
                 v.placeholder = dsl.placeholder(v.shape, dtype=v.dtype, name=v.name)
 
     def params_with_gradient(self, outputs: Sequence[int]) -> Optional[Set[str]]:
-        """The names of the parameters a training step moves when its loss reads the outputs at
-        positions ``outputs``, by the rule of the framework the model comes from; ``None`` (the
-        default) for te_grad's own: a parameter whose gradient is derived as the constant 0 (the
-        loss does not read it, or only under ``stop_gradient``) stays as it is."""
+        """The names of the parameters the framework the model comes from gives a gradient
+        when the loss reads the outputs at positions ``outputs``: a training step moves them
+        even where te_grad derives their gradient as the constant 0 (PyTorch's ``0 * p`` has
+        the gradient zeros, which weight decay moves). ``None`` (the default): te_grad's rule
+        alone, a parameter whose gradient is the constant 0 (the loss does not read it, or only
+        under ``stop_gradient``) stays as it is."""
         return None
 
     def __call__(self, x: Tensor, ctx: Context) -> Tensor:

@@ -111,9 +111,9 @@ class Trainer:
     A parameter the training loss does not read (an evaluation-only branch, an unused head)
     or reads only under ``stop_gradient`` (its gradient is derived as the constant 0) is left
     as it is by every step, weight decay and momentum included, as PyTorch's optimizers leave a
-    parameter whose ``grad`` is ``None``. A model may say which parameters a step moves by its
-    own framework's rule (:meth:`Module.params_with_gradient`): an imported PyTorch model moves
-    exactly those whose ``grad`` PyTorch would set, so ``0 * p.sum()`` still decays ``p``.
+    parameter whose ``grad`` is ``None``. A model may name the parameters its own framework
+    gives a gradient (:meth:`Module.params_with_gradient`): those move even where te_grad
+    derives the constant 0, so an imported ``0 * p.sum()`` decays ``p`` as in PyTorch.
     """
 
     def __init__(self, model, inputs: Sequence[Tensor], targets: Sequence[Tensor], loss: Callable,
@@ -271,11 +271,9 @@ class Trainer:
             moved = self._params_with_gradient(out, loss)
             read = {id(x) for x in _placeholders([loss])}
             for p, g, raw in zip(params, grads, raw_grads):
-                if moved is not None:
-                    still = p.name not in moved
-                else:  # PyTorch's grad None: untouched
-                    still = id(p.placeholder) not in read or _derived_zero(raw)
-                if still:
+                # no gradient (PyTorch's grad None): untouched, unless the model's framework sets one
+                # (zeros: 0 * p) where te_grad derives the constant 0
+                if (id(p.placeholder) not in read or _derived_zero(raw)) and (moved is None or p.name not in moved):
                     continue
                 states = [self._slots[k].placeholder for k in self._opt_states[p.name]]
                 new_p, new_states = self.optimizer.update(p.placeholder, g, states, hyper)
