@@ -45,6 +45,7 @@ the example's shape instead, and :attr:`ImportedModel.static_reason` says why.
 from __future__ import annotations
 
 import inspect
+import operator
 import warnings
 from typing import Dict, List, Optional, Sequence
 
@@ -147,6 +148,15 @@ _NOT_DIFFERENTIABLE = frozenset(f"aten.{op}.default" for op in (
     "new_full", "new_empty", "new_zeros", "new_ones", "new_empty_strided"))
 
 
+#: operators returning several tensors each of which depends on every operand (pieces of one
+#: tensor); of any other operator's results only the first does (``native_layer_norm``'s mean
+#: and rstd, batch norm's new running statistics and ``max.dim``'s indices are not connected
+#: to the weights)
+_EVERY_RESULT = frozenset(("aten.split_with_sizes.default", "aten.split.Tensor", "aten.unbind.int",
+                           "aten.chunk.default", "aten.tensor_split.sections", "aten.unsafe_split.Tensor",
+                           "aten.split_with_sizes_copy.default", "aten.unbind_copy.int"))
+
+
 def _floating(value) -> bool:
     if isinstance(value, (tuple, list)):
         return any(_floating(v) for v in value)
@@ -160,7 +170,9 @@ def gradient_reach(ep, aliases: Dict[str, str]) -> List[frozenset]:
     their operands. A result connects when it is floating point and its operator differentiable:
     a comparison, an integer result, ``.item()``, ``detach``, ``zeros_like`` cut the path, while
     ``0 * p`` does not (PyTorch's ``grad`` of ``p`` is zeros, which weight decay still moves,
-    where te_grad derives the constant 0)."""
+    where te_grad derives the constant 0). Of an operator's several results only the first
+    carries the path on (:data:`_EVERY_RESULT` excepted). The sets may miss a path (the Trainer
+    then keeps te_grad's rule, a constant-0 gradient moves nothing); they must not add one."""
     reach: Dict[str, frozenset] = {}
     for spec in ep.graph_signature.input_specs:
         if spec.kind.name == "PARAMETER":
@@ -172,6 +184,8 @@ def gradient_reach(ep, aliases: Dict[str, str]) -> List[frozenset]:
         if node.op != "call_function" or op_name(node) in _NOT_DIFFERENTIABLE \
                 or not _floating(node.meta.get("val")):
             continue
+        if node.target is operator.getitem and node.args[1] != 0 and op_name(node.args[0]) not in _EVERY_RESULT:
+            continue  # a by-product of the operator (statistics, indices): reached by no parameter
         found = frozenset().union(*[reach.get(a.name, frozenset()) for a in node.all_input_nodes])
         if found:
             reach[node.name] = found

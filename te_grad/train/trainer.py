@@ -207,12 +207,13 @@ class Trainer:
         ys = [dsl.placeholder(s, dtype=t.dtype, name=t.name) for t, s in zip(self.targets, shapes[len(xs):])]
         return xs, ys
 
-    def _params_with_gradient(self, out, loss) -> Optional[set]:
-        """:meth:`Module.params_with_gradient` of the model for the outputs ``loss`` reads."""
+    def _params_with_gradient(self, out, adjoints) -> Optional[set]:
+        """:meth:`Module.params_with_gradient` of the model for the outputs the loss reads
+        differentiably: those with an adjoint (an output read only under ``stop_gradient``, a
+        comparison or an index has none, as PyTorch's ``detach`` gives it no gradient)."""
         if not isinstance(self.model, Module):
             return None
-        from ..graph import topo_order
-        used = {id(t) for t in topo_order([loss])}
+        used = {id(t) for t in adjoints}
         outs = out if isinstance(out, (tuple, list)) else [out]
         return self.model.params_with_gradient([k for k, o in enumerate(outs) if id(o) in used])
 
@@ -235,7 +236,7 @@ class Trainer:
 
     @during_build
     def _build_step(self, shapes, apply: bool, wait: bool = True, carry: bool = False) -> _Step:
-        from .. import build, gradient
+        from .. import build, differentiate
         xs, ys = self._batch_placeholders(shapes)
         seed = dsl.placeholder((), dtype="int64", name="seed")
         lr = dsl.placeholder((), dtype="float32", name="lr")
@@ -247,7 +248,8 @@ class Trainer:
             raise UserError(f"Trainer: the loss must be a 0-d tensor, got {loss!r}")
         accuracy = self._accuracy(out, ys)
         params = self._param_list
-        grads = gradient(loss, [p.placeholder for p in params])
+        derived = differentiate(loss, [p.placeholder for p in params])
+        grads = list(derived)
         raw_grads = list(grads)
         new: Dict[int, Tensor] = {}
         if self.accumulate > 1:
@@ -268,7 +270,7 @@ class Trainer:
             if self.clip_norm is not None:
                 grads = _clipped(grads, self.clip_norm)
             hyper = Hyper(lr, t)
-            moved = self._params_with_gradient(out, loss)
+            moved = self._params_with_gradient(out, derived.adjoints)
             read = {id(x) for x in _placeholders([loss])}
             for p, g, raw in zip(params, grads, raw_grads):
                 # no gradient (PyTorch's grad None): untouched, unless the model's framework sets one

@@ -259,3 +259,65 @@ def test_an_exported_step_at_a_batch_the_model_does_not_hold_for_is_refused(tmp_
     with pytest.raises(UserError, match="a batch of 1: .* at least 2"):
         one.export(str(tmp_path / "one"))
     assert not list(tmp_path.iterdir())
+
+
+class _Probe(torch.nn.Module):
+    """A linear probe on detached features, which are a second output; batch norm run only for
+    its running mean, which the model reads (its new value is a by-product of the op)."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = torch.nn.Linear(3, 4)
+        self.probe = torch.nn.Linear(4, 2)
+        self.bn = torch.nn.BatchNorm1d(3)
+        with torch.no_grad():
+            self.bn.bias.fill_(0.5)
+
+    def forward(self, x):
+        self.bn(x)
+        f = torch.tanh(self.backbone(x))
+        return self.probe(f.detach()) + self.bn.running_mean[:2], f
+
+
+class _Teacher(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.student = torch.nn.Linear(3, 2)
+        self.teacher = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.student(x), self.teacher(x)
+
+
+@pytest.mark.parametrize("case", ["probe", "teacher"])
+def test_a_parameter_reached_only_through_a_cut_or_a_by_product_is_left_alone(case):
+    """The loss reads the second output only under stop_gradient (teacher), or not at all (probe:
+    its features reach the first output only through detach); batch norm's weight and bias
+    reach its new running mean in the same op, but PyTorch does not connect them: all of these
+    get grad None, and weight decay must not move them."""
+    torch.manual_seed(5)
+    if case == "probe":
+        net, te_loss, torch_loss = _Probe().double(), (lambda o: tg.nn.mean(o[0])), (lambda o: o[0].mean())
+        still = ["backbone.weight", "backbone.bias", "bn.weight", "bn.bias"]
+    else:
+        net = _Teacher().double()
+
+        def te_loss(o):
+            d = tg.compute(o[0].shape, lambda *i: o[0][i] - tg.stop_gradient(o[1][i]), name="d")
+            return tg.nn.mean(tg.nn.multiply(d, d))
+
+        def torch_loss(o):
+            return ((o[0] - o[1].detach()) ** 2).mean()
+        still = ["teacher.weight", "teacher.bias"]
+    x = torch.randn(4, 3, dtype=torch.float64)
+    model = tgt.import_model(net, (x,))
+    trainer = train.Trainer(model, inputs=model.input_placeholders(), targets=[], loss=te_loss,
+                            optimizer=train.SGD(lr=0.5, weight_decay=0.1), progress=False)
+    trainer.update(x.numpy())
+    ref = copy.deepcopy(net)
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.5, weight_decay=0.1)
+    torch_loss(ref(x)).backward()
+    sgd.step()
+    assert sorted(n for n, p in ref.named_parameters() if p.grad is None) == sorted(still)
+    for name, p in ref.named_parameters():
+        np.testing.assert_allclose(trainer.params[name], p.detach().numpy(), rtol=1e-12, atol=1e-12)
