@@ -250,7 +250,6 @@ class Trainer:
         params = self._param_list
         derived = differentiate(loss, [p.placeholder for p in params])
         grads = list(derived)
-        raw_grads = list(grads)
         new: Dict[int, Tensor] = {}
         if self.accumulate > 1:
             sums = [self._slots[self._acc[p.name]].placeholder for p in params]
@@ -272,7 +271,7 @@ class Trainer:
             hyper = Hyper(lr, t)
             moved = self._params_with_gradient(out, derived.adjoints)
             read = {id(x) for x in _placeholders([loss])}
-            for p, g, raw in zip(params, grads, raw_grads):
+            for p, g, raw in zip(params, grads, derived):
                 # no gradient (PyTorch's grad None): untouched, unless the model's framework sets one
                 # (zeros: 0 * p) where te_grad derives the constant 0
                 if (id(p.placeholder) not in read or _derived_zero(raw)) and (moved is None or p.name not in moved):
@@ -378,10 +377,16 @@ class Trainer:
         self._check_min_batch(out[0].shape[0] if out and out[0].ndim else None)
         return out
 
+    @property
+    def _min_batch(self) -> int:
+        """The least batch the model holds for (``min_batch``: 2 for an imported model with a
+        dynamic batch, 1 for any other)."""
+        return getattr(self.model, "min_batch", 1)
+
     def _check_min_batch(self, n):
         """A batch smaller than the model holds for (``min_batch``: an imported model with a
         dynamic batch holds for 2 on, as torch.export traced it) is a :class:`UserError`."""
-        least = getattr(self.model, "min_batch", 1)
+        least = self._min_batch
         if n is not None and n < least:
             raise UserError(f"Trainer: a batch of {n}: {type(self.model).__name__} holds for batches of at least "
                             f"{least} ({getattr(self.model, 'min_batch_reason', '')}); pass larger batches")
@@ -429,10 +434,10 @@ class Trainer:
         rng = np.random.default_rng(seed)
         n = len(x)
         last = n % int(batch_size) if isinstance(batch_size, numbers.Integral) and batch_size > 0 else 0
-        if last and not drop_last and last < getattr(self.model, "min_batch", 1):  # before any step, not after one
+        if last and not drop_last and last < self._min_batch:  # before any step, not after one
             raise UserError(f"Trainer.fit: {n} samples in batches of {batch_size} leave a last batch of {last}; "
                             f"{type(self.model).__name__} holds for batches of at least "
-                            f"{self.model.min_batch}: pass drop_last=True or another batch_size")
+                            f"{self._min_batch}: pass drop_last=True or another batch_size")
         means = []
         start = time.monotonic()
         for epoch in range(epochs):

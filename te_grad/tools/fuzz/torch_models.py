@@ -736,11 +736,7 @@ def _check(spec: Spec, compile_: bool) -> None:
                                         f"{trainer.static_reason}")
     tnet = _torch_step(ref, ref_tensors, head.astype(np.float64), lr)
     nnet = _torch_step(net, tensors, head, lr) if f32 else None
-    new = trainer.params
-    noise = dict(nnet.named_parameters()) if f32 else {}
-    for n, p in tnet.named_parameters():
-        _close(new[n], p.detach().numpy(), rtol, f"parameter {n} after a step", "mismatch-step-params",
-               noise[n].detach().numpy() if n in noise else None)
+    _close_params(trainer, tnet, nnet, rtol, "after a step", "mismatch-step-params")
     have = trainer.states
     noise = dict(nnet.named_buffers()) if f32 else {}
     for n, b in tnet.named_buffers():
@@ -758,12 +754,19 @@ def _check(spec: Spec, compile_: bool) -> None:
                "mismatch-other-batch", _torch_run(nnet, tensors2, False)[0] if f32 else None)
         head2 = rng.standard_normal(np.shape(want)).astype(spec.dtype)
         trainer.update(*arrays2, head2)
-        tnet2 = _torch_step(tnet, ref2, head2.astype(np.float64), lr)
-        noise = dict(_torch_step(nnet, tensors2, head2, lr).named_parameters()) if f32 else {}
-        new = trainer.params
-        for n, p in tnet2.named_parameters():
-            _close(new[n], p.detach().numpy(), rtol, f"parameter {n} after a step at batch {other}",
-                   "mismatch-other-batch", noise[n].detach().numpy() if n in noise else None)
+        _close_params(trainer, _torch_step(tnet, ref2, head2.astype(np.float64), lr),
+                      _torch_step(nnet, tensors2, head2, lr) if f32 else None, rtol,
+                      f"after a step at batch {other}", "mismatch-other-batch")
+
+
+def _close_params(trainer, tnet, nnet, rtol, when: str, kind: str) -> None:
+    """The Trainer's parameters against PyTorch's float64 ``tnet`` (``nnet``: PyTorch's float32
+    module after the same steps, its rounding noise; ``None`` in float64)."""
+    new = trainer.params
+    noise = dict(nnet.named_parameters()) if nnet is not None else {}
+    for n, p in tnet.named_parameters():
+        _close(new[n], p.detach().numpy(), rtol, f"parameter {n} {when}", kind,
+               noise[n].detach().numpy() if n in noise else None)
 
 
 def _float64(tensors) -> list:
