@@ -78,7 +78,7 @@ from .loopir import Stage, Store, guarded, nest, stmt_stores
 from .machine import PORTABLE, Machine
 from .options import CompileOptions, current_options, using
 from .packing import Copies, pack_operands
-from .pieces import const_bounds, split_pieces
+from .pieces import split_pieces
 from .register_blocking import block_registers, decide_blocks
 from .scan import scans
 from .select_ranges import split_select_ranges

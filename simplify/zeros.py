@@ -58,7 +58,7 @@ from typing import Dict, List, Optional, Set
 
 from te_grad import dtypes
 from te_grad.graph import free_vars, topo_order
-from te_grad.ir import (Binary, Call, Cast, ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, ScatterOp,
+from te_grad.ir import (Binary, Call, Cast, ComputeOp, Const, Expr, Read, Reduce, ScatterOp,
                         Select, SizeVar, Tensor, Unary, Var, const, reads_in,
                         structurally_equal)
 from te_grad.ops import reduction

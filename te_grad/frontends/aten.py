@@ -19,7 +19,11 @@ Math of the less obvious rules:
   batch mean ``m`` and biased variance ``v`` over every axis but 1, ``out = (x - m) /
   sqrt(v + eps) * w + b``; the running statistics become ``(1 - momentum) * rm + momentum *
   m`` and ``(1 - momentum) * rv + momentum * v * n / (n - 1)`` (``n`` the count per channel,
-  a size expression under a symbolic batch), as PyTorch updates them.
+  a size expression under a symbolic batch), as PyTorch updates them, under
+  ``stop_gradient`` (PyTorch updates the buffers in place without recording them: a model
+  reading ``running_mean`` after the update gets no gradient through it). The saved mean and
+  inverse standard deviation (results 1 and 2) are under ``stop_gradient`` too: PyTorch's
+  derivative of batch norm reads the gradient of its output alone.
 - ``native_dropout(x, p, train)``: ``x / (1 - p)`` where a hash of the element's position
   and the step's seed (``Context.seed``, an input of the training step) falls below ``1 -
   p``, else 0; the identity when ``train`` is false. The mask is te_grad's, not PyTorch's
@@ -608,10 +612,20 @@ def _bn_functional(t, x, w, b, rm, rv, training, momentum, eps):
     else:
         unbias = dsl.cast(x.dtype, n) / dsl.cast(x.dtype, dsl.maximum(n - 1, 1))
     m = momentum
-    new_rm = dsl.compute(rm.shape, lambda c: (1.0 - m) * rm[c] + m * mean[c], name="running_mean_new")
-    new_rv = dsl.compute(rv.shape, lambda c: (1.0 - m) * rv[c] + (m * unbias) * var[c], name="running_var_new")
-    rstd = dsl.compute(var.shape, lambda c: 1.0 / dsl.sqrt(var[c] + eps), name="batch_norm_rstd")
-    return (out, mean, rstd, new_rm, new_rv)
+    # the new running statistics are buffers PyTorch updates in place under no_grad: a model that
+    # reads one after the update gets no gradient through it (stop_gradient), as in PyTorch
+    new_rm = dsl.compute(rm.shape, lambda c: dsl.stop_gradient((1.0 - m) * rm[c] + m * mean[c]),
+                         name="running_mean_new")
+    new_rv = dsl.compute(rv.shape, lambda c: dsl.stop_gradient((1.0 - m) * rv[c] + (m * unbias) * var[c]),
+                         name="running_var_new")
+    rstd = dsl.compute(var.shape, lambda c: dsl.stop_gradient(1.0 / dsl.sqrt(var[c] + eps)), name="batch_norm_rstd")
+    return (out, _saved_mean(mean), rstd, new_rm, new_rv)
+
+
+def _saved_mean(mean):
+    """Batch norm's ``save_mean`` result: the batch mean, under ``stop_gradient`` as the saved
+    statistics are in PyTorch (its derivative formula reads the gradient of the output alone)."""
+    return dsl.compute(mean.shape, lambda c: dsl.stop_gradient(mean[c]), name="batch_norm_mean")
 
 
 @rule("aten._native_batch_norm_legit_no_training.default")
@@ -622,7 +636,7 @@ def _bn_eval(t, x, w, b, rm, rv, momentum, eps):
 @rule("aten._native_batch_norm_legit.no_stats")
 def _bn_no_stats(t, x, w, b, training, momentum, eps):
     mean, var = _batch_stats(x)
-    return (_normalized(x, mean, var, w, b, eps), mean, None)
+    return (_normalized(x, mean, var, w, b, eps), _saved_mean(mean), None)
 
 
 @rule("aten.native_layer_norm.default")

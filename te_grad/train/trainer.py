@@ -106,7 +106,9 @@ class Trainer:
 
     ``model``: a :class:`~te_grad.train.Module` (called on the first input), or a function
     of the input placeholders returning the output tensor, with ``params`` listing its
-    parameter placeholders. ``loss(output, *targets)`` returns a 0-d tensor.
+    parameter placeholders. ``loss(output, *targets)`` returns a 0-d tensor. A model may
+    return a tuple of tensors: ``loss`` then receives the tuple, and :meth:`predict` returns
+    one array per output.
 
     A parameter the training loss does not read (an evaluation-only branch, an unused head)
     or reads only under ``stop_gradient`` (its gradient is derived as the constant 0) is left
@@ -223,7 +225,7 @@ class Trainer:
         return self.model(*xs)
 
     def _accuracy(self, out, ys):
-        if len(ys) != 1 or out.ndim != 2 or not dtypes.is_int(ys[0].dtype) or \
+        if len(ys) != 1 or not isinstance(out, Tensor) or out.ndim != 2 or not dtypes.is_int(ys[0].dtype) or \
                 not sizes.same_shape(ys[0].shape, out.shape[:1]):
             return None
         y = ys[0]
@@ -466,9 +468,9 @@ class Trainer:
         return self.threads if self.threads is not None else default_threads()
 
     # -- prediction -----------------------------------------------------------------------------
-    def predict(self, *inputs: np.ndarray) -> np.ndarray:
-        """The model's output on ``inputs`` (numpy arrays): the forward kernel alone, batch norm
-        with its running statistics, dropout off. With ``dynamic_batch`` one forward kernel, built
+    def predict(self, *inputs: np.ndarray):
+        """The model's output on ``inputs`` (numpy arrays; a tuple of arrays for a model returning
+        several tensors): the forward kernel alone, batch norm with its running statistics, dropout off. With ``dynamic_batch`` one forward kernel, built
         on the batch size variable, serves every batch size (inputs whose other dimensions are
         the placeholders'); otherwise, or where the model needs an int batch, one per shape."""
         arrays = [np.ascontiguousarray(a) for a in inputs]
@@ -535,7 +537,8 @@ class Trainer:
         Members keep their dtypes (an int64 ``num_batches_tracked``, float64 parameters), each
         at a 16-byte aligned offset; a state the step only reads (a frozen parameter, a
         constant of an imported model) is copied from ``state_in`` to ``state_out``, so every
-        blob a step writes is complete. Several model inputs come first, in order.
+        blob a step writes is complete. Several model inputs come first, in order; a model
+        returning several tensors has one buffer each in ``NAME_predict`` (``out0``, ``out1``, ...).
         The header documents each scalar (:data:`SCALAR_DOCS`): ``t`` is the step count
         **from 1** (a counter from 0 divides by zero in Adam's bias correction and repeats
         SGD momentum's first step), ``seed`` a new value each step (dropout), ``lr`` the
@@ -577,9 +580,10 @@ class Trainer:
                                     "blobs and swap them after each step")] + extra
         predict_kern, slots = self._predict_kernel(tuple(a.shape for a in self.inputs), exact=True)
         pin = predict_kern.inputs
+        pouts = predict_kern.outputs  # a model of several outputs: out0, out1, ...
         predict_args = list(pin[:len(self.inputs)]) + [
-            ("group", "state", [(pin[len(self.inputs) + j], offsets[k]) for j, k in enumerate(slots)], False, total),
-            ("buffer", "out", predict_kern.outputs[0])]
+            ("group", "state", [(pin[len(self.inputs) + j], offsets[k]) for j, k in enumerate(slots)], False, total)
+        ] + [("buffer", "out" if len(pouts) == 1 else f"out{j}", o) for j, o in enumerate(pouts)]
         blob = np.zeros(total, np.uint8)
         for k, s in enumerate(self._slots):
             value = np.ascontiguousarray(s.arrays[self._current], dtype=s.placeholder.dtype)
@@ -624,11 +628,14 @@ class Trainer:
             names = [s.name for s in self._model_states if id(s.placeholder) in ctx.updates] or ["?"]
             raise UserError(f"predict: the model changes its state in evaluation mode ({', '.join(names)}); "
                             "te_grad's prediction does not update state")
-        if not isinstance(out, Tensor):
-            raise UserError(f"predict: the model must return one tensor, got {type(out).__name__}")
-        reads = {id(x) for x in _placeholders([out])}
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        if not outs or not all(isinstance(o, Tensor) for o in outs):
+            raise UserError(f"predict: the model must return a tensor or a tuple of tensors, got "
+                            f"{type(out).__name__}" + (f" of {', '.join(type(o).__name__ for o in outs)}"
+                                                       if isinstance(out, (tuple, list)) else ""))
+        reads = {id(x) for x in _placeholders(outs)}
         slots = [k for k, s in enumerate(self._slots) if id(s.placeholder) in reads]
-        return build([out], xs + [self._slots[k].placeholder for k in slots], threads=self.threads), slots
+        return build(outs, xs + [self._slots[k].placeholder for k in slots], threads=self.threads), slots
 
     # -- profiling ------------------------------------------------------------------------------
     def profile(self, *batch, repeat: int = 5, show: bool = True) -> List[dict]:

@@ -1,5 +1,7 @@
 """PyTorch semantics an imported model keeps, each against eager PyTorch in float64: a
-``detach`` and a ``torch.no_grad()`` block stop the gradient; a parameter the training loss
+``detach`` and a ``torch.no_grad()`` block stop the gradient, and so do batch norm's statistics
+read beside its output (the running ones after their update, the saved mean and inverse
+standard deviation); a parameter the training loss
 does not read is left alone by weight decay and momentum (PyTorch's ``grad`` is None); a
 non-persistent buffer is copied back; and what te_grad cannot do as PyTorch does is a
 ``UserError``, not another number: state changed in evaluation mode, dropout left on in
@@ -321,3 +323,49 @@ def test_a_parameter_reached_only_through_a_cut_or_a_by_product_is_left_alone(ca
     assert sorted(n for n, p in ref.named_parameters() if p.grad is None) == sorted(still)
     for name, p in ref.named_parameters():
         np.testing.assert_allclose(trainer.params[name], p.detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
+class _ReadsRunningStats(torch.nn.Module):
+    """A model that reads batch norm's running statistics after the training step updated them
+    (PyTorch updates the buffers in place, unrecorded: no gradient reaches ``lin`` through them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.bn = torch.nn.BatchNorm1d(3, momentum=0.5)
+
+    def forward(self, x):
+        y = self.bn(self.lin(x))
+        return (y + 1.0) * (self.bn.running_mean + self.bn.running_var)
+
+
+class _ReadsSavedStats(torch.nn.Module):
+    """``torch.native_batch_norm``'s batch mean and inverse standard deviation read beside its
+    output: PyTorch's derivative of batch norm reads the output's gradient alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.register_buffer("rm", torch.zeros(3))
+        self.register_buffer("rv", torch.ones(3))
+
+    def forward(self, x):
+        out, mean, invstd = torch.native_batch_norm(self.lin(x), None, None, self.rm, self.rv, True, 0.1, 1e-5)
+        return out * 2 + mean * 3 + invstd
+
+
+@pytest.mark.parametrize("model", [_ReadsRunningStats, _ReadsSavedStats])
+def test_batch_norm_statistics_read_beside_its_output_carry_no_gradient(model):
+    """The step's parameters and the new statistics equal PyTorch's; differentiating the
+    statistics (as the gradient of ``mean((y + 1) * (rm + rv))`` did) moves ``lin`` elsewhere."""
+    torch.manual_seed(0)
+    net = model().double()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    trainer = _trainer(tgt.import_model(net, (x,)))
+    trainer.update(x.numpy())
+    ref = _torch_step(net, x)
+    for name, p in ref.named_parameters():
+        np.testing.assert_allclose(trainer.params[name], p.detach().numpy(), rtol=1e-12, atol=1e-12)
+    for name, b in ref.named_buffers():
+        if b.is_floating_point():
+            np.testing.assert_allclose(trainer.states[name], b.numpy(), rtol=1e-12, atol=1e-12)

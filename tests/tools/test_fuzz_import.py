@@ -84,12 +84,58 @@ def test_the_generator_draws_parameters_whose_gradient_is_zero(how):
     assert outcome.kind == "ok", outcome
 
 
+@pytest.mark.parametrize("stat", ["running_mean", "running_var"])
+def test_the_generator_draws_batch_norm_statistics_read_after_their_update(stat):
+    """A module reading a batch norm layer's running statistic after the training step updated
+    it: PyTorch records no gradient through the update (the fuzzer found te_grad's gradients
+    and steps off there, ``mismatch-grad-evaluator`` and ``mismatch-step-params``)."""
+    specs = [s for s in map(generate, range(500)) if s.grad_training and
+             any(n["op"] == "bn_stat" and n["stat"] == stat for n in s.nodes)]
+    assert len(specs) >= 3
+    outcome = check(specs[0])
+    assert outcome.kind == "ok", outcome
+
+
+@pytest.mark.parametrize("form", ["grad", "stop", "none", "probe"])
+def test_the_generator_draws_modules_of_several_outputs(form):
+    """Modules returning a tuple: an extra output the loss reads with its gradient, under
+    ``stop_gradient`` (PyTorch's ``.detach()``) or not at all, and a probe (a linear layer on
+    detached features) returned beside the main output."""
+    def drawn(s):
+        if len(s.outputs) < 2:
+            return False
+        if form == "probe":
+            return any(n["op"] == "probe" for n in s.nodes)
+        return form in s.reads[1:]
+    specs = [s for s in map(generate, range(120)) if drawn(s)]
+    assert len(specs) >= 3
+    outcome = check(specs[0])
+    assert outcome.kind == "ok", outcome
+
+
+def test_an_output_read_only_under_stop_gradient_moving_its_parameters_is_caught(monkeypatch):
+    """A Trainer that let every output of an imported model count for which parameters PyTorch
+    gives a gradient (not only those the loss reads differentiably) decays a parameter that
+    only a stopped output reaches: the step's parameters disagree with PyTorch's."""
+    from te_grad.train import trainer as trainer_module
+
+    def every_output(self, out, adjoints):
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        return self.model.params_with_gradient(list(range(len(outs))))
+    spec = generate(1)
+    assert spec.reads == ["stop", "stop"] and any(n["op"] == "probe" for n in spec.nodes)
+    assert check(spec).kind == "ok"
+    monkeypatch.setattr(trainer_module.Trainer, "_params_with_gradient", every_output)
+    outcome = check(spec)
+    assert outcome.kind == "mismatch-step-params", outcome
+
+
 @pytest.mark.parametrize("broken", ["predict", "update"])
 def test_a_kernel_wrong_only_at_another_batch_size_is_caught(monkeypatch, broken):
     """A module imported with a dynamic batch is also run at another batch size: a prediction
     off there, or a step that does nothing there, is a failure (``mismatch-other-batch``)."""
     from te_grad import train
-    spec = next(s for s in map(generate, range(100)) if s.dynamic_batch and s.ids is None)
+    spec = next(s for s in map(generate, range(100)) if s.dynamic_batch and s.ids is None and len(s.outputs) == 1)
     real = getattr(train.Trainer, broken)
 
     def wrong(self, *arrays):
@@ -108,8 +154,10 @@ def test_modules_are_reproducible_and_valid():
     assert a.describe() == b.describe() and a.nodes == b.nodes
     net = torch_models.build_module(a)
     arrays, tensors = torch_models._inputs(a, __import__("numpy").random.default_rng(0))
-    out = net(*tensors)
-    assert tuple(out.shape) == a.shapes[-1] and str(out.dtype) == f"torch.{a.dtype}"
+    outs = torch_models._listed(net(*tensors))
+    assert len(outs) == len(a.outputs) == len(a.reads)
+    for out, v in zip(outs, a.outputs):
+        assert tuple(out.shape) == a.shapes[v] and str(out.dtype) == f"torch.{a.dtype}"
 
 
 def test_the_checks_catch_a_wrong_rule(monkeypatch):

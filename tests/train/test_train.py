@@ -111,6 +111,48 @@ def test_a_step_equals_the_evaluators_forward_gradient_and_update():
     np.testing.assert_allclose(trainer.states["0.weight.momentum_buffer"], grads[0], rtol=1e-5, atol=1e-6)
 
 
+class _TwoHeads(train.Module):
+    """A classifier that also returns its hidden features: ``(logits, features)``."""
+
+    def __init__(self):
+        self.body, self.head = train.Sequential(train.Linear(5, 7), train.Tanh()), train.Linear(7, 3)
+
+    def parameters(self):
+        return self.body.parameters() + self.head.parameters()
+
+    def __call__(self, x, ctx):
+        features = self.body(x, ctx)
+        return self.head(features, ctx), features
+
+
+def test_a_model_of_several_outputs_trains_predicts_and_exports_them_all(tmp_path):
+    """A loss of one output with one class-label target (the accuracy the Trainer adds for
+    such a target reads a single output, and is skipped for a tuple); ``predict`` returns
+    every output, and ``export`` gives ``NAME_predict`` a buffer for each."""
+    model = _TwoHeads()
+    x, y = tg.placeholder((8, 5), name="x"), tg.placeholder((8,), dtype="int64", name="y")
+    trainer = train.Trainer(model, inputs=[x], targets=[y], progress=False, init=train.xavier_normal(seed=1),
+                            loss=lambda outs, y: tg.nn.softmax_cross_entropy(outs[0], y),
+                            optimizer=train.SGD(lr=0.1))
+    xb, yb = RNG.standard_normal((8, 5)).astype(np.float32), RNG.integers(0, 3, 8).astype(np.int64)
+    before = trainer.params
+    phs = [p.placeholder for p in model.parameters()]
+    feed = {x: xb, y: yb, **{p: before[p.name] for p in phs}}
+    logits, features = model(x, train.Context(training=False))
+    loss = tg.nn.softmax_cross_entropy(logits, y)
+    want_loss, want_logits, want_features, *grads = tg.evaluate([loss, logits, features] + tg.gradient(loss, phs),
+                                                                feed)
+    got_logits, got_features = trainer.predict(xb)
+    np.testing.assert_allclose(got_logits, want_logits, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_features, want_features, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(trainer.update(xb, yb), want_loss, rtol=1e-5)
+    for p, g in zip(phs, grads):
+        np.testing.assert_allclose(trainer.params[p.name], before[p.name] - 0.1 * g, rtol=1e-5, atol=1e-6)
+    files = trainer.export(str(tmp_path / "two"))
+    header = open(files["header"]).read()
+    assert "float *out0" in header and "float *out1" in header, header
+
+
 def test_gradient_accumulation_and_clipping():
     _, plain = _regression(optimizer=train.SGD(lr=0.1))
     _, acc = _regression(optimizer=train.SGD(lr=0.1), accumulate=2)

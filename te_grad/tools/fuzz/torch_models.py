@@ -2,14 +2,19 @@
 
 ``python -m te_grad fuzz --torch --programs N --seed S`` generates ``N`` random small modules
 (:func:`generate`: a DAG over one float input, and an int input of ids when an ``Embedding``
-is drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d, LayerNorm,
+is drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d (its running
+statistics also read after the update), LayerNorm,
 activations, pools, broadcasting arithmetic with tensors, parameters and scalars, residual
 adds, operands detached (``.detach()``, a ``torch.no_grad()`` block), parameters read only
 where their gradient is zero (``0 * p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``), softmax / log_softmax,
 views and permutations, a linear layer between views that flatten
 its input's leading axes into rows and restore them, slices, ``cat`` / ``chunk`` / ``split``,
 ``matmul`` / ``bmm``, reductions, ``scaled_dot_product_attention``), each in float32 or
-float64, with or without a dynamic batch, and checks (:func:`check`), against PyTorch:
+float64, with or without a dynamic batch. A module returns its last value, or (30% of them)
+a tuple of it and one or two other values, among them perhaps a probe (a linear layer on
+detached features); the loss reads each output with its gradient, under ``stop_gradient``
+(PyTorch's ``.detach()``) or not at all (:attr:`Spec.reads`). The checks (:func:`check`),
+against PyTorch:
 
 0. a dynamic batch asked for is kept (no generated module depends on its batch's value, so an
    import that makes the batch exact, or a training step that is not built on a batch size
@@ -21,13 +26,16 @@ float64, with or without a dynamic batch, and checks (:func:`check`), against Py
    exactly zero came out of PyTorch's float32 as ``2^-13``), each element widened by 20 times
    PyTorch's own float32 error there, where the module is ill-conditioned (a layer norm over
    two elements);
-2. the parameter gradients of ``sum(W * output)`` (``W`` random) in a random mode, by the
-   evaluator and by a kernel compiled with ``tg.build``;
-3. one :class:`te_grad.train.Trainer` SGD step on that loss, with weight decay (which moves a
-   parameter whose PyTorch ``grad`` is zeros and leaves one whose ``grad`` is None): the new
-   parameters, batch norm's running statistics and ``num_batches_tracked``;
+2. the parameter gradients of the loss, the sum of ``sum(W * output)`` (``W`` random) over the
+   outputs read with their gradient, in a random mode, by the evaluator and by a kernel
+   compiled with ``tg.build``;
+3. one :class:`te_grad.train.Trainer` SGD step on the loss (the ``stop_gradient`` reads
+   included), with weight decay (which moves a parameter whose PyTorch ``grad`` is zeros and
+   leaves one whose ``grad`` is None): the new parameters, batch norm's running statistics and
+   ``num_batches_tracked``;
 4. with a dynamic batch, the same kernels at another batch size (1 to 3 more): the Trainer's
-   prediction after that step, then the parameters after a second step (``mismatch-other-batch``).
+   prediction of every output after that step, then the parameters after a second step
+   (``mismatch-other-batch``).
 
 An import that te_grad refuses with a :class:`~te_grad.errors.UserError` naming an operator
 (no rule, or a rule refusing its arguments) is ``rejected``, counted by operator; any other
@@ -52,7 +60,7 @@ from .check import _close as _close_rel, _Mismatch
 
 #: every family of constructs the generator draws (each must appear over a fuzz budget)
 FAMILIES = ("linear", "conv2d", "batch_norm", "layer_norm", "activation", "pool", "arith", "residual",
-            "softmax", "layout", "slice", "cat_split", "matmul", "reduce", "attention", "embedding")
+            "softmax", "layout", "slice", "cat_split", "matmul", "reduce", "attention", "embedding", "outputs")
 
 #: outcomes that are not failures
 PASSING = ("ok", "rejected")
@@ -70,6 +78,11 @@ class Spec:
     ids: Optional[tuple] = None           # (length, vocabulary) of the int input, if any
     nodes: List[dict] = field(default_factory=list)
     shapes: List[tuple] = field(default_factory=list)  # of every value: inputs, then nodes
+    #: the values ``forward`` returns (a tuple when several; the first is the last node), and
+    #: how the loss reads each: ``grad`` (``sum(head * out)``), ``stop`` (the same under
+    #: ``stop_gradient``, PyTorch's ``.detach()``) or ``none`` (not at all)
+    outputs: List[int] = field(default_factory=list)
+    reads: List[str] = field(default_factory=list)
 
     def describe(self) -> str:
         lines = [f"# seed {self.seed}: {self.dtype}, dynamic_batch={self.dynamic_batch}, gradients in "
@@ -83,6 +96,8 @@ class Spec:
             attrs = {a: b for a, b in node.items() if a not in ("op", "args", "family")}
             lines.append(f"v{first + k} = {node['op']}({', '.join(f'v{a}' for a in node['args'])}"
                          + (f", {attrs}" if attrs else "") + f")  # {list(self.shapes[first + k])}")
+        lines.append("return " + ", ".join(f"v{v}" for v in self.outputs)
+                     + f"  # the loss reads them: {', '.join(self.reads)}")
         return "\n".join(lines)
 
 
@@ -160,8 +175,13 @@ class _Gen:
         if v is None:
             return False
         s = self.spec.shapes[v]
-        return self.add("batch_norm", "batch_norm2d" if len(s) == 4 else "batch_norm1d", [v], s,
-                        channels=s[1], affine=self.chance(0.8), momentum=self.pick([0.1, 0.3, 1.0]))
+        if not self.add("batch_norm", "batch_norm2d" if len(s) == 4 else "batch_norm1d", [v], s,
+                        channels=s[1], affine=self.chance(0.8), momentum=self.pick([0.1, 0.3, 1.0])):
+            return False
+        if self.chance(0.25):  # the layer's running statistic read after its update (a buffer: no gradient)
+            self.add("batch_norm", "bn_stat", [self.float_values[-1]], s, layer=len(self.spec.nodes) - 1,
+                     stat=self.pick(["running_mean", "running_var"]))
+        return True
 
     def layer_norm(self):
         v = self.value((2, 3, 4))
@@ -369,6 +389,23 @@ class _Gen:
         return self.add("attention", "sdpa", [v, u], s[:-1] + (self.spec.shapes[u][-1],), causal=self.chance(0.5),
                         features=s[-1])
 
+    def extra_outputs(self) -> List[int]:
+        """Values returned beside the last (in 30% of the modules): one or two of the values made,
+        and with even chance a probe, a linear layer on detached features of one, as a
+        second head (PyTorch gives its weight a gradient from its own output only)."""
+        if len(self.float_values) < 2 or not self.chance(0.3):
+            return []
+        made = self.float_values[1:-1]
+        v = self.value((2, 3, 4))
+        if v is not None and self.chance(0.5):
+            s, out = self.spec.shapes[v], 1 + self.r(4)
+            if self.add("outputs", "probe", [v], s[:-1] + (out,), features=(s[-1], out), bias=self.chance(0.7)):
+                made = made + [self.float_values[-1]]
+        if not made:
+            return []
+        picked = [int(k) for k in self.rng.permutation(len(made))[:1 + self.r(2)]]
+        return [made[k] for k in sorted(picked)]
+
     def embedding(self):
         if self.spec.ids is None:
             return False
@@ -408,16 +445,22 @@ def generate(seed: int) -> Spec:
         op()
     if len(g.float_values) == 1:
         g.activation()
-    # every value reaches the output: the dangling ones join the last through their means
+    main = g.float_values[-1]
+    extras = g.extra_outputs()
+    # every value reaches an output: the dangling ones join the main one through their means
     consumed = {a for n in spec.nodes for a in n["args"]}
-    last = g.float_values[-1]
-    dangling = [v for v in g.float_values[1:] if v not in consumed and v != last]
-    if dangling:
-        g.add("join", "join", [last] + dangling, spec.shapes[last])
+    dangling = [v for v in g.float_values[1:] if v not in consumed and v != main and v not in extras]
+    if dangling and g.add("join", "join", [main] + dangling, spec.shapes[main]):
+        main = g.float_values[-1]
     # and one parameter at least
     if not any(n["op"] in _WITH_PARAMS or (n["op"] in ("batch_norm1d", "batch_norm2d") and n["affine"])
                or (n["op"] == "layer_norm" and n["affine"]) for n in spec.nodes):
-        g.add("arith", "mul_param", [g.float_values[-1]], spec.shapes[-1], pshape=(1,))
+        if g.add("arith", "mul_param", [main], spec.shapes[main], pshape=(1,)):
+            main = g.float_values[-1]
+    spec.outputs = [main] + extras
+    spec.reads = ["grad"] + [str(rng.choice(["grad", "stop", "none"], p=[0.45, 0.35, 0.2])) for _ in extras]
+    if extras and rng.random() < 0.3:  # the last output under stop_gradient too (a teacher's logits)
+        spec.reads[0] = "stop"
     return spec
 
 
@@ -467,6 +510,8 @@ def build_module(spec: Spec):
                     self.params[name] = torch.nn.Parameter(torch.empty(node["pshape"]).uniform_(-1.0, 1.0))
                 elif op == "sdpa":
                     self.layers[name] = torch.nn.Linear(node["features"], node["features"])
+                elif op == "probe":
+                    self.layers[name] = torch.nn.Linear(*node["features"], bias=node["bias"])
                 elif op == "embedding":
                     self.layers[name] = torch.nn.Embedding(node["vocab"], node["dim"], padding_idx=node["padding_idx"])
 
@@ -474,7 +519,8 @@ def build_module(spec: Spec):
             vals = list(inputs)
             for k, node in enumerate(spec.nodes):
                 vals.append(_apply(self, f"n{k}", node, [vals[a] for a in node["args"]], torch, F))
-            return vals[-1]
+            outs = [vals[v] for v in spec.outputs] if spec.outputs else [vals[-1]]
+            return outs[0] if len(outs) == 1 else tuple(outs)
 
     net = FuzzNet()
     return net.double() if spec.dtype == "float64" else net
@@ -484,6 +530,11 @@ def _apply(net, name, node, args, torch, F):
     op, x = node["op"], args[0]
     if op in ("linear", "conv2d", "batch_norm1d", "batch_norm2d", "layer_norm", "embedding"):
         return net.layers[name](x)
+    if op == "probe":
+        return net.layers[name](x.detach())
+    if op == "bn_stat":
+        stat = getattr(net.layers[f"n{node['layer']}"], node["stat"])
+        return x + stat.reshape((1, -1) + (1,) * (x.ndim - 2))
     acts = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"), "silu": F.silu,
             "tanh": torch.tanh, "sigmoid": torch.sigmoid}
     if op in acts:
@@ -626,20 +677,50 @@ def _inputs(spec: Spec, rng, batch: int = None):
     return arrays, [torch.from_numpy(a.copy()) for a in arrays]
 
 
-def _torch_run(net, tensors, training, head=None):
-    """PyTorch's output (and parameter gradients of ``sum(head * out)``) on a copy of ``net``."""
+def _listed(out) -> list:
+    """A module's (or a model's) result as a list of its outputs."""
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _torch_loss(outs, heads, reads):
+    """PyTorch's loss of the spec's outputs: ``sum(head * out)`` over the outputs read, those read
+    under ``stop`` detached; ``None`` when it needs no backward (no gradient reaches it)."""
     import torch
+    loss = None
+    for o, h, how in zip(outs, heads, reads):
+        if how != "none":
+            term = ((o.detach() if how == "stop" else o) * torch.from_numpy(h)).sum()
+            loss = term if loss is None else loss + term
+    return loss if loss is not None and loss.requires_grad else None
+
+
+def _te_loss(outs, heads, reads):
+    """te_grad's loss of the same (``heads``: one per output read; ``stop_gradient`` for ``stop``)."""
+    import te_grad as tg
+    heads, loss = iter(heads), None
+    for o, how in zip(_listed(outs), reads):
+        if how != "none":
+            if how == "stop":
+                o = tg.compute(o.shape, lambda *i, o=o: tg.stop_gradient(o[i]), name="stopped")
+            term = tg.nn.sum(tg.nn.multiply(o, next(heads)))
+            loss = term if loss is None else tg.nn.add(loss, term)
+    return loss
+
+
+def _torch_run(net, tensors, training, heads=None, reads=None):
+    """PyTorch's outputs (and parameter gradients of :func:`_torch_loss` of ``heads``) on a copy of ``net``."""
     net = copy.deepcopy(net)
     net.train(training)
-    out = net(*tensors)
+    outs = _listed(net(*tensors))
     grads = {}
-    if head is not None:
+    if heads is not None:
         net.zero_grad()
-    if head is not None and out.requires_grad:
-        (out * torch.from_numpy(head)).sum().backward()
+        loss = _torch_loss(outs, heads, reads)
+        if loss is not None:
+            loss.backward()
         grads = {n: (p.grad.numpy() if p.grad is not None else np.zeros(tuple(p.shape), p.detach().numpy().dtype))
                  for n, p in net.named_parameters()}
-    return out.detach().numpy(), grads, net
+    return [o.detach().numpy() for o in outs], grads, net
 
 
 def check(spec: Spec, compile_: bool = True) -> Outcome:
@@ -690,32 +771,36 @@ def _check(spec: Spec, compile_: bool) -> None:
     feed.update({s.placeholder: np.asarray(s.initial) for s in states})
     feed.update(dict(zip(xs, arrays)))
 
-    # 1. the forward in both modes
-    outs = {}
+    reads = spec.reads or ["grad"]
+    # 1. the forward in both modes, every output
     for training in (False, True):
         want, _, _ = _torch_run(ref, ref_tensors, training)
-        noise = _torch_run(net, tensors, training)[0] if f32 else None
-        out = model(*xs, train.Context(training=training))
-        got = tg.evaluate([out], feed)[0]
-        _close(got, want, rtol, f"forward ({'training' if training else 'evaluation'})",
-               f"mismatch-forward-{'train' if training else 'eval'}", noise)
-        outs[training] = out
+        noise = _torch_run(net, tensors, training)[0] if f32 else [None] * len(want)
+        out = _listed(model(*xs, train.Context(training=training)))
+        if len(out) != len(want):
+            raise _Mismatch("mismatch-outputs", f"the model returns {len(out)} outputs, the module {len(want)}")
+        got = tg.evaluate(out, feed)
+        for k, (g, w, n) in enumerate(zip(got, want, noise)):
+            _close(g, w, rtol, f"forward ({'training' if training else 'evaluation'}), output {k}",
+                   f"mismatch-forward-{'train' if training else 'eval'}", n)
 
-    # 2. parameter gradients of sum(head * out)
-    head = rng.standard_normal(np.shape(want)).astype(spec.dtype)
-    _, want_grads, _ = _torch_run(ref, ref_tensors, spec.grad_training, head.astype(np.float64))
-    noise_grads = _torch_run(net, tensors, spec.grad_training, head)[1] if f32 else {}
-    if params:
-        out = model(*xs, train.Context(training=spec.grad_training))
-        head_ph = tg.placeholder(out.shape, dtype=out.dtype, name="head")
-        grads = tg.gradient([out], [p.placeholder for p in params], head=[head_ph])
-        feed[head_ph] = head
+    # 2. parameter gradients of the loss: sum(head * out) over the outputs read (as ``reads`` says)
+    heads = [rng.standard_normal(np.shape(w)).astype(spec.dtype) for w in want]
+    wide = [h.astype(np.float64) for h in heads]
+    _, want_grads, _ = _torch_run(ref, ref_tensors, spec.grad_training, wide, reads)
+    noise_grads = _torch_run(net, tensors, spec.grad_training, heads, reads)[1] if f32 else {}
+    differentiated = [k for k, how in enumerate(reads) if how == "grad"]
+    if params and differentiated:  # the VJP of the outputs read with their gradient, one head each
+        out = _listed(model(*xs, train.Context(training=spec.grad_training)))
+        head_phs = [tg.placeholder(out[k].shape, dtype=out[k].dtype, name=f"head{k}") for k in differentiated]
+        grads = tg.gradient([out[k] for k in differentiated], [p.placeholder for p in params], head=head_phs)
+        feed.update({ph: heads[k] for ph, k in zip(head_phs, differentiated)})
         got = tg.evaluate(grads, feed)
         for p, g in zip(params, got):
             _close(g, want_grads[p.name], rtol, f"gradient of {p.name} (evaluator)", "mismatch-grad-evaluator",
                    noise_grads.get(p.name))
         if compile_:
-            inputs = xs + [p.placeholder for p in params] + [s.placeholder for s in states] + [head_ph]
+            inputs = xs + [p.placeholder for p in params] + [s.placeholder for s in states] + head_phs
             used = {id(t) for t in topo_order(grads)}
             inputs = [i for i in inputs if id(i) in used]
             kernel = tg.build(grads, inputs)
@@ -725,17 +810,18 @@ def _check(spec: Spec, compile_: bool) -> None:
                 _close(g, want_grads[p.name], rtol, f"gradient of {p.name} (compiled)", "mismatch-grad-compiled",
                        noise_grads.get(p.name))
 
-    # 3. one SGD step of the Trainer on the loss sum(head * out), batch norm statistics included
+    # 3. one SGD step of the Trainer on that loss (the stop_gradient reads too), batch norm statistics included
     lr = 0.5
-    y = tg.placeholder(tuple(np.shape(head)), dtype=spec.dtype, name="y")
-    trainer = train.Trainer(model, inputs=xs, targets=[y], loss=lambda o, t: tg.nn.sum(tg.nn.multiply(o, t)),
+    read = [k for k, how in enumerate(reads) if how != "none"]
+    ys = [tg.placeholder(tuple(np.shape(heads[k])), dtype=spec.dtype, name=f"y{k}") for k in read]
+    trainer = train.Trainer(model, inputs=xs, targets=ys, loss=lambda o, *t: _te_loss(o, t, reads),
                             optimizer=train.SGD(lr=lr, weight_decay=DECAY), progress=False, dynamic_batch=spec.dynamic_batch)
-    trainer.update(*arrays, head)
+    trainer.update(*arrays, *[heads[k] for k in read])
     if spec.dynamic_batch and trainer.static_reason:   # the step fell back to a kernel per batch size
         raise _Mismatch("static-batch", f"the training step was not built on a batch size variable: "
                                         f"{trainer.static_reason}")
-    tnet = _torch_step(ref, ref_tensors, head.astype(np.float64), lr)
-    nnet = _torch_step(net, tensors, head, lr) if f32 else None
+    tnet = _torch_step(ref, ref_tensors, wide, reads, lr)
+    nnet = _torch_step(net, tensors, heads, reads, lr) if f32 else None
     _close_params(trainer, tnet, nnet, rtol, "after a step", "mismatch-step-params")
     have = trainer.states
     noise = dict(nnet.named_buffers()) if f32 else {}
@@ -750,12 +836,16 @@ def _check(spec: Spec, compile_: bool) -> None:
         arrays2, tensors2 = _inputs(spec, rng, other)
         ref2 = _float64(tensors2)
         want = _torch_run(tnet, ref2, False)[0]
-        _close(trainer.predict(*arrays2), want, rtol, f"prediction at batch {other} after a step",
-               "mismatch-other-batch", _torch_run(nnet, tensors2, False)[0] if f32 else None)
-        head2 = rng.standard_normal(np.shape(want)).astype(spec.dtype)
-        trainer.update(*arrays2, head2)
-        _close_params(trainer, _torch_step(tnet, ref2, head2.astype(np.float64), lr),
-                      _torch_step(nnet, tensors2, head2, lr) if f32 else None, rtol,
+        noise = _torch_run(nnet, tensors2, False)[0] if f32 else [None] * len(want)
+        got = _listed(trainer.predict(*arrays2))
+        if len(got) != len(want):
+            raise _Mismatch("mismatch-other-batch", f"the prediction has {len(got)} outputs, the module {len(want)}")
+        for k, (g, w, n) in enumerate(zip(got, want, noise)):
+            _close(g, w, rtol, f"prediction at batch {other} after a step, output {k}", "mismatch-other-batch", n)
+        heads2 = [rng.standard_normal(np.shape(w)).astype(spec.dtype) for w in want]
+        trainer.update(*arrays2, *[heads2[k] for k in read])
+        _close_params(trainer, _torch_step(tnet, ref2, [h.astype(np.float64) for h in heads2], reads, lr),
+                      _torch_step(nnet, tensors2, heads2, reads, lr) if f32 else None, rtol,
                       f"after a step at batch {other}", "mismatch-other-batch")
 
 
@@ -774,15 +864,14 @@ def _float64(tensors) -> list:
     return [t.double() if t.is_floating_point() else t for t in tensors]
 
 
-def _torch_step(net, tensors, head, lr):
-    """A copy of ``net`` after one PyTorch SGD step on ``sum(head * net(*tensors))`` in training mode."""
-    import torch
+def _torch_step(net, tensors, heads, reads, lr):
+    """A copy of ``net`` after one PyTorch SGD step on :func:`_torch_loss` in training mode."""
     tnet = copy.deepcopy(net)
     tnet.train(True)
     opt = torch_sgd(tnet, lr)
     opt.zero_grad()
-    loss = (tnet(*tensors) * torch.from_numpy(head)).sum()
-    if loss.requires_grad:
+    loss = _torch_loss(_listed(tnet(*tensors)), heads, reads)
+    if loss is not None:
         loss.backward()
     opt.step()
     return tnet
