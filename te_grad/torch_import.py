@@ -149,12 +149,14 @@ _NOT_DIFFERENTIABLE = frozenset(f"aten.{op}.default" for op in (
 
 
 #: operators returning several tensors each of which depends on every operand (pieces of one
-#: tensor); of any other operator's results only the first does (``native_layer_norm``'s mean
-#: and rstd, batch norm's new running statistics and ``max.dim``'s indices are not connected
-#: to the weights)
+#: tensor, ``var_mean``'s two statistics of one tensor); of any other operator's results only
+#: the first does (``native_layer_norm``'s mean and rstd, batch norm's new running statistics
+#: and ``max.dim``'s indices are not connected to the weights; ``native_group_norm``'s
+#: statistics are, to its input only, which the walk cannot tell from its weight)
 _EVERY_RESULT = frozenset(("aten.split_with_sizes.default", "aten.split.Tensor", "aten.unbind.int",
                            "aten.chunk.default", "aten.tensor_split.sections", "aten.unsafe_split.Tensor",
-                           "aten.split_with_sizes_copy.default", "aten.unbind_copy.int"))
+                           "aten.split_with_sizes_copy.default", "aten.unbind_copy.int",
+                           "aten.var_mean.correction"))
 
 
 def _floating(value) -> bool:

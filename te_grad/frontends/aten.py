@@ -40,6 +40,7 @@ Math of the less obvious rules:
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Callable, Dict
 
@@ -195,6 +196,46 @@ rule("aten.pow.Tensor_Tensor", promote=True)(binary(dsl.pow, "pow"))
 @rule("aten.clamp.default")
 def _clamp(t, x, min=None, max=None):  # noqa: A002 - ATen's names
     return nn.clip(x, min, max)
+
+
+@rule("aten.hardtanh.default")
+def _hardtanh(t, x, min_val=-1.0, max_val=1.0):
+    """``clamp(x, min_val, max_val)`` with PyTorch's gradient: 1 strictly inside the bounds, 0
+    on them (``clamp``'s is 1 on them; ``relu6`` is ``hardtanh(x, 0, 6)``)."""
+    lo, hi = dsl.const(float(min_val), x.dtype), dsl.const(float(max_val), x.dtype)
+    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(x[i] <= lo, lo, dsl.if_then_else(x[i] >= hi, hi, x[i])),
+                       name="hardtanh")
+
+
+@rule("aten.leaky_relu.default")
+def _leaky_relu(t, x, negative_slope=0.01):
+    """``x`` where ``x > 0``, else ``negative_slope * x`` (at 0 the gradient is the slope, as PyTorch's)."""
+    return nn.leaky_relu(x, float(negative_slope))
+
+
+@rule("aten.elu.default")
+def _elu(t, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """``scale * x`` where ``x > 0``, else ``scale * alpha * expm1(input_scale * x)`` (ELU, SELU and
+    CELU; at 0 the gradient is the second branch's, as PyTorch's)."""
+    a, s, k = float(alpha), float(scale), float(input_scale)
+    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(x[i] > 0, x[i] * s, dsl.expm1(x[i] * k) * (s * a)),
+                       name="elu")
+
+
+@rule("aten.sign.default")
+def _sign(t, x):
+    """1, -1 or 0 by the sign of ``x`` (NaN stays NaN); its gradient is 0."""
+    if x.dtype == dtypes.BOOL:
+        return x
+    one, minus = dsl.const(1, x.dtype), dsl.const(-1, x.dtype)
+    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(x[i] > 0, one, dsl.if_then_else(x[i] < 0, minus, x[i] * 0)),
+                       name="sign")
+
+
+for _n, _f in {"floor": dsl.floor, "ceil": dsl.ceil, "trunc": dsl.trunc, "round": dsl.round}.items():
+    # integers are their own floor (PyTorch returns them as they are); the gradient is 0
+    RULES[f"aten.{_n}.default"] = (lambda f, n: lambda t, x: x if not dtypes.is_float(x.dtype) else
+                                   dsl.compute(x.shape, lambda *i: f(x[i]), name=n))(_f, _n)
 
 
 @rule("aten.where.self")
@@ -451,6 +492,25 @@ def _mean(t, x, dims=None, keepdim=False, dtype=None):
     return nn.mean(x, _axes(dims, x.ndim), keepdims=keepdim)
 
 
+@rule("aten.linalg_vector_norm.default")
+def _vector_norm(t, x, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A002 - ATen's names
+    """``sum(|x|)`` (``ord=1``) or ``sqrt(sum(x * x))`` (``ord=2``, ``F.normalize``) over ``dim``.
+    The 2-norm of a zero vector has PyTorch's gradient 0 (the square root is read where the sum
+    is not 0 only), not ``0 / 0``. Other orders are refused."""
+    if dtype is not None:
+        want = dtype_of(dtype)
+        x = dsl.compute(x.shape, lambda *i: dsl.cast(want, x[i]), name="to_dtype")
+    axes = _axes(dim, x.ndim)
+    if ord == 1:
+        return nn.sum(dsl.compute(x.shape, lambda *i: dsl.abs(x[i]), name="norm_abs"), axes, keepdims=keepdim)
+    if ord != 2:
+        raise UserError(f"linalg_vector_norm: ord={ord!r} is not translated (1 and 2 are)")
+    total = nn.sum(dsl.compute(x.shape, lambda *i: x[i] * x[i], name="norm_square"), axes, keepdims=keepdim)
+    zero, one = dsl.const(0.0, total.dtype), dsl.const(1.0, total.dtype)
+    return dsl.compute(total.shape, lambda *i: dsl.if_then_else(
+        total[i] == zero, zero, dsl.sqrt(dsl.if_then_else(total[i] == zero, one, total[i]))), name="norm")
+
+
 @rule("aten.amax.default")
 def _amax(t, x, dims=(), keepdim=False):
     return nn.max(x, _axes(dims, x.ndim), keepdims=keepdim)
@@ -465,6 +525,131 @@ def _amin(t, x, dims=(), keepdim=False):
 def _var(t, x, dims=None, correction=None, keepdim=False):
     corr = 1 if correction is None else correction
     return nn.variance(x, _axes(dims, x.ndim), keepdims=keepdim, correction=corr)
+
+
+@rule("aten.var_mean.correction")
+def _var_mean(t, x, dims=None, correction=None, keepdim=False):
+    return (_var(t, x, dims, correction, keepdim), _mean(t, x, dims, keepdim))
+
+
+def _selecting(kind: str):
+    """``max.dim`` / ``min.dim``: ``(values, indices)``, the values read at the first extreme's
+    index, so that the gradient goes to that element alone (PyTorch's, where ``amax`` splits
+    it over ties)."""
+    arg = nn.argmax if kind == "max" else nn.argmin
+
+    def apply(t, x, dim, keepdim=False):
+        d = _axis(dim, x.ndim)
+        at = arg(x, d, keepdims=True)
+        values = dsl.compute(at.shape, lambda *i: x[i[:d] + (at[i],) + i[d + 1:]], name=f"{kind}_values")
+        if not keepdim:
+            return (nn.squeeze(values, d), nn.squeeze(at, d))
+        return (values, at)
+    return apply
+
+
+RULES["aten.max.dim"] = _selecting("max")
+RULES["aten.min.dim"] = _selecting("min")
+
+
+def _arg_rule(kind: str):
+    arg = nn.argmax if kind == "argmax" else nn.argmin
+
+    def apply(t, x, dim=None, keepdim=False):
+        if dim is None:
+            if x.ndim > 1:
+                raise UserError(f"{kind} over every axis of a tensor of rank {x.ndim} (dim=None) is not "
+                                "translated; give dim")
+            dim = 0
+        return arg(x, _axis(dim, x.ndim), keepdims=keepdim)
+    return apply
+
+
+RULES["aten.argmax.default"] = _arg_rule("argmax")
+RULES["aten.argmin.default"] = _arg_rule("argmin")
+
+
+@rule("aten.cumsum.default")
+def _cumsum(t, x, dim, dtype=None):
+    if dtype is not None and dtype_of(dtype) != x.dtype:
+        x = dsl.compute(x.shape, lambda *i: dsl.cast(dtype_of(dtype), x[i]), name="to_dtype")
+    return nn.cumsum(x, _axis(dim, x.ndim))
+
+
+@rule("aten.flip.default")
+def _flip(t, x, dims):
+    axes = set(_axes(dims, x.ndim)) if dims else set()
+    return dsl.compute(x.shape, lambda *i: x[tuple(x.shape[d] - 1 - v if d in axes else v for d, v in enumerate(i))],
+                       name="flip")
+
+
+@rule("aten.repeat.default")
+def _repeat(t, x, repeats):
+    """``x`` tiled ``repeats`` times along each axis (new leading axes first):
+    ``out[..., i, ...] = x[..., i % n, ...]``."""
+    repeats = [int(r) for r in repeats]
+    lead = len(repeats) - x.ndim
+    if lead < 0 or any(r < 0 for r in repeats):
+        raise UserError(f"repeat: {repeats} for a tensor of rank {x.ndim}")
+    shape = tuple(repeats[:lead]) + tuple(n * r for n, r in zip(x.shape, repeats[lead:]))
+    return dsl.compute(shape, lambda *i: x[tuple(v if r == 1 else v % n
+                                                  for v, n, r in zip(i[lead:], x.shape, repeats[lead:]))],
+                       name="repeat")
+
+
+@rule("aten.atan2.default", promote=True)
+def _atan2(t, a, b):
+    return nn.elementwise._binary("atan2", dsl.atan2, a, b)
+
+
+@rule("aten.native_group_norm.default")
+def _group_norm(t, x, w, b, n, c, hw, group, eps):
+    """Group normalization: the channels of each sample in ``group`` groups, each group
+    normalized over its channels and positions by its mean and biased variance, then
+    ``* w[c] + b[c]``. Returns ``(out, mean, rstd)``, the statistics of shape ``(N, group)``."""
+    group = int(group)
+    channels = x.shape[1]
+    if not is_int(channels) or channels % group:
+        raise UserError(f"group_norm: {channels} channels in {group} groups")
+    per = channels // group
+    rows = nn.reshape(x, (x.shape[0], group, -1), name="group_norm_rows")
+    mean, var = nn.mean(rows, (2,)), nn.variance(rows, (2,))
+    rstd = dsl.compute(var.shape, lambda i, g: 1.0 / dsl.sqrt(var[i, g] + eps), name="group_norm_rstd")
+
+    def body(*i):
+        v = (x[i] - mean[i[0], i[1] // per]) * rstd[i[0], i[1] // per]
+        if w is not None:
+            v = v * w[i[1]]
+        if b is not None:
+            v = v + b[i[1]]
+        return v
+    return (dsl.compute(x.shape, body, name="group_norm"), mean, rstd)
+
+
+@rule("aten.upsample_nearest2d.vec")
+def _upsample_nearest(t, x, output_size, scale_factors):
+    """Nearest upsampling (or subsampling) by whole factors: ``out[.., i, j] = x[.., i // k, j // l]``
+    (``x[.., i * k, j * l]`` for a factor ``1 / k``), PyTorch's ``floor(i / scale)`` there, the
+    scale given or ``out / in``. Other factors (where PyTorch's float scale decides the rows)
+    are refused."""
+    src, shape = [], list(x.shape[:-2])
+    for axis, n in enumerate(x.shape[-2:]):
+        f = None if scale_factors is None else float(scale_factors[axis])
+        m = None if output_size is None else output_size[axis]
+        if not is_int(n) or (m is not None and not is_int(m)):
+            raise UserError(f"upsample_nearest2d: sizes known at run time ({tuple(x.shape[-2:])}) are not translated")
+        if f is not None:  # PyTorch reads row floor(i / f) of a floor(n * f) long output
+            m = int(math.floor(n * f)) if m is None else m
+            up, down = f.is_integer(), f > 0 and (1.0 / f).is_integer()
+        else:
+            up, down = m > 0 and m % n == 0, m > 0 and n % m == 0
+            f = m / n if up else (1.0 / (n // m) if down else None)
+        if m is None or m <= 0 or not (up or down):
+            raise UserError(f"upsample_nearest2d: a size of {n} scaled by {f} (to {m}) is not a whole factor "
+                            "(only those are translated)")
+        src.append((lambda v, k=int(f): v // k) if up else (lambda v, k=int(round(1.0 / f)): v * k))
+        shape.append(int(m))
+    return dsl.compute(tuple(shape), lambda *i: x[i[:-2] + (src[0](i[-2]), src[1](i[-1]))], name="upsample_nearest")
 
 
 @rule("aten._softmax.default")

@@ -96,6 +96,19 @@ def test_the_generator_draws_batch_norm_statistics_read_after_their_update(stat)
     assert outcome.kind == "ok", outcome
 
 
+@pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "flip", "repeat", "upsample", "group_norm",
+                                "leaky_relu", "elu", "relu6", "hardtanh"])
+def test_the_generator_draws_each_operator_it_names(op):
+    """Each construct the generator names is drawn (a flip of the batch axis under a dynamic
+    batch among the flips) and such a module passes."""
+    def drawn(s):
+        return any(n["op"] == op and (op != "flip" or (0 in n["dims"] and s.dynamic_batch)) for n in s.nodes)
+    specs = [s for s in map(generate, range(400)) if drawn(s)]
+    assert len(specs) >= 3
+    outcome = check(specs[0])
+    assert outcome.kind == "ok", outcome
+
+
 @pytest.mark.parametrize("form", ["grad", "stop", "none", "probe"])
 def test_the_generator_draws_modules_of_several_outputs(form):
     """Modules returning a tuple: an extra output the loss reads with its gradient, under

@@ -3,13 +3,15 @@
 ``python -m te_grad fuzz --torch --programs N --seed S`` generates ``N`` random small modules
 (:func:`generate`: a DAG over one float input, and an int input of ids when an ``Embedding``
 is drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d (its running
-statistics also read after the update), LayerNorm,
-activations, pools, broadcasting arithmetic with tensors, parameters and scalars, residual
-adds, operands detached (``.detach()``, a ``torch.no_grad()`` block), parameters read only
-where their gradient is zero (``0 * p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``), softmax / log_softmax,
-views and permutations, a linear layer between views that flatten
-its input's leading axes into rows and restore them, slices, ``cat`` / ``chunk`` / ``split``,
-``matmul`` / ``bmm``, reductions, ``scaled_dot_product_attention``), each in float32 or
+statistics also read after the update), LayerNorm, GroupNorm, activations (among them
+LeakyReLU, ELU, SELU, ReLU6, Hardtanh), pools, nearest upsampling, broadcasting arithmetic
+with tensors, parameters and scalars, residual adds, operands detached (``.detach()``, a
+``torch.no_grad()`` block), parameters read only where their gradient is zero (``0 *
+p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``), softmax / log_softmax, views, permutations,
+flips and repeats, a linear layer between views that flatten its input's leading axes into
+rows and restore them, slices, ``cat`` / ``chunk`` / ``split``, ``matmul`` / ``bmm``,
+reductions (``max`` / ``min`` along a dimension, ``cumsum``),
+``scaled_dot_product_attention``), each in float32 or
 float64, with or without a dynamic batch. A module returns its last value, or (30% of them)
 a tuple of it and one or two other values, among them perhaps a probe (a linear layer on
 detached features); the loss reads each output with its gradient, under ``stop_gradient``
@@ -188,6 +190,10 @@ class _Gen:
         if v is None:
             return False
         s = self.spec.shapes[v]
+        groups = [g for g in range(1, s[1] + 1) if s[1] % g == 0 and _numel(s) // g >= 2]
+        if self.chance(0.3) and groups:  # GroupNorm over (N, C, ...): groups of channels and positions
+            return self.add("layer_norm", "group_norm", [v], s, groups=self.pick(groups), channels=s[1],
+                            affine=self.chance(0.7))
         k = 1 + self.r(min(2, len(s) - 1))
         if int(np.prod(s[-k:])) < 2:
             # over one element the output is the bias exactly, and PyTorch's fused kernel gives
@@ -200,7 +206,8 @@ class _Gen:
         v = self.value()
         if v is None:
             return False
-        fn = self.pick(["relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid"])
+        fn = self.pick(["relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "leaky_relu", "elu", "selu",
+                        "relu6", "hardtanh"])
         return self.add("activation", fn, [v], self.spec.shapes[v])
 
     def pool(self):
@@ -208,7 +215,9 @@ class _Gen:
         if v is None:
             return False
         _, c, h, w = self.spec.shapes[v]
-        kind = self.pick(["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"])
+        kind = self.pick(["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "upsample"])
+        if kind == "upsample":  # nearest, by a whole factor
+            return self.add("pool", kind, [v], (self.spec.batch, c, 2 * h, 2 * w), factor=2)
         if kind == "adaptive_avg_pool2d":
             size = self.pick([(1, 1), (max(1, h // 2), max(1, w // 2)), (h, 1)])
             return self.add("pool", kind, [v], (self.spec.batch, c) + size, size=size)
@@ -266,7 +275,15 @@ class _Gen:
             return False
         s = self.spec.shapes[v]
         rest = list(s[1:])
-        kind = self.pick(["view", "reshape", "permute", "transpose", "flatten", "unsqueeze", "squeeze"])
+        kind = self.pick(["view", "reshape", "permute", "transpose", "flatten", "unsqueeze", "squeeze", "flip",
+                          "repeat"])
+        if kind == "flip":
+            k = 1 + self.r(len(s))
+            return self.add("layout", kind, [v], s, dims=tuple(int(d) for d in self.rng.choice(len(s), k, replace=False)))
+        if kind == "repeat" and rest:
+            repeats = (1,) + tuple(1 + self.r(2) for _ in rest)
+            return self.add("layout", kind, [v], (s[0],) + tuple(n * r for n, r in zip(rest, repeats[1:])),
+                            repeats=repeats)
         if kind in ("view", "reshape") and rest:
             n = int(np.prod(rest))
             divisors = [d for d in range(1, n + 1) if n % d == 0]
@@ -375,9 +392,14 @@ class _Gen:
         k = 1 + self.r(len(s) - 1)
         dims = tuple(sorted(int(d) + 1 for d in self.rng.choice(len(s) - 1, k, replace=False)))
         keep = self.chance(0.4)
+        op = self.pick(["mean", "sum", "amax", "max_dim", "min_dim", "cumsum"])
+        if op == "cumsum":
+            return self.add("reduce", op, [v], s, dim=dims[0])
+        if op in ("max_dim", "min_dim"):  # one dimension: the values (the gradient to the first extreme)
+            dims = dims[:1]
         shape = tuple(1 if d in dims else x for d, x in enumerate(s)) if keep else \
             tuple(x for d, x in enumerate(s) if d not in dims)
-        return self.add("reduce", self.pick(["mean", "sum", "amax"]), [v], shape, dims=dims, keepdim=keep)
+        return self.add("reduce", op, [v], shape, dims=dims, keepdim=keep)
 
     def attention(self):
         v = self.value((3, 4))
@@ -454,7 +476,7 @@ def generate(seed: int) -> Spec:
         main = g.float_values[-1]
     # and one parameter at least
     if not any(n["op"] in _WITH_PARAMS or (n["op"] in ("batch_norm1d", "batch_norm2d") and n["affine"])
-               or (n["op"] == "layer_norm" and n["affine"]) for n in spec.nodes):
+               or (n["op"] in ("layer_norm", "group_norm") and n["affine"]) for n in spec.nodes):
         if g.add("arith", "mul_param", [main], spec.shapes[main], pshape=(1,)):
             main = g.float_values[-1]
     spec.outputs = [main] + extras
@@ -510,6 +532,13 @@ def build_module(spec: Spec):
                     self.params[name] = torch.nn.Parameter(torch.empty(node["pshape"]).uniform_(-1.0, 1.0))
                 elif op == "sdpa":
                     self.layers[name] = torch.nn.Linear(node["features"], node["features"])
+                elif op == "group_norm":
+                    gn = torch.nn.GroupNorm(node["groups"], node["channels"], affine=node["affine"])
+                    if node["affine"]:
+                        with torch.no_grad():
+                            gn.weight.uniform_(0.5, 1.5)
+                            gn.bias.uniform_(-0.5, 0.5)
+                    self.layers[name] = gn
                 elif op == "probe":
                     self.layers[name] = torch.nn.Linear(*node["features"], bias=node["bias"])
                 elif op == "embedding":
@@ -528,7 +557,7 @@ def build_module(spec: Spec):
 
 def _apply(net, name, node, args, torch, F):
     op, x = node["op"], args[0]
-    if op in ("linear", "conv2d", "batch_norm1d", "batch_norm2d", "layer_norm", "embedding"):
+    if op in ("linear", "conv2d", "batch_norm1d", "batch_norm2d", "layer_norm", "group_norm", "embedding"):
         return net.layers[name](x)
     if op == "probe":
         return net.layers[name](x.detach())
@@ -536,7 +565,9 @@ def _apply(net, name, node, args, torch, F):
         stat = getattr(net.layers[f"n{node['layer']}"], node["stat"])
         return x + stat.reshape((1, -1) + (1,) * (x.ndim - 2))
     acts = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"), "silu": F.silu,
-            "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+            "tanh": torch.tanh, "sigmoid": torch.sigmoid, "leaky_relu": lambda v: F.leaky_relu(v, 0.2),
+            "elu": lambda v: F.elu(v, 0.7), "selu": F.selu, "relu6": lambda v: F.relu6(v * 8),
+            "hardtanh": lambda v: F.hardtanh(v, -0.5, 0.4)}
     if op in acts:
         return acts[op](x)
     if op == "flat_linear":
@@ -615,6 +646,16 @@ def _apply(net, name, node, args, torch, F):
         return torch.bmm(x, args[1].transpose(1, 2))
     if op in ("mean", "sum", "amax"):
         return getattr(torch, op)(x, dim=node["dims"], keepdim=node["keepdim"])
+    if op in ("max_dim", "min_dim"):
+        return getattr(torch, op[:3])(x, dim=node["dims"][0], keepdim=node["keepdim"]).values
+    if op == "cumsum":
+        return torch.cumsum(x, node["dim"])
+    if op == "flip":
+        return torch.flip(x, node["dims"])
+    if op == "repeat":
+        return x.repeat(*node["repeats"])
+    if op == "upsample":
+        return F.interpolate(x, scale_factor=node["factor"], mode="nearest")
     if op == "sdpa":
         return F.scaled_dot_product_attention(x, net.layers[name](x), args[1], is_causal=node["causal"])
     raise AssertionError(op)

@@ -1,0 +1,158 @@
+"""Operators of imported models, each against eager PyTorch in float64 (the output and one
+SGD step, with a dynamic batch): LeakyReLU, ELU / SELU / CELU, Hardtanh / ReLU6, sign, floor /
+ceil / round / trunc, vector norms (``F.normalize``), ``max`` / ``min`` along a dimension,
+``argmax``, ``cumsum``, ``flip``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm, InstanceNorm
+and nearest upsampling, at ordinary points and where PyTorch's gradient takes a side: on the
+bounds of ``hardtanh`` (0 there), at 0 for ``leaky_relu`` and ``elu`` (the negative branch),
+the norm of a zero vector (0, not NaN), a tie of ``max`` along a dimension (all to the first)."""
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import te_grad as tg  # noqa: E402
+import te_grad.torch as tgt  # noqa: E402
+from te_grad import train  # noqa: E402
+from te_grad.errors import UserError  # noqa: E402
+
+
+def _at(v, value):
+    """``value`` everywhere, with ``v``'s gradient: the point where a rule's gradient takes a side."""
+    return v - v.detach() + value
+
+
+FUNCTIONS = {
+    "leaky_relu": lambda v: F.leaky_relu(v, 0.2),
+    "leaky_relu at 0": lambda v: F.leaky_relu(_at(v, 0.0), 0.2) * v,
+    "elu": lambda v: F.elu(v, 0.7),
+    "elu at 0": lambda v: F.elu(_at(v, 0.0), 0.7) * v,
+    "selu": F.selu,
+    "celu": lambda v: F.celu(v, 1.5),
+    "hardtanh": lambda v: F.hardtanh(v, -0.4, 0.3),
+    "hardtanh on its bounds": lambda v: F.hardtanh(_at(v, 1.0)) * v + F.hardtanh(_at(v, -1.0)),
+    "relu6": lambda v: F.relu6(v * 4),
+    "sign": lambda v: torch.sign(v) * v + torch.sign(v * (v > 0)),
+    "floor ceil round trunc": lambda v: v * (torch.floor(v) + torch.ceil(v) + torch.round(v * 2) + torch.trunc(v)),
+    "normalize": lambda v: F.normalize(v, dim=-1),
+    "normalize a zero row": lambda v: F.normalize(v * (v.sum(-1, keepdim=True) > 0.5), dim=-1),
+    "norm 1": lambda v: v / (1 + torch.linalg.vector_norm(v * (v > 0), 1, dim=-1, keepdim=True)),
+    "norm 2 of all": lambda v: v * torch.linalg.vector_norm(v),
+    "max and min along a dim": lambda v: v * v.max(-1, keepdim=True).values + v.min(0).values,
+    "max along a dim, tied": lambda v: torch.stack([v[:, 0], v[:, 0].detach()], -1).max(-1).values,
+    "min along a dim, tied": lambda v: torch.stack([v[:, 1].detach(), v[:, 1]], -1).min(-1).values,
+    "argmax and argmin": lambda v: v.gather(-1, v.argmax(-1, keepdim=True)) * v + v.gather(-1, v.argmin(-1)[:, None]),
+    "cumsum": lambda v: torch.cumsum(v, -1) * v,
+    "flip": lambda v: torch.flip(v, [0, 1]) * v,
+    "repeat": lambda v: v.repeat(2, 3).reshape(2, -1, 12).sum(0)[:, 2:6] * v + v.repeat(1, 1, 2).sum(0)[:, :4],
+    "var_mean": lambda v: torch.var_mean(v, -1, keepdim=True)[0] * v + torch.var_mean(v, 0)[1],
+    "atan2": lambda v: torch.atan2(v, v * v - 1),
+}
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(self.lin(x))
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_an_imported_function_matches_pytorch_in_its_output_and_a_step(name):
+    torch.manual_seed(0)
+    _check(_Net(FUNCTIONS[name]).double(), torch.randn(6, 4, dtype=torch.float64) * 2)
+
+
+def _check(net, x):
+    """``net`` imported (a dynamic batch) against PyTorch: the output, then one SGD step."""
+    model = tgt.import_model(net, (x,))
+    assert model.dynamic_batch, model.static_reason
+    xs = model.input_placeholders()
+    feed = {xs[0]: x.numpy(), **{p.placeholder: p.value for p in model.parameters()}}
+    got = tg.evaluate([model(*xs, train.Context(training=False))], feed)[0]
+    np.testing.assert_allclose(got, net(x).detach().numpy(), rtol=1e-13, atol=1e-13)
+    trainer = train.Trainer(model, inputs=xs, targets=[], loss=tg.nn.mean, optimizer=train.SGD(lr=0.5),
+                            progress=False)
+    trainer.update(x.numpy())
+    ref = copy.deepcopy(net)
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.5)
+    ref(x).mean().backward()
+    sgd.step()
+    for n, p in ref.named_parameters():
+        np.testing.assert_allclose(trainer.params[n], p.detach().numpy(), rtol=1e-12, atol=1e-12)
+        assert np.isfinite(trainer.params[n]).all()
+
+
+class _Net2d(torch.nn.Module):
+    def __init__(self, fn, layer=None):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 1)
+        self.layer = layer
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(self, self.conv(x))
+
+
+IMAGE_OPS = {
+    "group_norm": (lambda m, v: m.layer(v) * v, lambda: torch.nn.GroupNorm(2, 4)),
+    "instance_norm": (lambda m, v: m.layer(v) * v, lambda: torch.nn.InstanceNorm2d(4, affine=True)),
+    "upsample by 2": (lambda m, v: F.interpolate(v, scale_factor=2, mode="nearest")[..., 1:4, 2:5] * v, None),
+    "upsample to a size": (lambda m, v: F.interpolate(v, size=(6, 3)).sum(-2) * v.mean(-2), None),
+    "subsample by 3": (lambda m, v: F.interpolate(v, scale_factor=1 / 3) * v, None),
+}
+
+
+@pytest.mark.parametrize("name", list(IMAGE_OPS))
+def test_an_imported_image_operator_matches_pytorch_in_its_output_and_a_step(name):
+    fn, layer = IMAGE_OPS[name]
+    torch.manual_seed(0)
+    _check(_Net2d(fn, layer() if layer else None).double(), torch.randn(3, 4, 3, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("size", [(5, 3), (4, 3)])
+def test_nearest_upsampling_by_another_factor_is_refused(size):
+    net = _Net2d(lambda m, v: F.interpolate(v, size=size)).double()
+    with pytest.raises(UserError, match="not a whole factor"):
+        tgt.import_model(net, (torch.randn(3, 4, 3, 2, dtype=torch.float64),))
+
+
+def test_a_vector_norm_of_another_order_is_refused():
+    net = _Net(lambda v: torch.linalg.vector_norm(v, 3, dim=-1)).double()
+    with pytest.raises(UserError, match="ord=3"):
+        tgt.import_model(net, (torch.randn(6, 4, dtype=torch.float64),))
+
+
+class _Stepped(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.tensor([1.7, -2.3], dtype=torch.float64))
+        self.fn = fn
+
+    def forward(self, x):
+        return x * self.fn(self.p)
+
+
+@pytest.mark.parametrize("fn", [torch.floor, torch.ceil, torch.round, torch.trunc, torch.sign,
+                                lambda p: 0 * torch.var_mean(p)[1]], ids=["floor", "ceil", "round", "trunc",
+                                                                          "sign", "zero times var_mean's mean"])
+def test_a_parameter_read_through_a_step_function_is_decayed_as_pytorch_decays_it(fn):
+    """The gradient of ``floor(p)`` (and of ``0 * mean``, the second result of ``var_mean``) is
+    zeros in PyTorch, not None: weight decay moves ``p``."""
+    net = _Stepped(fn)
+    x = torch.randn(3, 2, dtype=torch.float64)
+    model = tgt.import_model(net, (x,))
+    trainer = train.Trainer(model, inputs=model.input_placeholders(), targets=[], loss=tg.nn.mean,
+                            optimizer=train.SGD(lr=0.5, weight_decay=0.1), progress=False)
+    trainer.update(x.numpy())
+    ref = copy.deepcopy(net)
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.5, weight_decay=0.1)
+    ref(x).mean().backward()
+    sgd.step()
+    np.testing.assert_allclose(trainer.params["p"], ref.p.detach().numpy(), rtol=1e-14)
+    assert not np.allclose(trainer.params["p"], [1.7, -2.3])
