@@ -206,9 +206,10 @@ def _cached_build(outs, inputs, options: CompileOptions):
     old_inputs = entry["inputs"]
     swap = {id(o): n for o, n in zip(old_inputs, inputs)}
     buffers = [swap.get(id(t), t) for t in entry["buffers"]]
+    outputs = [swap.get(id(t), t) for t in entry["outputs"]]  # an input may be an output too
     stages = [CompiledStage(stage, work) for stage, work in entry["stages"]]
     size_vars = graph_size_vars(outs)
-    kernel = Kernel(entry["outputs"], inputs, buffers, stages, entry["regions"], compiled,
+    kernel = Kernel(outputs, inputs, buffers, stages, entry["regions"], compiled,
                     options.resolved_threads(), size_vars)
     # the cached graph's size variables stand for the caller's of the same names
     mine = {v.name: v for v in size_vars}

@@ -185,6 +185,12 @@ def c_name(name: str) -> str:
 def entry_for(kernel, name: str, scalars: Sequence[Tensor] = ()) -> Entry:
     """The plain entry point of ``kernel``: its sizes (``int64_t``, in the order of
     ``kernel.size_vars``), inputs (scalars by value), then outputs."""
+    seen = {id(t) for t in kernel.inputs}
+    for t in kernel.outputs:  # each output its own buffer, which the entry point writes
+        if id(t) in seen:
+            raise UserError(f"export: {t.name} is {'an input' if any(t is i for i in kernel.inputs) else 'given twice'}"
+                            " among the kernel's outputs; export a copy of it (a tensor computed from it)")
+        seen.add(id(t))
     used, args = set(), []
     for v in getattr(kernel, "size_vars", ()):
         used.add(c_name(v.name))

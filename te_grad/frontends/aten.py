@@ -44,6 +44,8 @@ import math
 import numbers
 from typing import Callable, Dict
 
+import numpy as np
+
 from .. import dsl, dtypes, nn
 from ..errors import UserError
 from ..ir import Tensor
@@ -216,7 +218,9 @@ def _leaky_relu(t, x, negative_slope=0.01):
 @rule("aten.elu.default")
 def _elu(t, x, alpha=1.0, scale=1.0, input_scale=1.0):
     """``scale * x`` where ``x > 0``, else ``scale * alpha * expm1(input_scale * x)`` (ELU, SELU and
-    CELU; at 0 the gradient is the second branch's, as PyTorch's)."""
+    CELU; at 0 the gradient is the second branch's, as PyTorch's). CELU's ``input_scale`` is
+    ``1 / alpha``, exact here; PyTorch's own CELU gradient rounds it to float32 (a relative
+    difference of about 1e-8 in float64 where ``alpha`` is not a power of two)."""
     a, s, k = float(alpha), float(scale), float(input_scale)
     return dsl.compute(x.shape, lambda *i: dsl.if_then_else(x[i] > 0, x[i] * s, dsl.expm1(x[i] * k) * (s * a)),
                        name="elu")
@@ -224,11 +228,11 @@ def _elu(t, x, alpha=1.0, scale=1.0, input_scale=1.0):
 
 @rule("aten.sign.default")
 def _sign(t, x):
-    """1, -1 or 0 by the sign of ``x`` (NaN stays NaN); its gradient is 0."""
+    """1, -1 or 0 by the sign of ``x`` (0 for NaN and for -0.0, as PyTorch); its gradient is 0."""
     if x.dtype == dtypes.BOOL:
         return x
-    one, minus = dsl.const(1, x.dtype), dsl.const(-1, x.dtype)
-    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(x[i] > 0, one, dsl.if_then_else(x[i] < 0, minus, x[i] * 0)),
+    one, minus, zero = dsl.const(1, x.dtype), dsl.const(-1, x.dtype), dsl.const(0, x.dtype)
+    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(x[i] > 0, one, dsl.if_then_else(x[i] < 0, minus, zero)),
                        name="sign")
 
 
@@ -599,7 +603,14 @@ def _repeat(t, x, repeats):
 
 @rule("aten.atan2.default", promote=True)
 def _atan2(t, a, b):
-    return nn.elementwise._binary("atan2", dsl.atan2, a, b)
+    """``atan2(a, b)``, with PyTorch's gradient 0 at the origin (``a = b = 0``), not ``0 / 0``:
+    there the value is read under ``stop_gradient`` and the differentiated one at (1, 1)."""
+    def fn(u, v):
+        origin = dsl.all(u == 0, v == 0)
+        one = dsl.const(1.0, u.dtype)
+        return dsl.if_then_else(origin, dsl.stop_gradient(dsl.atan2(u, v)),
+                                dsl.atan2(dsl.if_then_else(origin, one, u), dsl.if_then_else(origin, one, v)))
+    return nn.elementwise._binary("atan2", fn, a, b)
 
 
 @rule("aten.native_group_norm.default")
@@ -626,28 +637,43 @@ def _group_norm(t, x, w, b, n, c, hw, group, eps):
     return (dsl.compute(x.shape, body, name="group_norm"), mean, rstd)
 
 
+def _nearest_rows(n: int, m: int, scale) -> "np.ndarray":
+    """The input row of each of the ``m`` output rows of PyTorch's nearest resampling of ``n``
+    rows: ``min(floor(float32(i) * s), n - 1)`` in float32, ``s = float32(1 / scale)`` for a
+    given scale, else ``float32(n) / m`` (``i // 2`` for ``m = 2 n``, ``i`` for ``m = n``)."""
+    if m == n:
+        return np.arange(m)
+    if m == 2 * n:
+        return np.arange(m) >> 1
+    s = np.float32(1.0 / scale) if scale is not None and scale > 0 else np.float32(n) / np.float32(m)
+    return np.minimum(np.floor(np.arange(m).astype(np.float32) * s).astype(np.int64), n - 1)
+
+
 @rule("aten.upsample_nearest2d.vec")
 def _upsample_nearest(t, x, output_size, scale_factors):
     """Nearest upsampling (or subsampling) by whole factors: ``out[.., i, j] = x[.., i // k, j // l]``
-    (``x[.., i * k, j * l]`` for a factor ``1 / k``), PyTorch's ``floor(i / scale)`` there, the
-    scale given or ``out / in``. Other factors (where PyTorch's float scale decides the rows)
-    are refused."""
+    (``x[.., i * k, j * l]`` for a factor ``1 / k``), where PyTorch's own rows
+    (:func:`_nearest_rows`, in float32) are those; other sizes and factors are refused (at a
+    factor of 41, PyTorch's float32 reads row 0 for output row 41)."""
     src, shape = [], list(x.shape[:-2])
     for axis, n in enumerate(x.shape[-2:]):
         f = None if scale_factors is None else float(scale_factors[axis])
         m = None if output_size is None else output_size[axis]
         if not is_int(n) or (m is not None and not is_int(m)):
             raise UserError(f"upsample_nearest2d: sizes known at run time ({tuple(x.shape[-2:])}) are not translated")
-        if f is not None:  # PyTorch reads row floor(i / f) of a floor(n * f) long output
-            m = int(math.floor(n * f)) if m is None else m
-            up, down = f.is_integer(), f > 0 and (1.0 / f).is_integer()
-        else:
-            up, down = m > 0 and m % n == 0, m > 0 and n % m == 0
-            f = m / n if up else (1.0 / (n // m) if down else None)
-        if m is None or m <= 0 or not (up or down):
-            raise UserError(f"upsample_nearest2d: a size of {n} scaled by {f} (to {m}) is not a whole factor "
-                            "(only those are translated)")
-        src.append((lambda v, k=int(f): v // k) if up else (lambda v, k=int(round(1.0 / f)): v * k))
+        if m is None:
+            m = int(math.floor(n * f))
+        rows = _nearest_rows(n, m, f) if m > 0 else None
+        k = None
+        if rows is not None and m % n == 0 and np.array_equal(rows, np.arange(m) // (m // n)):
+            k = m // n
+            src.append(lambda v, k=k: v // k)
+        elif rows is not None and n % m == 0 and np.array_equal(rows, np.arange(m) * (n // m)):
+            k = n // m
+            src.append(lambda v, k=k: v * k)
+        if k is None:
+            raise UserError(f"upsample_nearest2d: {n} rows to {m} (scale {f}) is not a whole factor whose rows "
+                            "PyTorch's float32 index picks exactly (only those are translated)")
         shape.append(int(m))
     return dsl.compute(tuple(shape), lambda *i: x[i[:-2] + (src[0](i[-2]), src[1](i[-1]))], name="upsample_nearest")
 

@@ -635,7 +635,14 @@ class Trainer:
                                                        if isinstance(out, (tuple, list)) else ""))
         reads = {id(x) for x in _placeholders(outs)}
         slots = [k for k, s in enumerate(self._slots) if id(s.placeholder) in reads]
-        return build(outs, xs + [self._slots[k].placeholder for k in slots], threads=self.threads), slots
+        inputs = xs + [self._slots[k].placeholder for k in slots]
+        distinct, seen = [], {id(t) for t in inputs}
+        for k, o in enumerate(outs):  # an input or a repeated output returned: a copy of its own
+            if id(o) in seen:
+                o = dsl.compute(o.shape, lambda *i, o=o: o[i], name=f"out{k}")
+            seen.add(id(o))
+            distinct.append(o)
+        return build(distinct, inputs, threads=self.threads), slots
 
     # -- profiling ------------------------------------------------------------------------------
     def profile(self, *batch, repeat: int = 5, show: bool = True) -> List[dict]:

@@ -366,3 +366,17 @@ def test_slp_vectorizes_small_modules_and_is_off_where_lanes_are_built_one_by_on
     # counted per function: SLP's cost follows a function's size, not the module's
     two = "define void @f() {\n" + body * 3 + "}\ndefine void @g() {\n" + body * 2 + "}\n"
     assert compile_worker.lane_ops(two) == 6
+
+
+def test_a_build_from_the_cache_returns_an_input_among_its_outputs(tmp_path, monkeypatch):
+    """A kernel returning one of its inputs (a model returning its input beside its result),
+    built a second time from the disk cache: the output is the new build's input (it was the
+    cached graph's, a KeyError)."""
+    monkeypatch.setenv("TE_GRAD_CACHE_DIR", str(tmp_path / "cache"))
+    x = tg.placeholder((4, 3), dtype="float64", name="x")
+    y = tg.compute((4, 3), lambda i, j: x[i, j] * 2.0 + 1.0, name="y")
+    xa = np.random.default_rng(0).standard_normal((4, 3))
+    for _ in range(2):  # the first build fills the cache, the second comes from it
+        got_y, got_x = tg.build([y, x], [x])(xa)
+        np.testing.assert_array_equal(got_y, xa * 2.0 + 1.0)
+        np.testing.assert_array_equal(got_x, xa)

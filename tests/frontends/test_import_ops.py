@@ -4,7 +4,8 @@ ceil / round / trunc, vector norms (``F.normalize``), ``max`` / ``min`` along a 
 ``argmax``, ``cumsum``, ``flip``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm, InstanceNorm
 and nearest upsampling, at ordinary points and where PyTorch's gradient takes a side: on the
 bounds of ``hardtanh`` (0 there), at 0 for ``leaky_relu`` and ``elu`` (the negative branch),
-the norm of a zero vector (0, not NaN), a tie of ``max`` along a dimension (all to the first)."""
+the norm of a zero vector and ``atan2`` at the origin (0, not NaN), the sign of NaN (0), a tie
+of ``max`` along a dimension (all to the first)."""
 import copy
 
 import numpy as np
@@ -49,6 +50,8 @@ FUNCTIONS = {
     "repeat": lambda v: v.repeat(2, 3).reshape(2, -1, 12).sum(0)[:, 2:6] * v + v.repeat(1, 1, 2).sum(0)[:, :4],
     "var_mean": lambda v: torch.var_mean(v, -1, keepdim=True)[0] * v + torch.var_mean(v, 0)[1],
     "atan2": lambda v: torch.atan2(v, v * v - 1),
+    "atan2 at the origin": lambda v: torch.atan2(_at(v, 0.0), 2 * _at(v, 0.0)) + v,
+    "sign of NaN": lambda v: torch.sign(torch.log(v)) * v,
 }
 
 
@@ -115,8 +118,10 @@ def test_an_imported_image_operator_matches_pytorch_in_its_output_and_a_step(nam
     _check(_Net2d(fn, layer() if layer else None).double(), torch.randn(3, 4, 3, 3, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("size", [(5, 3), (4, 3)])
+@pytest.mark.parametrize("size", [(5, 3), (4, 3), (3, 82)])
 def test_nearest_upsampling_by_another_factor_is_refused(size):
+    """A ratio that is not whole, or a whole one (41) where PyTorch's float32 index reads
+    another row than ``i // 41`` (row 0 for output row 41)."""
     net = _Net2d(lambda m, v: F.interpolate(v, size=size)).double()
     with pytest.raises(UserError, match="not a whole factor"):
         tgt.import_model(net, (torch.randn(3, 4, 3, 2, dtype=torch.float64),))

@@ -271,3 +271,26 @@ def test_compile_builds_every_batch_size_asked_and_waits_for_all():
     ragged = RNG.standard_normal((3, 5)).astype(np.float32), RNG.standard_normal((3, 3)).astype(np.float32)
     assert np.isfinite(trainer.update(*ragged))
     assert len(trainer._steps) == 2  # the ragged batch used the kernel compiled for it
+
+
+def test_a_model_returning_an_input_or_one_output_twice_predicts_and_exports_each(tmp_path):
+    """``(y, y, x)``: each output its own buffer (a copy where the model returns the same tensor
+    twice or its input), so the exported ``NAME_predict`` writes all three and reads ``x``
+    as an input; a plain kernel of such outputs refuses to export instead."""
+    x = tg.placeholder((8, 5), name="x")
+    lin = train.Linear(5, 3)
+    trainer = train.Trainer(lambda x: (lambda y: (y, y, x))(lin(x, train.Context(training=False))), inputs=[x], targets=[],
+                            loss=lambda outs: tg.nn.mean(outs[0]), optimizer=train.SGD(lr=0.1),
+                            params=[p.placeholder for p in lin.parameters()], progress=False,
+                            init=train.xavier_normal(seed=1))
+    xb = RNG.standard_normal((8, 5)).astype(np.float32)
+    y0, y1, x2 = trainer.predict(xb)
+    np.testing.assert_array_equal(y0, y1)
+    np.testing.assert_array_equal(x2, xb)
+    header = open(trainer.export(str(tmp_path / "m"))["header"]).read()
+    assert "int m_predict(const float *x, const void *state, float *out0, float *out1, float *out2);" in header
+    y = tg.compute((8, 5), lambda i, j: x[i, j] * 2.0, name="y")
+    with pytest.raises(tg.TeGradError, match="x is an input"):
+        tg.build([y, x], [x]).export(str(tmp_path / "k"))
+    with pytest.raises(tg.TeGradError, match="y is given twice"):
+        tg.build([y, y], [x]).export(str(tmp_path / "k"))

@@ -217,7 +217,8 @@ class _Gen:
         _, c, h, w = self.spec.shapes[v]
         kind = self.pick(["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "upsample"])
         if kind == "upsample":  # nearest, by a whole factor
-            return self.add("pool", kind, [v], (self.spec.batch, c, 2 * h, 2 * w), factor=2)
+            f = self.pick([2, 3])
+            return self.add("pool", kind, [v], (self.spec.batch, c, f * h, f * w), factor=f)
         if kind == "adaptive_avg_pool2d":
             size = self.pick([(1, 1), (max(1, h // 2), max(1, w // 2)), (h, 1)])
             return self.add("pool", kind, [v], (self.spec.batch, c) + size, size=size)
