@@ -591,12 +591,12 @@ def _flip(t, x, dims):
 def _repeat(t, x, repeats):
     """``x`` tiled ``repeats`` times along each axis (new leading axes first):
     ``out[..., i, ...] = x[..., i % n, ...]``."""
-    repeats = [int(r) for r in repeats]
+    repeats = [int(r) if is_int(r) else r for r in repeats]  # a count may be a size (InstanceNorm: the batch)
     lead = len(repeats) - x.ndim
-    if lead < 0 or any(r < 0 for r in repeats):
+    if lead < 0 or any(is_int(r) and r < 0 for r in repeats):
         raise UserError(f"repeat: {repeats} for a tensor of rank {x.ndim}")
     shape = tuple(repeats[:lead]) + tuple(n * r for n, r in zip(x.shape, repeats[lead:]))
-    return dsl.compute(shape, lambda *i: x[tuple(v if r == 1 else v % n
+    return dsl.compute(shape, lambda *i: x[tuple(v if is_int(r) and r == 1 else v % n
                                                   for v, n, r in zip(i[lead:], x.shape, repeats[lead:]))],
                        name="repeat")
 

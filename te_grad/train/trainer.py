@@ -470,9 +470,10 @@ class Trainer:
     # -- prediction -----------------------------------------------------------------------------
     def predict(self, *inputs: np.ndarray):
         """The model's output on ``inputs`` (numpy arrays; a tuple of arrays for a model returning
-        several tensors): the forward kernel alone, batch norm with its running statistics, dropout off. With ``dynamic_batch`` one forward kernel, built
-        on the batch size variable, serves every batch size (inputs whose other dimensions are
-        the placeholders'); otherwise, or where the model needs an int batch, one per shape."""
+        several tensors): the forward kernel alone, batch norm with its running statistics,
+        dropout off. With ``dynamic_batch`` one forward kernel, built on the batch size
+        variable, serves every batch size (inputs whose other dimensions are the
+        placeholders'); otherwise, or where the model needs an int batch, one per shape."""
         arrays = [np.ascontiguousarray(a) for a in inputs]
         self._check_min_batch(arrays[0].shape[0] if arrays and arrays[0].ndim else None)
         kernel, slots = self._predict_kernel(tuple(a.shape for a in arrays))

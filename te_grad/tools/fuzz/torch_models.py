@@ -279,8 +279,8 @@ class _Gen:
         kind = self.pick(["view", "reshape", "permute", "transpose", "flatten", "unsqueeze", "squeeze", "flip",
                           "repeat"])
         if kind == "flip":
-            k = 1 + self.r(len(s))
-            return self.add("layout", kind, [v], s, dims=tuple(int(d) for d in self.rng.choice(len(s), k, replace=False)))
+            dims = self.rng.choice(len(s), 1 + self.r(len(s)), replace=False)
+            return self.add("layout", kind, [v], s, dims=tuple(int(d) for d in dims))
         if kind == "repeat" and rest:
             repeats = (1,) + tuple(1 + self.r(2) for _ in rest)
             return self.add("layout", kind, [v], (s[0],) + tuple(n * r for n, r in zip(rest, repeats[1:])),
