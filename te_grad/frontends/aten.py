@@ -502,8 +502,7 @@ def _vector_norm(t, x, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A00
     The 2-norm of a zero vector has PyTorch's gradient 0 (the square root is read where the sum
     is not 0 only), not ``0 / 0``. Other orders are refused."""
     if dtype is not None:
-        want = dtype_of(dtype)
-        x = dsl.compute(x.shape, lambda *i: dsl.cast(want, x[i]), name="to_dtype")
+        x = _to_copy(t, x, dtype)
     axes = _axes(dim, x.ndim)
     if ord == 1:
         return nn.sum(dsl.compute(x.shape, lambda *i: dsl.abs(x[i]), name="norm_abs"), axes, keepdims=keepdim)
@@ -545,7 +544,7 @@ def _selecting(kind: str):
     def apply(t, x, dim, keepdim=False):
         d = _axis(dim, x.ndim)
         at = arg(x, d, keepdims=True)
-        values = dsl.compute(at.shape, lambda *i: x[i[:d] + (at[i],) + i[d + 1:]], name=f"{kind}_values")
+        values = _gather(t, x, d, at)
         if not keepdim:
             return (nn.squeeze(values, d), nn.squeeze(at, d))
         return (values, at)
@@ -575,8 +574,8 @@ RULES["aten.argmin.default"] = _arg_rule("argmin")
 
 @rule("aten.cumsum.default")
 def _cumsum(t, x, dim, dtype=None):
-    if dtype is not None and dtype_of(dtype) != x.dtype:
-        x = dsl.compute(x.shape, lambda *i: dsl.cast(dtype_of(dtype), x[i]), name="to_dtype")
+    if dtype is not None:
+        x = _to_copy(t, x, dtype)
     return nn.cumsum(x, _axis(dim, x.ndim))
 
 

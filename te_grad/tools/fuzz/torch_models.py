@@ -517,29 +517,17 @@ def build_module(spec: Spec):
                     with torch.no_grad():
                         bn.running_mean.uniform_(-0.5, 0.5)
                         bn.running_var.uniform_(0.5, 1.5)
-                        if node["affine"]:
-                            bn.weight.uniform_(0.5, 1.5)
-                            bn.bias.uniform_(-0.5, 0.5)
-                    self.layers[name] = bn
+                    self.layers[name] = _affine_drawn(bn, torch)
                 elif op == "layer_norm":
-                    ln = torch.nn.LayerNorm(node["normalized"], elementwise_affine=node["affine"], bias=node["bias"])
-                    if node["affine"]:
-                        with torch.no_grad():
-                            ln.weight.uniform_(0.5, 1.5)
-                            if ln.bias is not None:
-                                ln.bias.uniform_(-0.5, 0.5)
-                    self.layers[name] = ln
+                    self.layers[name] = _affine_drawn(torch.nn.LayerNorm(
+                        node["normalized"], elementwise_affine=node["affine"], bias=node["bias"]), torch)
                 elif op.endswith("_param") or op.endswith("_cut"):
                     self.params[name] = torch.nn.Parameter(torch.empty(node["pshape"]).uniform_(-1.0, 1.0))
                 elif op == "sdpa":
                     self.layers[name] = torch.nn.Linear(node["features"], node["features"])
                 elif op == "group_norm":
-                    gn = torch.nn.GroupNorm(node["groups"], node["channels"], affine=node["affine"])
-                    if node["affine"]:
-                        with torch.no_grad():
-                            gn.weight.uniform_(0.5, 1.5)
-                            gn.bias.uniform_(-0.5, 0.5)
-                    self.layers[name] = gn
+                    self.layers[name] = _affine_drawn(
+                        torch.nn.GroupNorm(node["groups"], node["channels"], affine=node["affine"]), torch)
                 elif op == "probe":
                     self.layers[name] = torch.nn.Linear(*node["features"], bias=node["bias"])
                 elif op == "embedding":
@@ -554,6 +542,17 @@ def build_module(spec: Spec):
 
     net = FuzzNet()
     return net.double() if spec.dtype == "float64" else net
+
+
+def _affine_drawn(layer, torch):
+    """``layer`` (a normalization) with its weight drawn in [0.5, 1.5] and its bias in
+    [-0.5, 0.5], where it has them."""
+    with torch.no_grad():
+        if getattr(layer, "weight", None) is not None:
+            layer.weight.uniform_(0.5, 1.5)
+        if getattr(layer, "bias", None) is not None:
+            layer.bias.uniform_(-0.5, 0.5)
+    return layer
 
 
 def _apply(net, name, node, args, torch, F):
