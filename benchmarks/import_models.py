@@ -1,6 +1,6 @@
 """Training steps of PyTorch models imported with ``te_grad.torch.import_model``, against PyTorch.
 
-    python benchmarks/import_models.py [--models resnet18 resnet_small gpt2 lstm encoder] [--threads 1 2] [--steps 20]
+    python benchmarks/import_models.py [--models resnet18 resnet_small gpt2 lstm encoder segnet] [--threads 1 2] [--steps 20]
 
 For each model and thread count, in a process of its own (``torch.set_num_threads`` and the
 Trainer's ``threads`` equal), from the same weights and batches:
@@ -21,7 +21,9 @@ Models (random init, no download): ``resnet18`` (torchvision's architecture, wid
 CIFAR-sized 3x32x32 input, 10 classes, batch 32), ``resnet_small`` (a 3x3 stem and 3 residual
 blocks of two 3x3 convolutions with batch norm and relu, 32 channels at 32x32, batch 32), ``gpt2`` (one GPT-2 block: d_model 128,
 4 heads, seq 64, causal ``scaled_dot_product_attention``, tanh GELU, LM head over 512
-tokens, batch 16), ``lstm`` (``nn.LSTM`` 32 -> 128 over 16 steps, a linear head to 10
+tokens, batch 16), ``segnet`` (per-pixel classes: two 3x3 convolutions with max pooling, then
+two bilinear upsamplings by 2 each followed by a 3x3 convolution, 32 channels at 32x32, batch
+16), ``lstm`` (``nn.LSTM`` 32 -> 128 over 16 steps, a linear head to 10
 classes, batch 32), ``encoder`` (a 2-block ``nn.TransformerEncoder``: d_model 128, 4 heads,
 feed-forward 512 with exact GELU, sequence 64, batch 16, a mean over the sequence and a
 linear head to 10 classes).
@@ -141,8 +143,30 @@ def models():
         def forward(self, x):
             return self.head(self.encoder(x).mean(1))
 
+    class SegNet(nn.Module):
+        """A small encoder-decoder for per-pixel classes: two 3x3 convolutions each followed by
+        2x2 max pooling, a 3x3 convolution, two bilinear upsamplings by 2 (corners not aligned)
+        each followed by a 3x3 convolution, 10 class logits per pixel as (batch, pixels, 10)."""
+        def __init__(self, width=32, classes=10):
+            super().__init__()
+            self.down1 = nn.Conv2d(3, width, 3, padding=1)
+            self.down2 = nn.Conv2d(width, 2 * width, 3, padding=1)
+            self.mid = nn.Conv2d(2 * width, 2 * width, 3, padding=1)
+            self.up1 = nn.Conv2d(2 * width, width, 3, padding=1)
+            self.up2 = nn.Conv2d(width, classes, 3, padding=1)
+
+        def forward(self, x):
+            h = F.max_pool2d(F.relu(self.down1(x)), 2)
+            h = F.max_pool2d(F.relu(self.down2(h)), 2)
+            h = F.relu(self.mid(h))
+            h = F.relu(self.up1(F.interpolate(h, scale_factor=2, mode="bilinear")))
+            h = self.up2(F.interpolate(h, scale_factor=2, mode="bilinear"))
+            return h.permute(0, 2, 3, 1).reshape(h.shape[0], -1, h.shape[1])
+
     g = torch.Generator().manual_seed(0)
     return {
+        "segnet": (lambda: SegNet(), lambda b: (torch.randn(b, 3, 32, 32, generator=g),),
+                   lambda b: torch.randint(0, 10, (b, 32 * 32), generator=g), 16),
         "encoder": (lambda: Encoder(), lambda b: (torch.randn(b, 64, 128, generator=g),),
                     lambda b: torch.randint(0, 10, (b,), generator=g), 16),
         "resnet_small": (lambda: SmallResNet(), lambda b: (torch.randn(b, 3, 32, 32, generator=g),),
@@ -227,7 +251,7 @@ def child(name, threads, steps, warm_only):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["resnet18", "resnet_small", "gpt2", "lstm", "encoder"])
+    ap.add_argument("--models", nargs="+", default=["resnet18", "resnet_small", "gpt2", "lstm", "encoder", "segnet"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)

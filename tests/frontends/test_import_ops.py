@@ -1,11 +1,12 @@
 """Operators of imported models, each against eager PyTorch in float64 (the output and one
 SGD step, with a dynamic batch): LeakyReLU, ELU / SELU / CELU, Hardtanh / ReLU6, sign, floor /
 ceil / round / trunc, vector norms (``F.normalize``), ``max`` / ``min`` along a dimension,
-``argmax``, ``cumsum``, ``flip``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm, InstanceNorm
-and nearest upsampling, at ordinary points and where PyTorch's gradient takes a side: on the
-bounds of ``hardtanh`` (0 there), at 0 for ``leaky_relu`` and ``elu`` (the negative branch),
+``argmax``, ``cumsum``, ``flip``, ``roll``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm,
+InstanceNorm, adaptive max pooling, nearest and bilinear upsampling, at ordinary points and
+where PyTorch's gradient takes a side: on the bounds of ``hardtanh`` (0 there), at 0 for
+``leaky_relu`` and ``elu`` (the negative branch),
 the norm of a zero vector and ``atan2`` at the origin (0, not NaN), the sign of NaN (0), a tie
-of ``max`` along a dimension (all to the first)."""
+of ``max`` along a dimension or in a pooling window (all to the first)."""
 import copy
 
 import numpy as np
@@ -47,6 +48,8 @@ FUNCTIONS = {
     "argmax and argmin": lambda v: v.gather(-1, v.argmax(-1, keepdim=True)) * v + v.gather(-1, v.argmin(-1)[:, None]),
     "cumsum": lambda v: torch.cumsum(v, -1) * v,
     "flip": lambda v: torch.flip(v, [0, 1]) * v,
+    "roll": lambda v: torch.roll(v, 1, -1) * v + torch.roll(v, (-5, 2), (1, 1)),
+    "roll flattened": lambda v: torch.roll(v.t() @ v, 5) @ v.t() @ v,
     "repeat": lambda v: v.repeat(1, 3)[:, 2:6] * v + v.repeat(2, 1).mean(0) + v.repeat(1, 1, 2).sum(0)[:, :4],
     "var_mean": lambda v: torch.var_mean(v, -1, keepdim=True)[0] * v + torch.var_mean(v, 0)[1],
     "atan2": lambda v: torch.atan2(v, v * v - 1),
@@ -109,6 +112,23 @@ IMAGE_OPS = {
     "upsample by 2": (lambda m, v: F.interpolate(v, scale_factor=2, mode="nearest")[..., 1:4, 2:5] * v, None),
     "upsample to a size": (lambda m, v: F.interpolate(v, size=(6, 3)).sum(-2) * v.mean(-2), None),
     "subsample by 3": (lambda m, v: F.interpolate(v, scale_factor=1 / 3) * v, None),
+    "adaptive max pool": (lambda m, v: F.adaptive_max_pool2d(torch.cat([v, -v], -1), (3, 3)) * v, None),
+    "adaptive max pool, global": (lambda m, v: F.adaptive_max_pool2d(v, 1) + F.adaptive_max_pool2d(v, (1, 3)), None),
+    "adaptive max pool, tied": (  # each window (a, a): PyTorch's gradient to the first, detached or not
+        lambda m, v: F.adaptive_max_pool2d(torch.stack([v.detach(), v], -1).flatten(-2), (3, 3)) * 2
+        + F.adaptive_max_pool2d(torch.stack([v, v.detach()], -1).flatten(-2), (3, 3)), None),
+    "bilinear by 2": (lambda m, v: F.interpolate(v, scale_factor=2, mode="bilinear")[..., 1:4, 2:5] * v, None),
+    "bilinear by 2, corners aligned": (
+        lambda m, v: F.interpolate(v, scale_factor=2, mode="bilinear", align_corners=True)[..., 1:4, 2:5] * v, None),
+    "bilinear by 1.5 and 0.5": (lambda m, v: F.interpolate(v, scale_factor=(1.5, 0.5), mode="bilinear").sum((-2, -1)),
+                                None),
+    "bilinear to a size": (lambda m, v: F.interpolate(v, size=(7, 3), mode="bilinear").sum(-2) * v.mean(-2), None),
+    "bilinear to a size, corners aligned": (
+        lambda m, v: F.interpolate(v, size=(2, 5), mode="bilinear", align_corners=True).mean((-2, -1), keepdim=True) * v,
+        None),
+    "bilinear by 4 (past the last row)": (
+        lambda m, v: F.interpolate(v, scale_factor=4, mode="bilinear")[..., 9:, :3] * v, None),
+    "bilinear to one row": (lambda m, v: F.interpolate(v, size=(1, 3), mode="bilinear") * v, None),
 }
 
 
@@ -119,6 +139,42 @@ def test_an_imported_image_operator_matches_pytorch_in_its_output_and_a_step(nam
     _check(_Net2d(fn, layer() if layer else None).double(), torch.randn(3, 4, 3, 3, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("hw,kw", [((17, 9), {"scale_factor": 3}), ((17, 9), {"scale_factor": 1 / 3}),
+                                   ((8, 12), {"size": (13, 5)}), ((1, 6), {"scale_factor": (5, 1.25)})],
+                         ids=["by 3", "by 1/3", "to 13 x 5", "one row by 5"])
+def test_bilinear_upsampling_matches_pytorch_in_its_output_and_its_input_gradient(hw, kw, align_corners, dtype):
+    """The rows and weights of bilinear resampling, computed exactly here and in the input's
+    float type by PyTorch: the output and the gradient of every input element (read through
+    the Trainer's step on a convolution's weight and directly through ``tg.build``) agree to
+    that type's rounding, at larger sizes than the table above and in float32."""
+    torch.manual_seed(0)
+    net = _Net2d(lambda m, v: F.interpolate(v, mode="bilinear", align_corners=align_corners, **kw)).to(dtype)
+    x = torch.randn(2, 4, *hw, dtype=dtype)
+    model = tgt.import_model(net, (x,))
+    xp = model.input_placeholders()[0]
+    out = model(xp, train.Context(training=False))
+    head = tg.placeholder(out.shape, dtype=out.dtype, name="head")
+    params = {p.name: p for p in model.parameters()}
+    (grad_x,) = tg.gradient(out, [xp], head=head)
+    kern = tg.build([out, grad_x], [xp, head] + [p.placeholder for p in params.values()])
+    h = torch.randn(net(x).shape, dtype=dtype)
+    got_out, got_grad = kern(x.numpy(), h.numpy(), *[net.state_dict()[n].numpy() for n in params])
+    xr = x.clone().requires_grad_(True)
+    want = net(xr)
+    (want_grad,) = torch.autograd.grad(want, xr, h)
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    np.testing.assert_allclose(got_out, want.detach().numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(got_grad, want_grad.numpy(), rtol=tol, atol=tol)
+
+
+def test_bilinear_upsampling_by_a_factor_that_is_no_ratio_of_small_integers_is_refused():
+    net = _Net2d(lambda m, v: F.interpolate(v, scale_factor=3.14159, mode="bilinear")).double()
+    with pytest.raises(UserError, match="not a ratio of small integers"):
+        tgt.import_model(net, (torch.randn(3, 4, 3, 2, dtype=torch.float64),))
+
+
 @pytest.mark.parametrize("size", [(5, 3), (4, 3), (3, 82)])
 def test_nearest_upsampling_by_another_factor_is_refused(size):
     """A ratio that is not whole, or a whole one (41) where PyTorch's float32 index reads
@@ -126,6 +182,34 @@ def test_nearest_upsampling_by_another_factor_is_refused(size):
     net = _Net2d(lambda m, v: F.interpolate(v, size=size)).double()
     with pytest.raises(UserError, match="not a whole factor"):
         tgt.import_model(net, (torch.randn(3, 4, 3, 2, dtype=torch.float64),))
+
+
+def test_a_roll_along_a_dynamic_batch_trains_at_exact_batch_sizes_saying_why():
+    """A roll's index is affine modulo a size known at import only: along the batch the
+    Trainer builds a step per batch size (its ``static_reason`` naming the roll), PyTorch's."""
+    torch.manual_seed(0)
+    net = _Net(lambda v: torch.roll(v, 1, 0) * v).double()
+    x = torch.randn(6, 4, dtype=torch.float64)
+    model = tgt.import_model(net, (x,))
+    trainer = train.Trainer(model, inputs=model.input_placeholders(), targets=[], loss=tg.nn.mean,
+                            optimizer=train.SGD(lr=0.5), progress=False)
+    with pytest.warns(RuntimeWarning):
+        trainer.update(x.numpy())
+    assert "roll along axis 0 of size batch, known at run time only" in trainer.static_reason
+    ref = copy.deepcopy(net)
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.5)
+    ref(x).mean().backward()
+    sgd.step()
+    for n, p in ref.named_parameters():
+        np.testing.assert_allclose(trainer.params[n], p.detach().numpy(), rtol=1e-12, atol=1e-12)
+    x4 = torch.randn(4, 4, dtype=torch.float64)
+    np.testing.assert_allclose(trainer.predict(x4.numpy()), ref(x4).detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_adaptive_max_pooling_to_a_size_not_dividing_the_input_is_refused():
+    net = _Net2d(lambda m, v: F.adaptive_max_pool2d(v, (2, 3))).double()
+    with pytest.raises(UserError, match="adaptive_max_pool2d .* only an output size dividing"):
+        tgt.import_model(net, (torch.randn(3, 4, 3, 3, dtype=torch.float64),))
 
 
 def test_a_vector_norm_of_another_order_is_refused():

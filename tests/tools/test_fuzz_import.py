@@ -97,12 +97,19 @@ def test_the_generator_draws_batch_norm_statistics_read_after_their_update(stat)
 
 
 @pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "flip", "repeat", "upsample", "group_norm",
-                                "leaky_relu", "elu", "relu6", "hardtanh"])
+                                "leaky_relu", "elu", "relu6", "hardtanh", "bilinear", "bilinear_aligned", "roll",
+                                "adaptive_max_pool2d"])
 def test_the_generator_draws_each_operator_it_names(op):
     """Each construct the generator names is drawn (a flip of the batch axis under a dynamic
-    batch among the flips) and such a module passes."""
+    batch among the flips, bilinear upsampling with its corners aligned or not) and such a
+    module passes."""
+    def named(n):
+        if op.startswith("bilinear"):
+            return n["op"] == "upsample" and n["mode"] == "bilinear" and n["align_corners"] == op.endswith(
+                "aligned")
+        return n["op"] == op
     def drawn(s):
-        return any(n["op"] == op and (op != "flip" or (0 in n["dims"] and s.dynamic_batch)) for n in s.nodes)
+        return any(named(n) and (op != "flip" or (0 in n["dims"] and s.dynamic_batch)) for n in s.nodes)
     specs = [s for s in map(generate, range(400)) if drawn(s)]
     assert len(specs) >= 3
     outcome = check(specs[0])

@@ -1,22 +1,22 @@
 """Random ``torch.nn.Module`` s through the PyTorch importer, every result against PyTorch's.
 
 ``python -m te_grad fuzz --torch --programs N --seed S`` generates ``N`` random small modules
-(:func:`generate`: a DAG over one float input, and an int input of ids when an ``Embedding``
-is drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d (its running
+(:func:`generate`: a DAG over one float input, and an int input of ids when an ``Embedding`` is
+drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d (its running
 statistics also read after the update), LayerNorm, GroupNorm, activations (among them
-LeakyReLU, ELU, SELU, ReLU6, Hardtanh), pools, nearest upsampling, broadcasting arithmetic
-with tensors, parameters and scalars, residual adds, operands detached (``.detach()``, a
-``torch.no_grad()`` block), parameters read only where their gradient is zero (``0 *
-p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``), softmax / log_softmax, views, permutations,
-flips and repeats, a linear layer between views that flatten its input's leading axes into
-rows and restore them, slices, ``cat`` / ``chunk`` / ``split``, ``matmul`` / ``bmm``,
-reductions (``max`` / ``min`` along a dimension, ``cumsum``),
-``scaled_dot_product_attention``), each in float32 or
-float64, with or without a dynamic batch. A module returns its last value, or (30% of them)
-a tuple of it and one or two other values, among them perhaps a probe (a linear layer on
-detached features); the loss reads each output with its gradient, under ``stop_gradient``
-(PyTorch's ``.detach()``) or not at all (:attr:`Spec.reads`). The checks (:func:`check`),
-against PyTorch:
+LeakyReLU, ELU, SELU, ReLU6, Hardtanh), pools (adaptive max pooling among them), nearest and
+bilinear upsampling (corners aligned or not, by factors of 2, 3, 1.5 and 0.5), broadcasting
+arithmetic with tensors, parameters and scalars, residual adds, operands detached
+(``.detach()``, a ``torch.no_grad()`` block), parameters read only where their gradient is zero
+(``0 * p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``), softmax / log_softmax, views,
+permutations, flips, rolls and repeats, a linear layer between views that flatten its input's
+leading axes into rows and restore them, slices, ``cat`` / ``chunk`` / ``split``, ``matmul`` /
+``bmm``, reductions (``max`` / ``min`` along a dimension, ``cumsum``),
+``scaled_dot_product_attention``), each in float32 or float64, with or without a dynamic batch.
+A module returns its last value, or (30% of them) a tuple of it and one or two other values,
+among them perhaps a probe (a linear layer on detached features); the loss reads each output
+with its gradient, under ``stop_gradient`` (PyTorch's ``.detach()``) or not at all
+(:attr:`Spec.reads`). The checks (:func:`check`), against PyTorch:
 
 0. a dynamic batch asked for is kept (no generated module depends on its batch's value, so an
    import that makes the batch exact, or a training step that is not built on a batch size
@@ -216,9 +216,16 @@ class _Gen:
             return False
         _, c, h, w = self.spec.shapes[v]
         kind = self.pick(["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "upsample"])
-        if kind == "upsample":  # nearest, by a whole factor
+        if kind == "upsample":  # nearest by a whole factor, or bilinear by a ratio of integers
             f = self.pick([2, 3])
-            return self.add("pool", kind, [v], (self.spec.batch, c, f * h, f * w), factor=f)
+            if self.chance(0.5):
+                return self.add("pool", kind, [v], (self.spec.batch, c, f * h, f * w), factor=f, mode="nearest")
+            f = self.pick([f, 0.5, 1.5] if min(h, w) >= 2 else [f, 1.5])
+            return self.add("pool", kind, [v], (self.spec.batch, c, int(h * f), int(w * f)), factor=f,
+                            mode="bilinear", align_corners=self.chance(0.5))
+        if kind == "adaptive_avg_pool2d" and self.chance(0.4):  # max: to a size dividing the input's
+            size = self.pick([(1, 1), (h, 1), (1, w)] + ([(h // 2, w // 2)] if h % 2 == 0 == w % 2 else []))
+            return self.add("pool", "adaptive_max_pool2d", [v], (self.spec.batch, c) + size, size=size)
         if kind == "adaptive_avg_pool2d":
             size = self.pick([(1, 1), (max(1, h // 2), max(1, w // 2)), (h, 1)])
             return self.add("pool", kind, [v], (self.spec.batch, c) + size, size=size)
@@ -278,6 +285,11 @@ class _Gen:
         rest = list(s[1:])
         kind = self.pick(["view", "reshape", "permute", "transpose", "flatten", "unsqueeze", "squeeze", "flip",
                           "repeat"])
+        if kind == "flip" and rest and self.chance(0.4):  # roll: axes other than the batch, maybe one twice
+            dims = [1 + self.r(len(rest)) for _ in range(1 + self.r(2))]
+            shifts = [int(self.r(4 * s[d] + 1)) - 2 * s[d] for d in dims]
+            dims = [d - len(s) if self.chance(0.3) else d for d in dims]
+            return self.add("layout", "roll", [v], s, dims=tuple(dims), shifts=tuple(shifts))
         if kind == "flip":
             dims = self.rng.choice(len(s), 1 + self.r(len(s)), replace=False)
             return self.add("layout", kind, [v], s, dims=tuple(int(d) for d in dims))
@@ -557,7 +569,12 @@ def _affine_drawn(layer, torch):
 
 def _apply(net, name, node, args, torch, F):
     op, x = node["op"], args[0]
-    if op in ("linear", "conv2d", "batch_norm1d", "batch_norm2d", "layer_norm", "group_norm", "embedding"):
+    if op == "group_norm":
+        # PyTorch's own CPU backward of GroupNorm crashed the process (a segmentation fault in
+        # NativeGroupNormBackward0, module 91000391: its input in a channels-last layout from a
+        # transpose, its gradient contiguous): it gets its input contiguous
+        return net.layers[name](x.contiguous())
+    if op in ("linear", "conv2d", "batch_norm1d", "batch_norm2d", "layer_norm", "embedding"):
         return net.layers[name](x)
     if op == "probe":
         return net.layers[name](x.detach())
@@ -582,6 +599,8 @@ def _apply(net, name, node, args, torch, F):
                             count_include_pad=node["count_include_pad"])
     if op == "adaptive_avg_pool2d":
         return F.adaptive_avg_pool2d(x, node["size"])
+    if op == "adaptive_max_pool2d":
+        return F.adaptive_max_pool2d(x, node["size"])
     if op == "matmul_param":
         return torch.matmul(x, net.params[name])
     if op == "join":
@@ -654,8 +673,12 @@ def _apply(net, name, node, args, torch, F):
         return torch.flip(x, node["dims"])
     if op == "repeat":
         return x.repeat(*node["repeats"])
+    if op == "roll":
+        return torch.roll(x, node["shifts"], node["dims"])
     if op == "upsample":
-        return F.interpolate(x, scale_factor=node["factor"], mode="nearest")
+        if node["mode"] == "nearest":
+            return F.interpolate(x, scale_factor=node["factor"], mode="nearest")
+        return F.interpolate(x, scale_factor=node["factor"], mode="bilinear", align_corners=node["align_corners"])
     if op == "sdpa":
         return F.scaled_dot_product_attention(x, net.layers[name](x), args[1], is_causal=node["causal"])
     raise AssertionError(op)
