@@ -28,7 +28,9 @@ Math of the less obvious rules:
   and the step's seed (``Context.seed``, an input of the training step) falls below ``1 -
   p``, else 0; the identity when ``train`` is false. The mask is te_grad's, not PyTorch's
   generator's (the same law, other draws). A dropout that stays on in evaluation mode
-  (``F.dropout(x, p, training=True)``) is refused: a prediction has no seed.
+  (``F.dropout(x, p, training=True)``) is refused: a prediction has no seed. ``bernoulli(x,
+  p)`` (``Dropout2d``'s mask per channel, drawn into an ``empty`` tensor, whose values are
+  zeros here) draws the same way.
 - ``detach(x)``: ``x`` with ``stop_gradient``; kept out of the decomposition, which makes
   it an ``alias`` (the identity, its gradient's stop lost). The results of a
   ``torch.no_grad()`` block are detached before the decomposition inlines the block.
@@ -50,7 +52,7 @@ import numpy as np
 from .. import dsl, dtypes, nn
 from ..errors import UserError
 from ..ir import Tensor
-from ..train.layers import dropout
+from ..train.layers import bernoulli, dropout
 from ..sizes import same_shape
 from .translate import dtype_of
 from .views import contraction, linear
@@ -295,6 +297,13 @@ def _dtype(dtype, default=dtypes.FLOAT32) -> str:
 def _full(t, size, value, dtype=None, layout=None, device=None, pin_memory=None):
     dt = _dtype(dtype, dtypes.FLOAT32 if isinstance(value, float) else dtypes.INT64)
     return dsl.compute(tuple(size), lambda *i: dsl.const(value, dt), name="full")
+
+
+@rule("aten.empty.memory_format")
+def _empty(t, size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """A tensor whose values PyTorch leaves undefined (``Dropout2d`` draws its mask into one):
+    zeros here."""
+    return _full(t, size, 0.0 if dtype is None or dtype.is_floating_point else 0, dtype)
 
 
 @rule("aten.scalar_tensor.default")
@@ -987,6 +996,24 @@ def _native_dropout(t, x, p, train=True):
     if not 0.0 <= p < 1.0:
         raise UserError(f"dropout probability {p} is not in [0, 1)")
     return (dropout(x, p, ctx), None)
+
+
+@rule("aten.bernoulli.p")
+def _bernoulli(t, x, p=0.5, generator=None):
+    """``torch.bernoulli(x, p)``: 1 with probability ``p``, else 0, in ``x``'s shape and dtype
+    (``Dropout2d`` / ``Dropout1d``: a mask per channel, ``x`` an empty tensor of shape ``(N, C,
+    1, 1)``), drawn from the step's seed as ``native_dropout``'s mask is (te_grad's draws,
+    PyTorch's law). Its gradient is zero, as PyTorch's. In evaluation mode it is refused: a
+    prediction has no seed."""
+    ctx = t.context
+    if ctx is None or not getattr(ctx, "training", False):
+        raise UserError(f"bernoulli (p={p}) in evaluation mode (F.dropout2d(x, p, training=True)): te_grad's "
+                        "prediction draws no random numbers")
+    if not 0.0 <= p <= 1.0:
+        raise UserError(f"bernoulli probability {p} is not in [0, 1]")
+    if not x.dtype.startswith("float"):
+        raise UserError(f"bernoulli into a tensor of dtype {x.dtype}: only float tensors are translated")
+    return bernoulli(x.shape, float(p), x.dtype, ctx)
 
 
 # -- transformers, recurrent nets and losses ---------------------------------------------------

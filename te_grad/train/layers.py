@@ -287,22 +287,39 @@ def dropout(x: Tensor, p: float, ctx: Context) -> Tensor:
     position, the step's seed (``ctx.seed``) and the count of dropouts before it in the step."""
     if not ctx.training or p == 0.0:
         return x
+    keep, scale = 1.0 - p, 1.0 / (1.0 - p)
+    uniform = _uniform(x.shape, x.dtype, ctx, "Dropout")
+    return dsl.compute(x.shape, lambda *idx: dsl.if_then_else(uniform(idx) < keep, x[idx] * scale,
+                                                              dsl.const(0.0, x.dtype)), name="dropout")
+
+
+def bernoulli(shape, p: float, dtype: str, ctx: Context) -> Tensor:
+    """A tensor of ``shape`` whose elements are 1 with probability ``p`` and 0 otherwise, drawn
+    as :func:`dropout` draws its mask (the step's seed, the count of draws before it)."""
+    uniform = _uniform(shape, dtype, ctx, "bernoulli")
+    return dsl.compute(tuple(shape), lambda *idx: dsl.if_then_else(uniform(idx) < p, dsl.const(1.0, dtype),
+                                                                   dsl.const(0.0, dtype)), name="bernoulli")
+
+
+def _uniform(shape, dtype: str, ctx: Context, what: str):
+    """``idx -> u``, a number in ``[0, 1)`` of ``dtype`` for each position ``idx`` of ``shape``:
+    a hash of the flat position, the step's seed (``ctx.seed``) and the count of draws made
+    in the step before this one (each draw a new salt)."""
     if ctx.seed is None:
-        raise UserError("Dropout needs the training step's seed (Context.seed)")
+        raise UserError(f"{what} needs the training step's seed (Context.seed)")
     salt = 7919 * (ctx.dropout_count + 1)
     ctx.dropout_count += 1
-    keep, scale, seed = 1.0 - p, 1.0 / (1.0 - p), ctx.seed
+    seed = ctx.seed
 
-    def body(*idx):
+    def u(idx):
         flat = dsl.const(0)
-        for i, n in zip(idx, x.shape):
+        for i, n in zip(idx, shape):
             flat = flat * n + i
         h = (flat * 1103515245 + seed[()] * 12345 + salt) % 2147483648
         h = (h * 1103515245 + 12345) % 2147483648
         h = (h * 69069 + 1) % 2147483648
-        u = dsl.cast(x.dtype, h) * (1.0 / 2147483648.0)
-        return dsl.if_then_else(u < keep, x[idx] * scale, dsl.const(0.0, x.dtype))
-    return dsl.compute(x.shape, body, name="dropout")
+        return dsl.cast(dtype, h) * (1.0 / 2147483648.0)
+    return u
 
 
 class Sequential(Module):

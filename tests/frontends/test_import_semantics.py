@@ -5,7 +5,8 @@ standard deviation); a parameter the training loss
 does not read is left alone by weight decay and momentum (PyTorch's ``grad`` is None); a
 non-persistent buffer is copied back; and what te_grad cannot do as PyTorch does is a
 ``UserError``, not another number: state changed in evaluation mode, dropout left on in
-evaluation mode, a batch of 1 for a model imported with a dynamic batch."""
+evaluation mode, a batch of 1 for a model imported with a dynamic batch; channel dropout
+(``Dropout2d``) zeroes whole channels at its rate."""
 import copy
 
 import numpy as np
@@ -369,3 +370,52 @@ def test_batch_norm_statistics_read_beside_its_output_carry_no_gradient(model):
     for name, b in ref.named_buffers():
         if b.is_floating_point():
             np.testing.assert_allclose(trainer.states[name], b.numpy(), rtol=1e-12, atol=1e-12)
+
+
+class _ChannelDropout(torch.nn.Module):
+    def __init__(self, p, always=False):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 256, 1)
+        self.p, self.always = p, always
+        self.drop = torch.nn.Dropout2d(p)
+
+    def forward(self, x):
+        h = self.conv(x)
+        return torch.nn.functional.dropout2d(h, self.p, training=True) if self.always else self.drop(h)
+
+
+def test_channel_dropout_zeroes_whole_channels_at_its_rate_and_steps_as_pytorch_with_that_mask():
+    """``Dropout2d``: in training each (sample, channel) is zeroed whole with probability ``p``
+    (its mask is te_grad's draw: the fraction within 4 standard deviations of ``p`` over 2,048
+    channels), the rest scaled by ``1 / (1 - p)``; PyTorch's SGD step with that mask moves the
+    weights as te_grad's step does; in evaluation mode it is the identity; left on in
+    evaluation mode (``F.dropout2d(training=True)``), it is refused."""
+    torch.manual_seed(0)
+    p = 0.3
+    net = _ChannelDropout(p).double()
+    x = torch.randn(8, 3, 2, 2, dtype=torch.float64)
+    model = tgt.import_model(net, (x,))
+    assert model.dynamic_batch
+    xs = model.input_placeholders()
+    feed = {xs[0]: x.numpy(), **{q.placeholder: q.value for q in model.parameters()}}
+    plain = net.eval()(x).detach().numpy()
+    np.testing.assert_allclose(tg.evaluate([model(*xs, train.Context(training=False))], feed)[0], plain,
+                               rtol=1e-12, atol=1e-14)
+    seed = tg.placeholder((), dtype="int64", name="seed")
+    got = tg.evaluate([model(*xs, train.Context(training=True, seed=seed))], {**feed, seed: np.int64(1)})[0]
+    kept = np.isclose(got, plain / (1 - p), rtol=1e-12, atol=1e-14).reshape(8, 256, 4).all(axis=2)
+    dropped = (got == 0).reshape(8, 256, 4).all(axis=2)
+    assert (kept | dropped).all()
+    assert abs(dropped.mean() - p) < 4 * np.sqrt(p * (1 - p) / dropped.size)
+
+    trainer = _trainer(model)
+    trainer.update(x.numpy())  # its first step draws with seed 1, as above
+    mask = torch.from_numpy(kept[:, :, None, None] / (1 - p))
+    ref = copy.deepcopy(net).train()
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.5)
+    (ref.conv(x) * mask).mean().backward()
+    sgd.step()
+    for n, q in ref.named_parameters():
+        np.testing.assert_allclose(trainer.params[n], q.detach().numpy(), rtol=1e-12, atol=1e-12)
+    with pytest.raises(UserError, match="bernoulli .* in evaluation mode"):
+        tgt.import_model(_ChannelDropout(p, always=True).double(), (x,))
