@@ -9,11 +9,13 @@ crossing read, a transpose in registers, eight vector stores).
 
 Promises: every element is stored once with its own value (the tiles and blocks
 partition the domain); threads take ranges of the stage's parallel axis when it is an
-outer loop of the nest (a batch), else ranges of tiles of ``u``.
+outer loop of the nest (a batch), else ranges of tiles of ``u``. ``u`` and ``v`` have extents
+known when the kernel is built; an outer loop's may be a size known at run time only.
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from numbers import Integral
 
 from simplify.linear import coefficient
 from te_grad import dsl
@@ -21,6 +23,7 @@ from te_grad.ir import distinct_reads
 from te_grad.ir import Read, Tensor, Var
 from te_grad.transform import substitute
 
+from .loop_order import representative
 from .loopir import SERIAL, Loop, Nest, Parallel, Stage, Store, transpose_block
 
 
@@ -46,8 +49,8 @@ def _tile_transposed(t: Tensor, order, store: Store, parallel=None):
         if not acc or coefficient(acc[-1], v) != 0 or all(coefficient(i, v) == 0 for i in acc):
             continue  # unit-stride or invariant in v: nothing to tile for
         u = next((x for x in order[:-1] if coefficient(acc[-1], x) in (1, -1)), None)
-        if u is not None and extent[id(u)] >= 2 * TILE and extent[id(v)] >= 2 * TILE:
-            break
+        if u is not None and all(isinstance(extent[id(x)], Integral) and extent[id(x)] >= 2 * TILE for x in (u, v)):
+            break  # (an extent known at run time only, a batch, is not tiled)
     else:
         return None
     outer = [x for x in order if x is not u and x is not v]
@@ -67,9 +70,14 @@ def _tile_transposed(t: Tensor, order, store: Store, parallel=None):
     by_outer = parallel is not None and any(parallel is x for x in outer)
     body = [Loop(vo, c(0), c(-(-nv // TILE)), body)]
     body = [Loop(uo, c(0), c(-(-nu // TILE)), body, SERIAL if by_outer else Parallel())]
-    for x in reversed(outer):
-        body = [Loop(x, c(0), c(extent[id(x)]), body, Parallel() if by_outer and x is parallel else SERIAL)]
-    return body, (extent[id(parallel)] if by_outer else -(-nu // TILE)), (parallel if by_outer else None)
+    for x in reversed(outer):  # an outer extent may be known at run time only (a batch size variable)
+        n = extent[id(x)]
+        body = [Loop(x, c(0), c(n) if isinstance(n, Integral) else n, body,
+                     Parallel() if by_outer and x is parallel else SERIAL)]
+    # an extent known at run time only is split as schedule's stages split it: its representative
+    # value here, the bound one at each call (codegen.kernel)
+    return body, (representative(extent[id(parallel)]) if by_outer else -(-nu // TILE)), \
+        (parallel if by_outer else None)
 
 
 def _blocks_of_eight(t: Tensor, store: Store, read: Read, u: Var, v: Var, nu: int, nv: int) -> bool:

@@ -439,6 +439,28 @@ def test_tiled_transposes_of_odd_sizes(threads):
     assert_kernel_matches(outs + [y, dx], [X, A, B, head], feed, rtol=0, atol=0, threads=threads)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_transpose_under_a_batch_known_at_run_time_is_tiled(threads):
+    """A transposing nest whose outer extent is a size variable (an imported model's batch):
+    tiled along its two constant axes in 8 x 8 register blocks, the batch split among threads at
+    its bound value. Its extent once went into a constant: a UserError, and a model upsampling
+    64 x 64 images lost its one step kernel for every batch size."""
+    batch = tg.var("batch", min=1)
+    x = tg.placeholder((batch, 64, 96), name="X")
+    y = tg.compute((batch, 96, 64), lambda b, i, j: x[b, j, i] * 2.0, name="T")
+    head = tg.placeholder(y.shape, name="head")
+    (dx,) = tg.differentiate(y, [x], head=head)
+    kern = tg.build([y, dx], [x, head], threads=threads)
+    assert sum(len(loops_of_kind(cs.stage.body, Transposed)) for cs in kern.stages) >= 2
+    rng = np.random.default_rng(0)
+    for n in (1, 3, 5):
+        a = rng.standard_normal((n, 64, 96)).astype(np.float32)
+        h = rng.standard_normal((n, 96, 64)).astype(np.float32)
+        got_y, got_dx = kern(a, h)
+        np.testing.assert_array_equal(got_y, a.transpose(0, 2, 1) * 2)
+        np.testing.assert_array_equal(got_dx, h.transpose(0, 2, 1) * 2)
+
+
 def test_more_threads_than_rows():
     A = ph((3, 40000), "A")
     B = tg.compute((3, 40000), lambda i, j: A[i, j] + 1.0, name="B")

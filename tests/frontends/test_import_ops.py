@@ -184,18 +184,22 @@ def test_nearest_upsampling_by_another_factor_is_refused(size):
         tgt.import_model(net, (torch.randn(3, 4, 3, 2, dtype=torch.float64),))
 
 
-def test_a_roll_along_a_dynamic_batch_trains_at_exact_batch_sizes_saying_why():
-    """A roll's index is affine modulo a size known at import only: along the batch the
-    Trainer builds a step per batch size (its ``static_reason`` naming the roll), PyTorch's."""
+@pytest.mark.parametrize("fn,reason", [
+    (lambda v: torch.roll(v, 1, 0) * v, "roll along axis 0 of size batch, known at run time only"),
+    (lambda v: torch.roll(v, v.shape[0], -1) * v, "a shift known at run time only")], ids=["along", "by"])
+def test_a_roll_along_a_dynamic_batch_trains_at_exact_batch_sizes_saying_why(fn, reason):
+    """A roll's index is affine modulo a size known at import: along the batch, or by a shift
+    that is the batch, the Trainer builds a step per batch size (its ``static_reason`` naming
+    the roll), PyTorch's."""
     torch.manual_seed(0)
-    net = _Net(lambda v: torch.roll(v, 1, 0) * v).double()
+    net = _Net(fn).double()
     x = torch.randn(6, 4, dtype=torch.float64)
     model = tgt.import_model(net, (x,))
     trainer = train.Trainer(model, inputs=model.input_placeholders(), targets=[], loss=tg.nn.mean,
                             optimizer=train.SGD(lr=0.5), progress=False)
     with pytest.warns(RuntimeWarning):
         trainer.update(x.numpy())
-    assert "roll along axis 0 of size batch, known at run time only" in trainer.static_reason
+    assert reason in trainer.static_reason
     ref = copy.deepcopy(net)
     sgd = torch.optim.SGD(ref.parameters(), lr=0.5)
     ref(x).mean().backward()
@@ -206,8 +210,9 @@ def test_a_roll_along_a_dynamic_batch_trains_at_exact_batch_sizes_saying_why():
     np.testing.assert_allclose(trainer.predict(x4.numpy()), ref(x4).detach().numpy(), rtol=1e-12, atol=1e-12)
 
 
-def test_adaptive_max_pooling_to_a_size_not_dividing_the_input_is_refused():
-    net = _Net2d(lambda m, v: F.adaptive_max_pool2d(v, (2, 3))).double()
+@pytest.mark.parametrize("size", [(2, 3), (0, 3)])
+def test_adaptive_max_pooling_to_a_size_not_dividing_the_input_is_refused(size):
+    net = _Net2d(lambda m, v: F.adaptive_max_pool2d(v, size)).double()
     with pytest.raises(UserError, match="adaptive_max_pool2d .* only an output size dividing"):
         tgt.import_model(net, (torch.randn(3, 4, 3, 3, dtype=torch.float64),))
 
