@@ -307,7 +307,20 @@ class Translator:
             args = [self.value(a) for a in node.args]
         kwargs = {k: self.value(v) for k, v in node.kwargs.items()}
         if node.target is operator.getitem:
-            return args[0][args[1]]
+            got = args[0][args[1]]
+            if got is None and node.users:  # a result the rule does not give (pooling's indices)
+                source = node.args[0]
+                why = (f"result {args[1]} of {op_name(source)} (at node {source.name}) is not translated, and "
+                       f"{', '.join(sorted(u.name for u in node.users))} read(s) it")
+                where = source_line(source)
+                if self.refusals is not None:
+                    stand_in = self._stand_in(node.meta.get("val"), node.name)
+                    if stand_in is not None:
+                        self.refusals.append(f"{op_name(source)} (" + (f"at {where}" if where else
+                                                                        f"node {source.name}") + f"): {why}")
+                        return stand_in
+                raise UserError(f"{self.where}: {why}" + (f" ({where})" if where else ""))
+            return got
         if node.target in SIZE_FUNCTIONS:
             return SIZE_FUNCTIONS[node.target](*args)
         name = op_name(node)

@@ -217,6 +217,17 @@ def test_adaptive_max_pooling_to_a_size_not_dividing_the_input_is_refused(size):
         tgt.import_model(net, (torch.randn(3, 4, 3, 3, dtype=torch.float64),))
 
 
+@pytest.mark.parametrize("pool", [lambda v: F.max_pool2d(v, 3, return_indices=True),
+                                  lambda v: F.adaptive_max_pool2d(v, 1, return_indices=True)], ids=["max", "adaptive"])
+@pytest.mark.parametrize("use", [lambda v, i: v * (i > 3), lambda v, i: (v, i)], ids=["read", "returned"])
+def test_pooling_indices_read_or_returned_are_refused_naming_them(pool, use):
+    """Max pooling's indices are not translated (the rule gives the values alone): a model
+    reading or returning them is refused at import, naming the result and its reader."""
+    net = _Net2d(lambda m, v: use(*pool(v))).double()
+    with pytest.raises(UserError, match=r"result 1 of aten\.(adaptive_)?max_pool2d.* is not translated, and "):
+        tgt.import_model(net, (torch.randn(3, 4, 3, 3, dtype=torch.float64),))
+
+
 def test_a_vector_norm_of_another_order_is_refused():
     net = _Net(lambda v: torch.linalg.vector_norm(v, 3, dim=-1)).double()
     with pytest.raises(UserError, match="ord=3"):
