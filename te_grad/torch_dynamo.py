@@ -184,7 +184,11 @@ def _translate(inputs, nodes, outputs) -> list:
             raise
         except Exception as e:  # noqa: BLE001 - any failure of a rule: the node runs in PyTorch
             inner = e.__context__ if isinstance(e, UserError) and e.__context__ is not None else e
-            raise _Refused(node, f"the rule refused it: {type(inner).__name__}: {inner}") from None
+            # a result the rule does not give (pooling's indices, read): its operator runs in
+            # PyTorch (a getitem follows its operator into or out of a partition, so a refusal
+            # charged to it would never leave one and the partitioning would not end)
+            at = node.args[0] if node.target is operator.getitem else node
+            raise _Refused(at, f"the rule refused it: {type(inner).__name__}: {inner}") from None
     out = []
     for node in outputs:
         v = t.values.get(node.name)

@@ -216,6 +216,31 @@ def test_a_node_its_rule_refuses_falls_back_with_the_reason():
     assert backend.stats["te_grad_ops"] == 2 and backend.stats["te_grad_calls"] == 2  # conv, then tanh
 
 
+class PoolIndices(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        v, i = F.max_pool2d(self.conv(x), 2, return_indices=True)
+        return torch.tanh(v * (i % 2 == 0))
+
+
+def test_pooling_whose_indices_are_read_falls_back_naming_them():
+    """Max pooling's indices are not translated: reading them sends the pooling to PyTorch,
+    with the reason (the refusal was once charged to the ``getitem`` taking the indices out,
+    which the partitioner keeps with its operator: the partitioning never ended)."""
+    backend = tgt.Backend()
+    net = PoolIndices()
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.warns(tgt.FallbackWarning, match=r"max_pool2d_with_indices.*result 1 .* is not translated"):
+        with torch.no_grad():
+            got = torch.compile(net, backend=backend)(x)
+    with torch.no_grad():
+        _close(got.numpy(), net(x).numpy(), rtol=1e-5, what="inference")
+    assert backend.stats["te_grad_ops"] >= 1  # the convolution
+
+
 class MHAConv(torch.nn.Module):
     """nn.MultiheadAttention (its reshapes of a size of run-time extent fall back), a 1-D
     convolution with padding="same" and a linear head."""
