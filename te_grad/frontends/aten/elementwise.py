@@ -1,0 +1,195 @@
+"""Elementwise rules: arithmetic, comparisons, logic, the float functions, activations, casts.
+
+- ``add(a, b, alpha) = a + alpha * b``, ``sub(a, b, alpha) = a - alpha * b``,
+  ``rsub(a, b, alpha) = b - alpha * a``, under numpy broadcasting.
+- ``floor`` / ``ceil`` / ``trunc`` / ``round`` of an integer tensor is the tensor (gradient 0).
+- ``atan2(a, b)`` has PyTorch's gradient 0 at the origin (``a = b = 0``), not ``0 / 0``.
+- ``masked_fill(x, mask, v) = where(mask, v, x)``.
+"""
+from __future__ import annotations
+
+from ... import dsl, dtypes, nn
+from ...errors import UserError
+from ...ir import Tensor
+from .table import RULES, _dtype, binary, rule, unary
+
+
+for _n, _f in {"relu": nn.relu, "sigmoid": nn.sigmoid, "tanh": nn.tanh}.items():
+    RULES[f"aten.{_n}.default"] = (lambda f: lambda t, x: f(x))(_f)
+
+
+for _n, _f in {"exp": dsl.exp, "log": dsl.log, "sqrt": dsl.sqrt, "erf": dsl.erf, "sin": dsl.sin, "cos": dsl.cos,
+               "log1p": dsl.log1p, "expm1": dsl.expm1, "rsqrt": lambda v: 1.0 / dsl.sqrt(v),
+               "reciprocal": lambda v: 1.0 / v, "atan": dsl.atan, "asin": dsl.asin, "acos": dsl.acos}.items():
+    rule(f"aten.{_n}.default", promote=True)(unary(_f, _n))
+
+
+RULES["aten.neg.default"] = unary(lambda v: -v, "neg", floating=False)
+
+
+RULES["aten.abs.default"] = unary(dsl.abs, "abs", floating=False)
+
+
+@rule("aten.add.Tensor", "aten.add.Scalar", promote=True)
+def _add(t, a, b, alpha=1):
+    if alpha != 1:
+        b = nn.multiply(b, alpha) if isinstance(b, Tensor) else b * alpha
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        return a + b
+    return nn.add(a, b)
+
+
+@rule("aten.sub.Tensor", "aten.sub.Scalar", promote=True)
+def _sub(t, a, b, alpha=1):
+    if alpha != 1:
+        b = nn.multiply(b, alpha) if isinstance(b, Tensor) else b * alpha
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        return a - b
+    return nn.subtract(a, b)
+
+
+@rule("aten.rsub.Scalar", "aten.rsub.Tensor", promote=True)
+def _rsub(t, a, b, alpha=1):
+    return _sub(t, b, a, alpha)
+
+
+@rule("aten.mul.Tensor", "aten.mul.Scalar", promote=True)
+def _mul(t, a, b):
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        return a * b
+    return nn.multiply(a, b)
+
+
+@rule("aten.div.Tensor", "aten.div.Scalar", promote=True)
+def _div(t, a, b):
+    for v in (a, b):
+        if isinstance(v, Tensor) and not dtypes.is_float(v.dtype):
+            raise UserError("integer true division is not translated")
+    return nn.divide(a, b)
+
+
+rule("aten.maximum.default", promote=True)(binary(dsl.maximum, "maximum"))
+
+
+rule("aten.minimum.default", promote=True)(binary(dsl.minimum, "minimum"))
+
+
+rule("aten.pow.Tensor_Scalar", promote=True)(binary(lambda a, b: a * a if b == 2 else dsl.pow(a, b), "pow"))
+
+
+rule("aten.pow.Tensor_Tensor", promote=True)(binary(dsl.pow, "pow"))
+
+
+@rule("aten.clamp.default")
+def _clamp(t, x, min=None, max=None):  # noqa: A002 - ATen's names
+    return nn.clip(x, min, max)
+
+
+@rule("aten.hardtanh.default")
+def _hardtanh(t, x, min_val=-1.0, max_val=1.0):
+    """``clamp(x, min_val, max_val)`` with PyTorch's gradient: 1 strictly inside the bounds, 0
+    on them (``clamp``'s is 1 on them; ``relu6`` is ``hardtanh(x, 0, 6)``)."""
+    lo, hi = dsl.const(float(min_val), x.dtype), dsl.const(float(max_val), x.dtype)
+    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(x[i] <= lo, lo, dsl.if_then_else(x[i] >= hi, hi, x[i])),
+                       name="hardtanh")
+
+
+@rule("aten.leaky_relu.default")
+def _leaky_relu(t, x, negative_slope=0.01):
+    """``x`` where ``x > 0``, else ``negative_slope * x`` (at 0 the gradient is the slope, as PyTorch's)."""
+    return nn.leaky_relu(x, float(negative_slope))
+
+
+@rule("aten.elu.default")
+def _elu(t, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """``scale * x`` where ``x > 0``, else ``scale * alpha * expm1(input_scale * x)`` (ELU, SELU and
+    CELU; at 0 the gradient is the second branch's, as PyTorch's). CELU's ``input_scale`` is
+    ``1 / alpha``, exact here; PyTorch's own CELU gradient rounds it to float32 (a relative
+    difference of about 1e-8 in float64 where ``alpha`` is not a power of two)."""
+    a, s, k = float(alpha), float(scale), float(input_scale)
+    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(x[i] > 0, x[i] * s, dsl.expm1(x[i] * k) * (s * a)),
+                       name="elu")
+
+
+@rule("aten.sign.default")
+def _sign(t, x):
+    """1, -1 or 0 by the sign of ``x`` (0 for NaN and for -0.0, as PyTorch); its gradient is 0."""
+    if x.dtype == dtypes.BOOL:
+        return x
+    one, minus, zero = dsl.const(1, x.dtype), dsl.const(-1, x.dtype), dsl.const(0, x.dtype)
+    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(x[i] > 0, one, dsl.if_then_else(x[i] < 0, minus, zero)),
+                       name="sign")
+
+
+for _n, _f in {"floor": dsl.floor, "ceil": dsl.ceil, "trunc": dsl.trunc, "round": dsl.round}.items():
+    # integers are their own floor (PyTorch returns them as they are); the gradient is 0
+    RULES[f"aten.{_n}.default"] = (lambda f, n: lambda t, x: x if not dtypes.is_float(x.dtype) else
+                                   dsl.compute(x.shape, lambda *i: f(x[i]), name=n))(_f, _n)
+
+
+@rule("aten.where.self")
+def _where(t, cond, a, b):
+    return nn.where(cond, a, b)
+
+
+for _n, _f in {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b,
+               "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b}.items():
+    for _kind in ("Scalar", "Tensor"):
+        RULES[f"aten.{_n}.{_kind}"] = (lambda f, n: lambda t, a, b: nn.elementwise._binary(
+            n, f, a, b))(_f, _n)
+
+
+@rule("aten.logical_not.default")
+def _logical_not(t, x):
+    return dsl.compute(x.shape, lambda *i: dsl.logical_not(x[i] != 0) if x.dtype != dtypes.BOOL
+                       else dsl.logical_not(x[i]), name="logical_not")
+
+
+@rule("aten.logical_and.default")
+def _logical_and(t, a, b):
+    return nn.elementwise._binary("logical_and", lambda x, y: dsl.all(x, y), a, b)
+
+
+@rule("aten.logical_or.default")
+def _logical_or(t, a, b):
+    return nn.elementwise._binary("logical_or", lambda x, y: dsl.any(x, y), a, b)
+
+
+@rule("aten.atan2.default", promote=True)
+def _atan2(t, a, b):
+    """``atan2(a, b)``, with PyTorch's gradient 0 at the origin (``a = b = 0``), not ``0 / 0``:
+    there the value is read under ``stop_gradient`` and the differentiated one at (1, 1)."""
+    def fn(u, v):
+        origin = dsl.all(u == 0, v == 0)
+        one = dsl.const(1.0, u.dtype)
+        return dsl.if_then_else(origin, dsl.stop_gradient(dsl.atan2(u, v)),
+                                dsl.atan2(dsl.if_then_else(origin, one, u), dsl.if_then_else(origin, one, v)))
+    return nn.elementwise._binary("atan2", fn, a, b)
+
+
+@rule("aten.gelu.default")
+def _gelu(t, x, approximate="none"):
+    return nn.gelu(x, approximate=approximate)
+
+
+@rule("aten.silu.default")
+def _silu(t, x):
+    return nn.silu(x)
+
+
+@rule("aten._to_copy.default")
+def _to_copy(t, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    dt = _dtype(dtype, x.dtype)
+    if dt == x.dtype:
+        return x
+    return dsl.compute(x.shape, lambda *i: dsl.cast(dt, x[i]), name="to_copy")
+
+
+@rule("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(t, x, mask, value):
+    if isinstance(value, Tensor):
+        if value.ndim != 0:
+            raise UserError(f"masked_fill: the fill value must be 0-d, got shape {list(value.shape)}")
+        value = dsl.compute(value.shape, lambda: dsl.cast(x.dtype, value[()]), name="masked_fill_value")
+    return nn.where(mask, value, x)
