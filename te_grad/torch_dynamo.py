@@ -184,11 +184,7 @@ def _translate(inputs, nodes, outputs) -> list:
             raise
         except Exception as e:  # noqa: BLE001 - any failure of a rule: the node runs in PyTorch
             inner = e.__context__ if isinstance(e, UserError) and e.__context__ is not None else e
-            # a result the rule does not give (pooling's indices, read): its operator runs in
-            # PyTorch (a getitem follows its operator into or out of a partition, so a refusal
-            # charged to it would never leave one and the partitioning would not end)
-            at = node.args[0] if node.target is operator.getitem else node
-            raise _Refused(at, f"the rule refused it: {type(inner).__name__}: {inner}") from None
+            raise _Refused(node, f"the rule refused it: {type(inner).__name__}: {inner}") from None
     out = []
     for node in outputs:
         v = t.values.get(node.name)
@@ -354,8 +350,14 @@ class Backend:
                 try:
                     _translate(values, nodes, outputs)
                 except _Refused as e:
-                    refused[e.node if e.node in members else next(u for u in e.node.users if u in members)] = \
-                        e.reason
+                    at = e.node
+                    if at.target is operator.getitem:
+                        # a result the rule does not give (pooling's indices, read): its operator
+                        # runs in PyTorch (a getitem follows its operator into or out of a
+                        # partition: refused itself, it would never leave one, and the
+                        # partitioning would not end)
+                        at = at.args[0]
+                    refused[at if at in members else next(u for u in at.users if u in members)] = e.reason
                     again = True
             if not again:
                 self._parts = parts

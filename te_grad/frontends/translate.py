@@ -310,16 +310,9 @@ class Translator:
             got = args[0][args[1]]
             if got is None and node.users:  # a result the rule does not give (pooling's indices)
                 source = node.args[0]
-                why = (f"result {args[1]} of {op_name(source)} (at node {source.name}) is not translated, and "
-                       f"{', '.join(sorted(u.name for u in node.users))} read(s) it")
-                where = source_line(source)
-                if self.refusals is not None:
-                    stand_in = self._stand_in(node.meta.get("val"), node.name)
-                    if stand_in is not None:
-                        self.refusals.append(f"{op_name(source)} (" + (f"at {where}" if where else
-                                                                        f"node {source.name}") + f"): {why}")
-                        return stand_in
-                raise UserError(f"{self.where}: {why}" + (f" ({where})" if where else ""))
+                readers = ", ".join(sorted(u.name for u in node.users))
+                return self._refuse(node, source, f"result {args[1]} of {op_name(source)} is not translated, "
+                                    f"and {readers} read(s) it")
             return got
         if node.target in SIZE_FUNCTIONS:
             return SIZE_FUNCTIONS[node.target](*args)
@@ -331,19 +324,27 @@ class Translator:
         try:
             out = rule(self, *args, **kwargs)
         except UserError as e:
-            where = source_line(node)
-            if self.refusals is not None:
-                try:
-                    stand_in = self._stand_in(node.meta.get("val"), node.name)
-                except UserError:  # a recorded size te_grad cannot name: report the refusal itself
-                    stand_in = None
-                if stand_in is not None:
-                    self.refusals.append(f"{name} (" + (f"at {where}" if where else f"node {node.name}") + f"): {e}")
-                    return stand_in
-            raise UserError(f"{self.where}: {name} at node {node.name}"
-                            + (f" ({where})" if where else "") + f": {e}") from None
+            return self._refuse(node, node, str(e))
         out = composed(out) if isinstance(out, Tensor) else out   # a view of a view: one view
         return self._checked(node, name, out) if checked else out
+
+    def _refuse(self, node, culprit, why: str):
+        """``node`` is not translated, because of the operator node ``culprit`` (``node`` itself,
+        or the operator whose result it takes), for the reason ``why``. When refusals are
+        collected (:attr:`refusals`), the refusal is recorded there (the operator, its source
+        line, ``why``) and ``node`` gets a stand-in of its recorded shape and dtype, so that the
+        walk goes on; otherwise, or when no stand-in can be made, a :class:`UserError` says it."""
+        name, where = op_name(culprit), source_line(culprit)
+        if self.refusals is not None:
+            try:
+                stand_in = self._stand_in(node.meta.get("val"), node.name)
+            except UserError:  # a recorded size te_grad cannot name: report the refusal itself
+                stand_in = None
+            if stand_in is not None:
+                self.refusals.append(f"{name} (" + (f"at {where}" if where else f"node {culprit.name}") + f"): {why}")
+                return stand_in
+        raise UserError(f"{self.where}: {name} at node {culprit.name}" + (f" ({where})" if where else "")
+                        + f": {why}") from None
 
     def _stand_in(self, val, name: str):
         """A placeholder of the recorded shape and dtype ``val`` (a fake tensor, or a tuple of
