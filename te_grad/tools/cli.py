@@ -587,7 +587,7 @@ def main(argv=None) -> int:
         run(args.epochs, args.lr, args.batch, threads=args.threads, compare=not args.no_torch, plot=args.plot)
         return 0
     if args.command == "fuzz" and args.torch:
-        from te_grad.tools.fuzz.torch_models import PASSING, run
+        from te_grad.tools.fuzz.torch_check import PASSING, run
         result = run(args.programs, args.seed, compile_=not args.no_compile,
                      progress_every=max(1, min(100, args.programs // 10)))
         return 1 if any(k not in PASSING for k in result["counts"]) else 0

@@ -1,4 +1,4 @@
-"""Random torch.nn.Modules through the PyTorch importer (see te_grad/tools/fuzz/torch_models.py).
+"""Random torch.nn.Modules through the PyTorch importer (te_grad/tools/fuzz/torch_models.py, torch_check.py).
 
 A fixed budget runs here: no failure, and every family of constructs generated;
 ``python -m te_grad fuzz --torch --programs N`` runs any number.
@@ -11,13 +11,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from te_grad.tools.fuzz import torch_models  # noqa: E402
-from te_grad.tools.fuzz.torch_models import FAMILIES, check, generate, refused_ops, script  # noqa: E402
+from te_grad.tools.fuzz import torch_check, torch_models  # noqa: E402
+from te_grad.tools.fuzz.torch_check import check, refused_ops, script  # noqa: E402
+from te_grad.tools.fuzz.torch_models import FAMILIES, generate  # noqa: E402
 
 
 def test_a_fixed_budget_of_modules_passes_and_covers_every_family():
     out = io.StringIO()
-    result = torch_models.run(12, seed=0, out=out, progress_every=0)
+    result = torch_check.run(12, seed=0, out=out, progress_every=0)
     text = out.getvalue()
     assert sum(result["counts"].values()) == 12
     assert not result["failures"], text
@@ -173,8 +174,8 @@ def test_modules_are_reproducible_and_valid():
     a, b = generate(77), generate(77)
     assert a.describe() == b.describe() and a.nodes == b.nodes
     net = torch_models.build_module(a)
-    arrays, tensors = torch_models._inputs(a, __import__("numpy").random.default_rng(0))
-    outs = torch_models._listed(net(*tensors))
+    arrays, tensors = torch_check._inputs(a, __import__("numpy").random.default_rng(0))
+    outs = torch_check._listed(net(*tensors))
     assert len(outs) == len(a.outputs) == len(a.reads)
     for out, v in zip(outs, a.outputs):
         assert tuple(out.shape) == a.shapes[v] and str(out.dtype) == f"torch.{a.dtype}"
@@ -212,8 +213,8 @@ def test_float32_modules_are_measured_against_float64_pytorch():
     import numpy as np
     w = np.array([1.0, 2.0, 3.0])
     for got in (np.ones((2, 3), np.float32) * w, np.ones(2, np.float32)):  # broadcastable or not
-        with pytest.raises(torch_models._Mismatch, match="shape"):
-            torch_models._close(got, w, 1e-4, "output", "mismatch-forward-eval", w.astype(np.float32))
+        with pytest.raises(torch_check._Mismatch, match="shape"):
+            torch_check._close(got, w, 1e-4, "output", "mismatch-forward-eval", w.astype(np.float32))
 
 
 def test_refusals_are_counted_by_operator():

@@ -12,10 +12,10 @@ shrunk (:mod:`.shrink`), as a script that reproduces it. ``tests/tools/test_fuzz
 fixed budget of programs through hypothesis, which shrinks failures the same way.
 
 ``python -m te_grad fuzz --torch --programs N --seed S`` fuzzes the PyTorch importer instead
-(:mod:`.torch_models`, the only module here that imports torch, lazily): random small
-``torch.nn.Module`` s (DAGs with residual adds of Linear, Conv2d, batch and layer norms,
-activations, pools, broadcasting arithmetic, softmax, views, slices, cat / chunk / split,
-matmul, reductions, attention, Embedding), in float32 or float64, with or without a dynamic
+(:mod:`.torch_models` generates, :mod:`.torch_check` checks: the only modules here that import
+torch, lazily): random small ``torch.nn.Module`` s (DAGs with residual adds of Linear,
+Conv2d, batch and layer norms, activations, pools, broadcasting arithmetic, softmax, views,
+slices, cat / chunk / split, matmul, reductions, attention, Embedding), in float32 or float64, with or without a dynamic
 batch, imported with ``te_grad.torch.import_model`` and checked against PyTorch: the forward
 in both modes, parameter gradients by the evaluator and compiled, one Trainer SGD step
 (weights and batch norm statistics). Operators te_grad refuses are counted by name; every
