@@ -45,6 +45,7 @@ from typing import Callable, Dict, List, Tuple
 from .. import dsl, dtypes, ops
 from ..errors import InternalError, UserError
 from ..intervals import interval
+from ..sizes import is_size_expr
 from ..ir import (Binary, Call, Cast, Compare, ComputeOp, Const, Expr, Read, Reduce, ReduceAxis, Select, Tensor,
                   Unary, Var, distinct_nodes)
 from ..transform import substitute
@@ -390,16 +391,20 @@ def _product_of_others(y: Tensor, axes, red: Reduce) -> Tensor:
     """``others[i, k] = prod over k' != k of f(i, k')`` (the where of ``red`` kept).
 
     ``k`` runs over the range its bounds cover anywhere in the output domain (bounds may
-    depend on the output indices: a running product)."""
+    depend on the output indices: a running product), or over its own bounds when they are
+    size expressions (a product over a batch known at run time)."""
     ranges = {id(a): (0, n - 1) for a, n in zip(axes, y.shape)}
     spans = []
     for k in red.axes:
         lo, hi = interval(k.lo, ranges), interval(k.hi, ranges)
-        if lo is None or hi is None:
+        if lo is not None and hi is not None:
+            spans.append((lo[0], max(lo[0], hi[1])))
+            ranges[id(k)] = (lo[0], max(lo[0], hi[1]) - 1)
+        elif is_size_expr(k.lo) and is_size_expr(k.hi):
+            spans.append((k.lo, dsl.maximum(k.lo, k.hi)))
+        else:
             raise UserError(f"cannot differentiate the product reduction of {y.name}: the bounds of "
                             f"axis {k.name} ({k.lo}, {k.hi}) are not affine in its output indices")
-        spans.append((lo[0], max(lo[0], hi[1])))
-        ranges[id(k)] = (lo[0], max(lo[0], hi[1]) - 1)
     own = [Var(ax.name) for ax in axes]
     at = [Var(k.name) for k in red.axes]
     mapping: Dict[Var, Expr] = dict(zip(axes, own))

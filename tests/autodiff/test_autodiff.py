@@ -106,6 +106,35 @@ def test_prod_reduction_is_exact_with_zeros():
     check_gradients(Y, [X], {X: x})
 
 
+def test_prod_reduction_over_a_size_variable_is_exact_with_zeros_at_every_size():
+    """A product over an axis whose extent is a size variable (a batch known at run time) is
+    differentiated once, for every size: the product of the other elements, exact where some
+    are zero, against finite differences and the numpy product, evaluated and compiled."""
+    n = tg.var("n", min=1)
+    X = ph((n, 3), "X")
+    k = tg.reduce_axis((0, n), "k")
+    Y = tg.compute((3,), lambda j: tg.prod(X[k, j], axis=k), name="Y")
+    grads = tg.gradient(Y, [X])
+    kern = tg.build(grads, [X])
+    rng = np.random.default_rng(5)
+    for rows in (1, 2, 5):
+        x = rng.uniform(0.5, 1.5, (rows, 3))
+        x[0, 1] = 0.0                    # one zero in column 1
+        if rows > 2:
+            x[1:3, 2] = 0.0              # two zeros in column 2
+        want = np.array([[np.prod(np.delete(x[:, j], r)) for j in range(3)] for r in range(rows)])
+        (got,) = tg.evaluate(grads, {X: x})
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(kern(x), want, rtol=1e-12, atol=0)
+        eps, fd = 1e-6, np.zeros_like(x)    # central differences of sum(Y), evaluated
+        for at in np.ndindex(*x.shape):
+            hi, lo = x.copy(), x.copy()
+            hi[at] += eps
+            lo[at] -= eps
+            fd[at] = (tg.evaluate([Y], {X: hi})[0].sum() - tg.evaluate([Y], {X: lo})[0].sum()) / (2 * eps)
+        np.testing.assert_allclose(got, fd, rtol=1e-6, atol=1e-8)
+
+
 def test_reductions_with_where_and_offset_axes():
     X = ph((5, 6), "X")
     k = tg.reduce_axis((1, 5), "k")

@@ -298,6 +298,17 @@ def test_the_generator_draws_sized_stages():
     assert outcome.kind in ("ok", "fd-unstable") and "a size variable" in outcome.notes, outcome
 
 
+def test_the_generator_draws_products_over_a_size_variable():
+    """The sized stage's reduction over ``(0, n)`` is sometimes a product: its gradient (the
+    product of the others over a run-time extent) checked at every size, evaluated and compiled."""
+    sources = [(s, from_seed(s).source) for s in range(600)]
+    products = [(s, src) for s, src in sources if "SIZE = n = tg.var" in src and "tg.prod(tg.tanh(tg.sin(XN" in src]
+    assert len(products) >= 2
+    seed, src = products[0]
+    outcome = check(Program(src), seed=seed)
+    assert outcome.kind in ("ok", "fd-unstable") and "a product over a run-time extent" in outcome.notes, outcome
+
+
 def test_sized_weight_gradients_are_cut_for_the_cache_in_the_fuzzer():
     """The sized stage written as a weight gradient (a sum over ``(0, n)`` and a constant
     axis) is drawn, and the symbolic kernel the fuzzer builds for tiny caches takes its batch
