@@ -1,12 +1,13 @@
 """Operators of imported models, each against eager PyTorch in float64 (the output and one
 SGD step, with a dynamic batch): LeakyReLU, ELU / SELU / CELU, Hardtanh / ReLU6, sign, floor /
 ceil / round / trunc, vector norms (``F.normalize``), ``max`` / ``min`` along a dimension,
-``argmax``, ``cumsum``, ``flip``, ``roll``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm,
+``argmax``, ``cumsum``, ``prod``, ``flip``, ``roll``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm,
 InstanceNorm, adaptive max pooling, nearest and bilinear upsampling, at ordinary points and
 where PyTorch's gradient takes a side: on the bounds of ``hardtanh`` (0 there), at 0 for
 ``leaky_relu`` and ``elu`` (the negative branch),
 the norm of a zero vector and ``atan2`` at the origin (0, not NaN), the sign of NaN (0), a tie
-of ``max`` along a dimension or in a pooling window (all to the first)."""
+of ``max`` along a dimension or in a pooling window (all to the first), a product over zeros
+(the product of the others)."""
 import copy
 
 import numpy as np
@@ -55,6 +56,10 @@ FUNCTIONS = {
     "atan2": lambda v: torch.atan2(v, v * v - 1),
     "atan2 at the origin": lambda v: torch.atan2(_at(v, 0.0), 2 * _at(v, 0.0)) + v,
     "sign of NaN": lambda v: torch.sign(torch.log(v)) * v,
+    "prod along a dim": lambda v: v * torch.prod(v, -1, keepdim=True) + torch.prod(v, 0),
+    "prod with zeros": lambda v: torch.prod(torch.where(v > 0.3, _at(v, 0.0), v), -1, keepdim=True) * v,
+    "prod of all": lambda v: v * torch.prod(v[:, :2] * 0.25 + 1),
+    "prod of bools": lambda v: v * torch.prod(v > -1, -1, keepdim=True) + torch.prod(v > -2, 0) * v,
 }
 
 

@@ -3,6 +3,7 @@
 - ``max.dim`` / ``min.dim`` give ``(values, indices)``, the values read at the first extreme's
   index, so that the gradient goes to that element alone (PyTorch's; ``amax`` splits it over ties).
 - ``var(x, dims, correction) = sum (x - mean)^2 / (n - correction)``.
+- ``prod(x, dim)``'s gradient is the product of the other elements (exact where some are zero).
 - ``sum`` of a bool tensor counts its True elements (as int64).
 """
 from __future__ import annotations
@@ -25,6 +26,20 @@ def _sum(t, x, dims=None, keepdim=False, dtype=None):
 @rule("aten.mean.dim", "aten.mean.default")
 def _mean(t, x, dims=None, keepdim=False, dtype=None):
     return nn.mean(x, _axes(dims, x.ndim), keepdims=keepdim)
+
+
+@rule("aten.prod.dim_int", "aten.prod.default")
+def _prod(t, x, dim=None, keepdim=False, dtype=None):
+    """``torch.prod``: the product over ``dim`` (every axis for ``prod.default``; 1 over an
+    empty axis). Integer and bool inputs multiply as int64, as in PyTorch. The gradient is
+    te_grad's derivative of a product reduction, the product of the other elements, exact
+    where some are zero (as PyTorch's)."""
+    if dtype is not None:
+        x = _to_copy(t, x, dtype)
+    elif not dtypes.is_float(x.dtype) and x.dtype != dtypes.INT64:
+        x = dsl.compute(x.shape, lambda *i: dsl.cast(dtypes.INT64, x[i]), name="prod_int64")
+    axes = _axes(dim, x.ndim) if dim is not None else tuple(range(x.ndim))
+    return nn.reduce._reduce("prod", "prod", x, axes, keepdim)
 
 
 @rule("aten.linalg_vector_norm.default")

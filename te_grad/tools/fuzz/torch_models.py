@@ -11,7 +11,7 @@ arithmetic with tensors, parameters and scalars, residual adds, operands detache
 (``0 * p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``), softmax / log_softmax, views,
 permutations, flips, rolls and repeats, a linear layer between views that flatten its input's
 leading axes into rows and restore them, slices, ``cat`` / ``chunk`` / ``split``, ``matmul`` /
-``bmm``, reductions (``max`` / ``min`` along a dimension, ``cumsum``),
+``bmm``, reductions (``max`` / ``min`` along a dimension, ``cumsum``, ``prod``),
 ``scaled_dot_product_attention``), each in float32 or float64, with or without a dynamic batch.
 A module returns its last value, or (30% of them) a tuple of it and one or two other values,
 among them perhaps a probe (a linear layer on detached features); the loss reads each output
@@ -369,11 +369,11 @@ class _Gen:
         k = 1 + self.r(len(s) - 1)
         dims = tuple(sorted(int(d) + 1 for d in self.rng.choice(len(s) - 1, k, replace=False)))
         keep = self.chance(0.4)
-        op = self.pick(["mean", "sum", "amax", "max_dim", "min_dim", "cumsum"])
+        op = self.pick(["mean", "sum", "amax", "max_dim", "min_dim", "cumsum", "prod"])
         if op == "cumsum":
             return self.add("reduce", op, [v], s, dim=dims[0])
-        if op in ("max_dim", "min_dim"):  # one dimension: the values (the gradient to the first extreme)
-            dims = dims[:1]
+        if op in ("max_dim", "min_dim", "prod"):  # one dimension (max / min: the values, the gradient
+            dims = dims[:1]                          # to the first extreme; prod: of factors near 1)
         shape = tuple(1 if d in dims else x for d, x in enumerate(s)) if keep else \
             tuple(x for d, x in enumerate(s) if d not in dims)
         return self.add("reduce", op, [v], shape, dims=dims, keepdim=keep)
@@ -633,6 +633,8 @@ def _apply(net, name, node, args, torch, F):
         return getattr(torch, op[:3])(x, dim=node["dims"][0], keepdim=node["keepdim"]).values
     if op == "cumsum":
         return torch.cumsum(x, node["dim"])
+    if op == "prod":
+        return torch.prod(torch.tanh(x) * 0.5 + 1.0, node["dims"][0], keepdim=node["keepdim"])
     if op == "flip":
         return torch.flip(x, node["dims"])
     if op == "repeat":
