@@ -1,7 +1,7 @@
 """Operators of imported models, each against eager PyTorch in float64 (the output and one
 SGD step, with a dynamic batch): LeakyReLU, ELU / SELU / CELU, Hardtanh / ReLU6, sign, floor /
 ceil / round / trunc, vector norms (``F.normalize``), ``max`` / ``min`` along a dimension,
-``argmax``, ``cumsum``, ``prod``, ``flip``, ``roll``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm,
+``argmax``, ``cumsum``, ``prod``, advanced indexing by several tensors, ``flip``, ``roll``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm,
 InstanceNorm, adaptive max pooling, nearest and bilinear upsampling, at ordinary points and
 where PyTorch's gradient takes a side: on the bounds of ``hardtanh`` (0 there), at 0 for
 ``leaky_relu`` and ``elu`` (the negative branch),
@@ -25,6 +25,15 @@ from te_grad.errors import UserError  # noqa: E402
 def _at(v, value):
     """``value`` everywhere, with ``v``'s gradient: the point where a rule's gradient takes a side."""
     return v - v.detach() + value
+
+
+#: index tensors (repeated positions: their gradients add up)
+_IDX = (torch.tensor([0, 3, 3]), torch.tensor([1, 2, 1]), torch.tensor([1, 0, 1]))
+
+
+def _outer(v):
+    """``(b, 4, 4)``: the outer product of each row of ``v`` with itself."""
+    return v[:, :, None] * v[:, None, :]
 
 
 FUNCTIONS = {
@@ -59,6 +68,9 @@ FUNCTIONS = {
     "prod along a dim": lambda v: v * torch.prod(v, -1, keepdim=True) + torch.prod(v, 0),
     "prod with zeros": lambda v: torch.prod(torch.where(v > 0.3, _at(v, 0.0), v), -1, keepdim=True) * v,
     "prod of all": lambda v: v * torch.prod(v[:, :2] * 0.25 + 1),
+    "index by two tensors": lambda v: _outer(v)[:, _IDX[0], _IDX[1]] * v[:, :3],
+    "index by two tensors apart": lambda v: _outer(v).view(-1, 4, 2, 2)[:, _IDX[0], :, _IDX[2]].sum(0) * v[:, :2],
+    "index by broadcast tensors": lambda v: _outer(v)[:, _IDX[0][:, None], _IDX[2][None, :2]].sum(-1) * v[:, :3],
     "prod of bools": lambda v: v * torch.prod(v > -1, -1, keepdim=True) + torch.prod(v > -2, 0) * v,
 }
 
@@ -84,7 +96,8 @@ def _check(net, x):
     model = tgt.import_model(net, (x,))
     assert model.dynamic_batch, model.static_reason
     xs = model.input_placeholders()
-    feed = {xs[0]: x.numpy(), **{p.placeholder: p.value for p in model.parameters()}}
+    feed = {xs[0]: x.numpy(), **{p.placeholder: p.value for p in model.parameters()},
+            **{s.placeholder: s.initial for s in model.states()}}   # tensor constants among them
     got = tg.evaluate([model(*xs, train.Context(training=False))], feed)[0]
     np.testing.assert_allclose(got, net(x).detach().numpy(), rtol=1e-13, atol=1e-13)
     trainer = train.Trainer(model, inputs=xs, targets=[], loss=tg.nn.mean, optimizer=train.SGD(lr=0.5),

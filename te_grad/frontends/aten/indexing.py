@@ -3,11 +3,17 @@
 - ``embedding(w, ids, padding_idx)``: ``out[..., j] = w[ids[...], j]``; the row ``padding_idx``
   gets no gradient (read under ``stop_gradient`` where ``ids == padding_idx``), as PyTorch.
 - ``gather(x, d, idx)[i] = x[i with axis d replaced by idx[i]]``.
+- ``index(x, [i0, None, i1])``: advanced indexing, the index tensors broadcast together.
+
+Each gradient is a scatter of the output's gradient to the positions read (several reads of
+one position add up), which te_grad's scatter-to-gather turns into a gather where it can.
 """
 from __future__ import annotations
 
 from ... import dsl, dtypes, nn
 from ...errors import UserError
+from ...ir import Tensor
+from ...sizes import same_shape
 from .table import _axis, is_int, rule
 
 
@@ -41,10 +47,42 @@ def _index_select(t, x, dim, index):
 
 @rule("aten.index.Tensor")
 def _index(t, x, indices):
+    """``x[i0, i1, ...]`` with index tensors (PyTorch's and numpy's advanced indexing; ``None``
+    a whole axis, as are the axes past the list): the index tensors broadcast together to a
+    shape ``B``, and ``out`` holds ``B``'s axes where the indexed axes were when those are
+    adjacent, else first, then the whole axes in order; ``out[.., b, ..] = x[.., i0[b],
+    i1[b], ..]``. Indices must lie in ``[0, n)`` (a kernel refuses others when it runs); a
+    bool mask (a shape that depends on data) is refused."""
     given = [(d, ix) for d, ix in enumerate(indices) if ix is not None]
-    if len(given) != 1:
-        raise UserError("index with more than one index tensor is not translated")
-    d, ix = given[0]
-    if ix.dtype == dtypes.BOOL:
-        raise UserError("indexing with a bool mask (a data-dependent shape) is not translated")
-    return nn.take(x, ix, d)
+    if not given:
+        return x
+    for d, ix in given:
+        if not isinstance(ix, Tensor) or ix.dtype == dtypes.BOOL:
+            raise UserError("indexing with a bool mask (a data-dependent shape) is not translated")
+        if not dtypes.is_int(ix.dtype):
+            raise UserError(f"index tensor of dtype {ix.dtype} on axis {d}: an integer tensor was expected")
+    if len(given) == 1:
+        d, ix = given[0]
+        return nn.take(x, ix, d)
+    rank = max(ix.ndim for _, ix in given)
+    shape = [1] * rank
+    for _, ix in given:  # broadcast, aligned on the right
+        for k, n in enumerate(ix.shape):
+            at = rank - ix.ndim + k
+            if is_int(shape[at]) and shape[at] == 1:
+                shape[at] = n
+            elif not (is_int(n) and n == 1) and not same_shape((n,), (shape[at],)):
+                raise UserError(f"index tensors of shapes {[list(ix.shape) for _, ix in given]} do not broadcast")
+    dims = [d for d, _ in given]
+    whole = [d for d in range(x.ndim) if d not in dims]
+    at = dims[0] if dims == list(range(dims[0], dims[-1] + 1)) else 0
+    lead = [d for d in whole if d < at] if at else []
+    out_shape = tuple(x.shape[d] for d in lead) + tuple(shape) + tuple(x.shape[d] for d in whole[len(lead):])
+
+    def body(*i):
+        b, rest = i[len(lead):len(lead) + rank], i[:len(lead)] + i[len(lead) + rank:]
+        picked = {d: ix[tuple(0 if is_int(n) and n == 1 else b[rank - ix.ndim + k] for k, n in enumerate(ix.shape))]
+                  for d, ix in given}
+        others = iter(rest)
+        return x[tuple(picked[d] if d in picked else next(others) for d in range(x.ndim))]
+    return dsl.compute(out_shape, body, name="index")
