@@ -234,3 +234,13 @@ def test_the_command_line_and_torch_stays_out_of_te_grad():
     code = "import sys, te_grad, te_grad.tools.fuzz; assert 'torch' not in sys.modules, 'torch imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("seed", [91000391, 95000313])
+def test_modules_that_met_pytorch_s_own_backward_bugs_pass(seed):
+    """PyTorch's reference is kept off two of its own CPU backward bugs: GroupNorm's crashed the
+    process on an input laid out channels-last (module 91000391), batch norm's read a gradient
+    laid out channels-last as if contiguous and gave wrong gradients (module 95000313, where
+    PyTorch's own finite differences agree with te_grad)."""
+    outcome = check(generate(seed))
+    assert outcome.kind == "ok", outcome

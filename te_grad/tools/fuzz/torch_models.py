@@ -538,7 +538,18 @@ def _apply(net, name, node, args, torch, F):
         # NativeGroupNormBackward0, module 91000391: its input in a channels-last layout from a
         # transpose, its gradient contiguous): it gets its input contiguous
         return net.layers[name](x.contiguous())
-    if op in ("linear", "conv2d", "batch_norm1d", "batch_norm2d", "layer_norm", "embedding"):
+    if op in ("batch_norm1d", "batch_norm2d"):
+        y = net.layers[name](x)
+        if y.requires_grad and not torch.compiler.is_compiling():
+            # PyTorch's CPU backward of batch norm reads a gradient laid out channels-last
+            # (strides (8, 1, 4, 1) for a (3, 4, 2, 1) tensor, which a unit extent makes
+            # contiguous in both layouts) as if it were laid out as its input, and gives wrong
+            # gradients (module 95000313: the gradient of a query of scaled_dot_product_attention
+            # read from batch norm's output, its weight's gradient off by 0.6, PyTorch's own
+            # finite differences agreeing with te_grad's): the gradient goes back contiguous
+            y.register_hook(lambda g: g.contiguous())
+        return y
+    if op in ("linear", "conv2d", "layer_norm", "embedding"):
         return net.layers[name](x)
     if op == "probe":
         return net.layers[name](x.detach())
