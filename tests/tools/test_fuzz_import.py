@@ -97,7 +97,7 @@ def test_the_generator_draws_batch_norm_statistics_read_after_their_update(stat)
     assert outcome.kind == "ok", outcome
 
 
-@pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "flip", "repeat", "upsample", "group_norm",
+@pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "index", "flip", "repeat", "upsample", "group_norm",
                                 "leaky_relu", "elu", "relu6", "hardtanh", "bilinear", "bilinear_aligned", "roll",
                                 "adaptive_max_pool2d"])
 def test_the_generator_draws_each_operator_it_names(op):

@@ -10,9 +10,9 @@ arithmetic with tensors, parameters and scalars, residual adds, operands detache
 (``.detach()``, a ``torch.no_grad()`` block), parameters read only where their gradient is zero
 (``0 * p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``), softmax / log_softmax, views,
 permutations, flips, rolls and repeats, a linear layer between views that flatten its input's
-leading axes into rows and restore them, slices, ``cat`` / ``chunk`` / ``split``, ``matmul`` /
-``bmm``, reductions (``max`` / ``min`` along a dimension, ``cumsum``, ``prod``),
-``scaled_dot_product_attention``), each in float32 or float64, with or without a dynamic batch.
+leading axes into rows and restore them, slices, advanced indexing by two index tensors,
+``cat`` / ``chunk`` / ``split``, ``matmul`` / ``bmm``, reductions (``max`` / ``min`` along a
+dimension, ``cumsum``, ``prod``), ``scaled_dot_product_attention``), each in float32 or float64, with or without a dynamic batch.
 A module returns its last value, or (30% of them) a tuple of it and one or two other values,
 among them perhaps a probe (a linear layer on detached features); the loss reads each output
 with its gradient, under ``stop_gradient`` (PyTorch's ``.detach()``) or not at all
@@ -295,6 +295,8 @@ class _Gen:
         return False
 
     def slice(self):
+        if self.chance(0.3) and self.index():
+            return True
         v = self.value(pred=lambda s: len(s) > 1 and max(s[1:]) > 1)
         if v is None:
             return False
@@ -309,6 +311,22 @@ class _Gen:
         shape = s[:d] + (length,) + s[d + 1:]
         return self.add("slice", "slice", [v], shape, dim=d, start=start - n if neg else start,
                         stop=None if stop == n and self.chance(0.5) else stop, step=step)
+
+    def index(self):
+        """Advanced indexing of two adjacent non-batch axes by index tensors (``x[:, rows,
+        cols]``, repeats among the indices), zipped or broadcast (``rows[:, None]``,
+        ``cols[None, :]``); the batch stays first."""
+        v = self.value(pred=lambda s: len(s) > 2)
+        if v is None:
+            return False
+        s = self.spec.shapes[v]
+        a = 1 + self.r(len(s) - 2)
+        k = 1 + self.r(3)
+        rows = [self.r(s[a]) for _ in range(k)]
+        outer = self.chance(0.3)
+        cols = [self.r(s[a + 1]) for _ in range(1 + self.r(3) if outer else k)]
+        shape = s[:a] + ((k, len(cols)) if outer else (k,)) + s[a + 2:]
+        return self.add("slice", "index", [v], shape, dim=a, rows=rows, cols=cols, outer=outer)
 
     def cat_split(self):
         v = self.value(pred=lambda s: len(s) > 1)
@@ -625,6 +643,11 @@ def _apply(net, name, node, args, torch, F):
         return x.unsqueeze(node["dim"])
     if op == "squeeze":
         return x.squeeze(node["dim"])
+    if op == "index":
+        rows, cols = torch.tensor(node["rows"]), torch.tensor(node["cols"])
+        if node["outer"]:
+            rows, cols = rows[:, None], cols[None, :]
+        return x[(slice(None),) * node["dim"] + (rows, cols)]
     if op == "slice":
         return x[(slice(None),) * node["dim"] + (slice(node["start"], node["stop"], node["step"]),)]
     if op == "cat":
