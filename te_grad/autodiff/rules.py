@@ -363,10 +363,8 @@ def _selection_seed(y: Tensor, axes, red: Reduce, adj_read: Expr):
 
 def _prod_seed(y: Tensor, axes, red: Reduce, adj_read: Expr):
     """d prod_k f(i, k) = sum_k (prod over k' != k of f(i, k')) df(i, k)."""
-    others = _product_of_others(y, axes, red)
-    ranges = {id(a): (0, n - 1) for a, n in zip(axes, y.shape)}
-    starts = [interval(k.lo, ranges)[0] for k in red.axes]
-    index = tuple(axes) + tuple(k - lo if lo else k for k, lo in zip(red.axes, starts))
+    others, starts = _product_of_others(y, axes, red)
+    index = tuple(axes) + tuple(k if not isinstance(lo, Expr) and lo == 0 else k - lo for k, lo in zip(red.axes, starts))
     return adj_read * Read(others, index), None
 
 
@@ -387,8 +385,9 @@ REDUCTION_RULES: Dict[str, Callable] = {
 }
 
 
-def _product_of_others(y: Tensor, axes, red: Reduce) -> Tensor:
-    """``others[i, k] = prod over k' != k of f(i, k')`` (the where of ``red`` kept).
+def _product_of_others(y: Tensor, axes, red: Reduce) -> Tuple[Tensor, list]:
+    """``(others, starts)``: ``others[i, k - start] = prod over k' != k of f(i, k')`` (the where of
+    ``red`` kept), each reduce axis ``k`` stored from its ``start`` (an int, or a size expression).
 
     ``k`` runs over the range its bounds cover anywhere in the output domain (bounds may
     depend on the output indices: a running product), or over its own bounds when they are
@@ -418,6 +417,6 @@ def _product_of_others(y: Tensor, axes, red: Reduce) -> Tensor:
     where = differs if red.where is None else dsl.all(substitute(red.where, mapping), differs)
     shape = y.shape + tuple(hi - lo for lo, hi in spans)
     return Tensor(f"{y.name}_others", shape, y.dtype,
-                  ComputeOp(tuple(own + at), dsl.prod(body, other, where=where)))
+                  ComputeOp(tuple(own + at), dsl.prod(body, other, where=where))), [lo for lo, _ in spans]
 
 

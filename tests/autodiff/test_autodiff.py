@@ -135,6 +135,37 @@ def test_prod_reduction_over_a_size_variable_is_exact_with_zeros_at_every_size()
         np.testing.assert_allclose(got, fd, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("bounds", ["(n - 2, n)", "(m, n)"])
+def test_prod_reduction_from_a_bound_known_at_run_time(bounds):
+    """A product whose reduce axis starts at a size expression (the last two rows, or rows m to
+    n, empty when m >= n): the gradient against the product of the others, evaluated and
+    compiled, at several sizes."""
+    n, m = tg.var("n", min=2), tg.var("m", min=0)
+    X = ph((n, 3), "X")
+    M = ph((m,), "M")
+    k = tg.reduce_axis(eval(bounds), "k")
+    Y = tg.compute((3,), lambda j: tg.prod(X[k, j], axis=k), name="Y")
+    grads = list(tg.gradient(Y, [X]))
+    # m's value comes from M's extent: an output copying M makes M an input
+    outs = grads + [tg.compute((m,), lambda i: M[i], name="M_copy")] if bounds == "(m, n)" else grads
+    ins = [X, M] if bounds == "(m, n)" else [X]
+    kern = tg.build(outs, ins)
+    rng = np.random.default_rng(7)
+    for rows, start in ((2, 0), (4, 1), (5, 3), (3, 4)):
+        x = rng.uniform(0.5, 1.5, (rows, 3))
+        x[rows - 1, 0] = 0.0
+        lo = rows - 2 if bounds == "(n - 2, n)" else start
+        want = np.zeros_like(x)
+        for r in range(lo, rows):
+            want[r] = np.prod(np.delete(x[lo:rows], r - lo, axis=0), axis=0)
+        args = [x, np.zeros(start)][:len(ins)]
+        got = tg.evaluate(outs, dict(zip(ins, args)))[0]
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+        compiled = kern(*args)
+        np.testing.assert_allclose(compiled[0] if isinstance(compiled, tuple) else compiled, want,
+                                   rtol=1e-12, atol=0)
+
+
 def test_reductions_with_where_and_offset_axes():
     X = ph((5, 6), "X")
     k = tg.reduce_axis((1, 5), "k")
