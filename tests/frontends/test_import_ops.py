@@ -1,13 +1,13 @@
 """Operators of imported models, each against eager PyTorch in float64 (the output and one
 SGD step, with a dynamic batch): LeakyReLU, ELU / SELU / CELU, Hardtanh / ReLU6, sign, floor /
 ceil / round / trunc, vector norms (``F.normalize``), ``max`` / ``min`` along a dimension,
-``argmax``, ``cumsum``, ``prod``, advanced indexing by several tensors, ``flip``, ``roll``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm,
+``argmax``, ``cumsum``, ``prod``, advanced indexing by several tensors, dtype conversions
+(``.float()``, ``.long()``), ``flip``, ``roll``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm,
 InstanceNorm, adaptive max pooling, nearest and bilinear upsampling, at ordinary points and
 where PyTorch's gradient takes a side: on the bounds of ``hardtanh`` (0 there), at 0 for
-``leaky_relu`` and ``elu`` (the negative branch),
-the norm of a zero vector and ``atan2`` at the origin (0, not NaN), the sign of NaN (0), a tie
-of ``max`` along a dimension or in a pooling window (all to the first), a product over zeros
-(the product of the others)."""
+``leaky_relu`` and ``elu`` (the negative branch), the norm of a zero vector and ``atan2`` at
+the origin (0, not NaN), the sign of NaN (0), a tie of ``max`` along a dimension or in a
+pooling window (all to the first), a product over zeros (the product of the others)."""
 import copy
 
 import numpy as np
@@ -71,6 +71,8 @@ FUNCTIONS = {
     "index by two tensors": lambda v: _outer(v)[:, _IDX[0], _IDX[1]] * v[:, :3],
     "index by two tensors apart": lambda v: _outer(v).view(-1, 4, 2, 2)[:, _IDX[0], :, _IDX[2]].sum(0) * v[:, :2],
     "index by broadcast tensors": lambda v: _outer(v)[:, _IDX[0][:, None], _IDX[2][None, :2]].sum(-1) * v[:, :3],
+    "dtype conversions": lambda v: v * (v > 0).double() + (v > 0).long().sum(-1, keepdim=True) * v
+    + v.float().double(),
     "prod of bools": lambda v: v * torch.prod(v > -1, -1, keepdim=True) + torch.prod(v > -2, 0) * v,
 }
 

@@ -57,7 +57,9 @@ def _index(t, x, indices):
     if not given:
         return x
     for d, ix in given:
-        if not isinstance(ix, Tensor) or ix.dtype == dtypes.BOOL:
+        if not isinstance(ix, Tensor):
+            raise UserError(f"index on axis {d} is {ix!r}, not a tensor")
+        if ix.dtype == dtypes.BOOL:
             raise UserError("indexing with a bool mask (a data-dependent shape) is not translated")
         if not dtypes.is_int(ix.dtype):
             raise UserError(f"index tensor of dtype {ix.dtype} on axis {d}: an integer tensor was expected")
