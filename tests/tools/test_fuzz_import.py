@@ -97,7 +97,7 @@ def test_the_generator_draws_batch_norm_statistics_read_after_their_update(stat)
     assert outcome.kind == "ok", outcome
 
 
-@pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "index", "flip", "repeat", "upsample", "group_norm",
+@pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "index", "add_mask", "flip", "repeat", "upsample", "group_norm",
                                 "leaky_relu", "elu", "relu6", "hardtanh", "bilinear", "bilinear_aligned", "roll",
                                 "adaptive_max_pool2d"])
 def test_the_generator_draws_each_operator_it_names(op):
@@ -143,8 +143,8 @@ def test_an_output_read_only_under_stop_gradient_moving_its_parameters_is_caught
     def every_output(self, out, adjoints):
         outs = out if isinstance(out, (tuple, list)) else [out]
         return self.model.params_with_gradient(list(range(len(outs))))
-    spec = generate(1)
-    assert spec.reads == ["stop", "stop"] and any(n["op"] == "probe" for n in spec.nodes)
+    spec = next(s for s in map(generate, range(400))
+                if s.reads == ["stop", "stop"] and any(n["op"] == "probe" for n in s.nodes))
     assert check(spec).kind == "ok"
     monkeypatch.setattr(trainer_module.Trainer, "_params_with_gradient", every_output)
     outcome = check(spec)
@@ -236,11 +236,13 @@ def test_the_command_line_and_torch_stays_out_of_te_grad():
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("seed", [91000391, 95000313])
-def test_modules_that_met_pytorch_s_own_backward_bugs_pass(seed):
-    """PyTorch's reference is kept off two of its own CPU backward bugs: GroupNorm's crashed the
-    process on an input laid out channels-last (module 91000391), batch norm's read a gradient
-    laid out channels-last as if contiguous and gave wrong gradients (module 95000313, where
-    PyTorch's own finite differences agree with te_grad)."""
-    outcome = check(generate(seed))
+def test_a_module_that_met_pytorch_s_batch_norm_backward_bug_passes():
+    """PyTorch's reference is kept off its CPU batch norm backward bug: a gradient laid out
+    channels-last read as if contiguous, wrong gradients (module 95000313: batch norm's output
+    the query of scaled_dot_product_attention; PyTorch's own finite differences agree with
+    te_grad). (The GroupNorm backward that crashed the process, module 91000391 when it was drawn,
+    gets a contiguous input the same way.)"""
+    spec = generate(95000313)
+    assert [n["op"] for n in spec.nodes][-2:] == ["batch_norm2d", "sdpa"]
+    outcome = check(spec)
     assert outcome.kind == "ok", outcome

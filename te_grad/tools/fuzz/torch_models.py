@@ -6,8 +6,9 @@ drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d (its r
 statistics also read after the update), LayerNorm, GroupNorm, activations (among them
 LeakyReLU, ELU, SELU, ReLU6, Hardtanh), pools (adaptive max pooling among them), nearest and
 bilinear upsampling (corners aligned or not, by factors of 2, 3, 1.5 and 0.5), broadcasting
-arithmetic with tensors, parameters and scalars, residual adds, operands detached
-(``.detach()``, a ``torch.no_grad()`` block), parameters read only where their gradient is zero
+arithmetic with tensors, parameters, scalars and masks converted to numbers (``(x >
+0).to(dtype)``, ``.long()``), residual adds, operands detached (``.detach()``, a
+``torch.no_grad()`` block), parameters read only where their gradient is zero
 (``0 * p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``), softmax / log_softmax, views,
 permutations, flips, rolls and repeats, a linear layer between views that flatten its input's
 leading axes into rows and restore them, slices, advanced indexing by two index tensors,
@@ -208,7 +209,7 @@ class _Gen:
             return False
         s = self.spec.shapes[v]
         fn = self.pick(["add", "mul", "sub"])
-        form = self.pick(["value", "value", "keepdim", "param", "scalar", "constant", "stop", "cut"])
+        form = self.pick(["value", "value", "keepdim", "param", "scalar", "constant", "stop", "cut", "mask"])
         if form == "value":
             others = [u for u in self.float_values if u != v and self.spec.shapes[u] == s]
             if others:
@@ -217,6 +218,8 @@ class _Gen:
         if form == "keepdim" and len(s) > 1:
             d = 1 + self.r(len(s) - 1)
             return self.add("arith", fn + "_keepdim", [v], s, dim=d, reduce=self.pick(["mean", "amax", "sum"]))
+        if form == "mask":  # a comparison converted to numbers in forward (.to(dtype), .long())
+            return self.add("arith", fn + "_mask", [v], s, how=self.pick(["to", "long"]))
         if form == "stop":  # a detached operand: by .detach() or out of a torch.no_grad() block
             return self.add("arith", fn + "_stop", [v], s, how=self.pick(["detach", "no_grad"]))
         if form == "constant":  # a tensor made in forward, one per mode: torch.export lifts each program's
@@ -614,6 +617,9 @@ def _apply(net, name, node, args, torch, F):
         p = net.params[name]  # zeros_like(p) cut p off the loss (its grad None: p stays)
         return {"zero": lambda: x + 0 * p.sum(), "gate": lambda: x * (p > 0),
                 "like": lambda: x + torch.zeros_like(p)}[node["how"]]()
+    if op.endswith("_mask"):
+        mask = x > 0
+        return binops[base](x, mask.to(x.dtype) if node["how"] == "to" else mask.long().to(x.dtype))
     if op.endswith("_stop"):
         if node["how"] == "detach":
             return binops[base](x, torch.sigmoid(x).detach())
