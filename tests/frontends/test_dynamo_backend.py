@@ -241,6 +241,33 @@ def test_pooling_whose_indices_are_read_falls_back_naming_them():
     assert backend.stats["te_grad_ops"] >= 1  # the convolution
 
 
+class MaxIndices(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        v, i = self.lin(x).max(1)
+        return torch.tanh(v), i
+
+
+def test_an_integer_result_returned_beside_a_value_falls_back_and_compiles():
+    """``max(1)``'s indices returned as a result: a te_grad op's results are float tensors, so
+    the ``getitem`` taking them out is refused, and the refusal goes to ``max`` itself (charged
+    to the ``getitem``, which the partitioner keeps with its operator, it never left the
+    partition: compiling did not end)."""
+    backend = tgt.Backend()
+    net = MaxIndices()
+    x = torch.randn(6, 4)
+    with pytest.warns(tgt.FallbackWarning, match=r"aten\.max\.dim"):
+        with torch.no_grad():
+            got, idx = torch.compile(net, backend=backend)(x)
+    with torch.no_grad():
+        want, want_idx = net(x)
+    _close(got.numpy(), want.numpy(), rtol=1e-5, what="values")
+    assert torch.equal(idx, want_idx)
+
+
 class MHAConv(torch.nn.Module):
     """nn.MultiheadAttention (its reshapes of a size of run-time extent fall back), a 1-D
     convolution with padding="same" and a linear head."""
