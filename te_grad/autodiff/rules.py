@@ -364,7 +364,8 @@ def _selection_seed(y: Tensor, axes, red: Reduce, adj_read: Expr):
 def _prod_seed(y: Tensor, axes, red: Reduce, adj_read: Expr):
     """d prod_k f(i, k) = sum_k (prod over k' != k of f(i, k')) df(i, k)."""
     others, starts = _product_of_others(y, axes, red)
-    index = tuple(axes) + tuple(k if not isinstance(lo, Expr) and lo == 0 else k - lo for k, lo in zip(red.axes, starts))
+    index = tuple(axes) + tuple(k if not isinstance(lo, Expr) and lo == 0 else k - lo
+                                for k, lo in zip(red.axes, starts))
     return adj_read * Read(others, index), None
 
 

@@ -190,7 +190,7 @@ def _to_copy(t, x, dtype=None, layout=None, device=None, pin_memory=None, non_bl
 def _assert_tensor_metadata(t, x, size=None, stride=None, dtype=None, device=None, layout=None):
     """The check ``torch.export`` puts before a dtype conversion (``.float()``, ``.to(dtype)``):
     ``x`` has the dtype recorded (and its shape, when one is given); no value."""
-    want = _dtype(dtype, None) if dtype is not None else None
+    want = _dtype(dtype, None)
     if isinstance(x, Tensor) and want is not None and want != x.dtype:
         raise UserError(f"tensor metadata: PyTorch recorded dtype {want}, te_grad has {x.dtype}")
     if isinstance(x, Tensor) and size is not None and len(size) != x.ndim:

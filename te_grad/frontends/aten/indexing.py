@@ -13,7 +13,7 @@ from __future__ import annotations
 from ... import dsl, dtypes, nn
 from ...errors import UserError
 from ...ir import Tensor
-from ...sizes import same_shape
+from ...nn.elementwise import broadcast_read
 from .table import _axis, is_int, rule
 
 
@@ -66,15 +66,8 @@ def _index(t, x, indices):
     if len(given) == 1:
         d, ix = given[0]
         return nn.take(x, ix, d)
-    rank = max(ix.ndim for _, ix in given)
-    shape = [1] * rank
-    for _, ix in given:  # broadcast, aligned on the right
-        for k, n in enumerate(ix.shape):
-            at = rank - ix.ndim + k
-            if is_int(shape[at]) and shape[at] == 1:
-                shape[at] = n
-            elif not (is_int(n) and n == 1) and not same_shape((n,), (shape[at],)):
-                raise UserError(f"index tensors of shapes {[list(ix.shape) for _, ix in given]} do not broadcast")
+    shape = nn.broadcast_shape("index", *[ix.shape for _, ix in given])
+    rank = len(shape)
     dims = [d for d, _ in given]
     whole = [d for d in range(x.ndim) if d not in dims]
     at = dims[0] if dims == list(range(dims[0], dims[-1] + 1)) else 0
@@ -83,8 +76,7 @@ def _index(t, x, indices):
 
     def body(*i):
         b, rest = i[len(lead):len(lead) + rank], i[:len(lead)] + i[len(lead) + rank:]
-        picked = {d: ix[tuple(0 if is_int(n) and n == 1 else b[rank - ix.ndim + k] for k, n in enumerate(ix.shape))]
-                  for d, ix in given}
+        picked = {d: broadcast_read(ix, b) for d, ix in given}
         others = iter(rest)
         return x[tuple(picked[d] if d in picked else next(others) for d in range(x.ndim))]
     return dsl.compute(out_shape, body, name="index")
