@@ -1,7 +1,8 @@
 """Operators of imported models, each against eager PyTorch in float64 (the output and one
 SGD step, with a dynamic batch): LeakyReLU, ELU / SELU / CELU, Hardtanh / ReLU6, sign, floor /
 ceil / round / trunc, vector norms (``F.normalize``), ``max`` / ``min`` along a dimension,
-``argmax``, ``cumsum``, ``prod``, advanced indexing by several tensors, dtype conversions
+``argmax``, ``cumsum``, ``prod``, advanced indexing by one or several tensors (negative
+indices counted from the end, of a fixed axis and of the batch), dtype conversions
 (``.float()``, ``.long()``), ``flip``, ``roll``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm,
 InstanceNorm, adaptive max pooling, nearest and bilinear upsampling, at ordinary points and
 where PyTorch's gradient takes a side: on the bounds of ``hardtanh`` (0 there), at 0 for
@@ -71,6 +72,9 @@ FUNCTIONS = {
     "index by two tensors": lambda v: _outer(v)[:, _IDX[0], _IDX[1]] * v[:, :3],
     "index by two tensors apart": lambda v: _outer(v).view(-1, 4, 2, 2)[:, _IDX[0], :, _IDX[2]].sum(0) * v[:, :2],
     "index by broadcast tensors": lambda v: _outer(v)[:, _IDX[0][:, None], _IDX[2][None, :2]].sum(-1) * v[:, :3],
+    "index from the end": lambda v: v[:, torch.tensor([-1, 0, -4, 2, -1])][:, :4] * v,
+    "index by two tensors from the end": lambda v: _outer(v)[:, _IDX[0] - 4, -1 - _IDX[1]] * v[:, :3],
+    "index the batch from the end": lambda v: v[torch.tensor([-1, 0, -2])].sum(0) * v,
     "dtype conversions": lambda v: v * (v > 0).double() + (v > 0).long().sum(-1, keepdim=True) * v
     + v.float().double(),
     "prod of bools": lambda v: v * torch.prod(v > -1, -1, keepdim=True) + torch.prod(v > -2, 0) * v,
@@ -246,6 +250,19 @@ def test_pooling_indices_read_or_returned_are_refused_naming_them(pool, use):
     net = _Net2d(lambda m, v: use(*pool(v))).double()
     with pytest.raises(UserError, match=r"result 1 of aten\.(adaptive_)?max_pool2d.* is not translated, and "):
         tgt.import_model(net, (torch.randn(3, 4, 3, 3, dtype=torch.float64),))
+
+
+@pytest.mark.parametrize("index", [-5, 4])
+def test_an_index_past_either_end_is_an_error_naming_it_when_the_step_runs(index):
+    """Advanced indexing takes ``[-n, n)`` as PyTorch does; an index outside is a clear error
+    from the compiled step, naming the index the model gave, not a read of other memory."""
+    net = _Net(lambda v: v[:, torch.tensor([0, index])]).double()
+    x = torch.randn(6, 4, dtype=torch.float64)
+    model = tgt.import_model(net, (x,))
+    trainer = train.Trainer(model, inputs=model.input_placeholders(), targets=[], loss=tg.nn.mean,
+                            optimizer=train.SGD(lr=0.5), progress=False)
+    with pytest.raises(UserError, match=rf"index {index} is out of range \[0, 4\) for dimension 1"):
+        trainer.update(x.numpy())
 
 
 def test_a_vector_norm_of_another_order_is_refused():

@@ -97,17 +97,19 @@ def test_the_generator_draws_batch_norm_statistics_read_after_their_update(stat)
     assert outcome.kind == "ok", outcome
 
 
-@pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "index", "add_mask", "flip", "repeat", "upsample", "group_norm",
+@pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "index", "index_from_end", "add_mask", "flip", "repeat", "upsample", "group_norm",
                                 "leaky_relu", "elu", "relu6", "hardtanh", "bilinear", "bilinear_aligned", "roll",
                                 "adaptive_max_pool2d"])
 def test_the_generator_draws_each_operator_it_names(op):
     """Each construct the generator names is drawn (a flip of the batch axis under a dynamic
-    batch among the flips, bilinear upsampling with its corners aligned or not) and such a
-    module passes."""
+    batch among the flips, bilinear upsampling with its corners aligned or not, indices
+    counted from the end) and such a module passes."""
     def named(n):
         if op.startswith("bilinear"):
             return n["op"] == "upsample" and n["mode"] == "bilinear" and n["align_corners"] == op.endswith(
                 "aligned")
+        if op == "index_from_end":
+            return n["op"] == "index" and min(n["rows"] + n["cols"]) < 0
         return n["op"] == op
     def drawn(s):
         return any(named(n) and (op != "flip" or (0 in n["dims"] and s.dynamic_batch)) for n in s.nodes)

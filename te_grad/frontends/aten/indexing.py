@@ -45,13 +45,21 @@ def _index_select(t, x, dim, index):
     return nn.take(x, index, _axis(dim, x.ndim))
 
 
+def _from_end(v, n):
+    """An index read ``v`` of an axis of extent ``n`` with a negative one counted from the end
+    (``v + n`` where ``-n <= v < 0``, as PyTorch's advanced indexing); one below ``-n`` is left
+    as written, so the kernel's range check names the index the model gave."""
+    return dsl.if_then_else((v < 0) & (v >= -n), v + n, v)
+
+
 @rule("aten.index.Tensor")
 def _index(t, x, indices):
     """``x[i0, i1, ...]`` with index tensors (PyTorch's and numpy's advanced indexing; ``None``
     a whole axis, as are the axes past the list): the index tensors broadcast together to a
     shape ``B``, and ``out`` holds ``B``'s axes where the indexed axes were when those are
     adjacent, else first, then the whole axes in order; ``out[.., b, ..] = x[.., i0[b],
-    i1[b], ..]``. Indices must lie in ``[0, n)`` (a kernel refuses others when it runs); a
+    i1[b], ..]``. Indices lie in ``[-n, n)`` for an axis of extent ``n``, a negative one
+    counting from the end as in PyTorch (``i + n``); a kernel refuses others when it runs. A
     bool mask (a shape that depends on data) is refused."""
     given = [(d, ix) for d, ix in enumerate(indices) if ix is not None]
     if not given:
@@ -63,9 +71,6 @@ def _index(t, x, indices):
             raise UserError("indexing with a bool mask (a data-dependent shape) is not translated")
         if not dtypes.is_int(ix.dtype):
             raise UserError(f"index tensor of dtype {ix.dtype} on axis {d}: an integer tensor was expected")
-    if len(given) == 1:
-        d, ix = given[0]
-        return nn.take(x, ix, d)
     shape = nn.broadcast_shape("index", *[ix.shape for _, ix in given])
     rank = len(shape)
     dims = [d for d, _ in given]
@@ -76,7 +81,7 @@ def _index(t, x, indices):
 
     def body(*i):
         b, rest = i[len(lead):len(lead) + rank], i[:len(lead)] + i[len(lead) + rank:]
-        picked = {d: broadcast_read(ix, b) for d, ix in given}
+        picked = {d: _from_end(broadcast_read(ix, b), x.shape[d]) for d, ix in given}
         others = iter(rest)
         return x[tuple(picked[d] if d in picked else next(others) for d in range(x.ndim))]
     return dsl.compute(out_shape, body, name="index")

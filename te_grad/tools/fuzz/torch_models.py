@@ -317,17 +317,22 @@ class _Gen:
 
     def index(self):
         """Advanced indexing of two adjacent non-batch axes by index tensors (``x[:, rows,
-        cols]``, repeats among the indices), zipped or broadcast (``rows[:, None]``,
-        ``cols[None, :]``); the batch stays first."""
+        cols]``, repeats among the indices, some counted from the end), zipped or broadcast
+        (``rows[:, None]``, ``cols[None, :]``); the batch stays first."""
         v = self.value(pred=lambda s: len(s) > 2)
         if v is None:
             return False
         s = self.spec.shapes[v]
         a = 1 + self.r(len(s) - 2)
         k = 1 + self.r(3)
-        rows = [self.r(s[a]) for _ in range(k)]
+        neg = self.chance(0.3)  # indices counted from the end, some of them
+
+        def pick(n):
+            i = self.r(n)
+            return i - n if neg and self.chance(0.5) else i
+        rows = [pick(s[a]) for _ in range(k)]
         outer = self.chance(0.3)
-        cols = [self.r(s[a + 1]) for _ in range(1 + self.r(3) if outer else k)]
+        cols = [pick(s[a + 1]) for _ in range(1 + self.r(3) if outer else k)]
         shape = s[:a] + ((k, len(cols)) if outer else (k,)) + s[a + 2:]
         return self.add("slice", "index", [v], shape, dim=a, rows=rows, cols=cols, outer=outer)
 
