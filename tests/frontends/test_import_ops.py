@@ -1,7 +1,8 @@
 """Operators of imported models, each against eager PyTorch in float64 (the output and one
 SGD step, with a dynamic batch): LeakyReLU, ELU / SELU / CELU, Hardtanh / ReLU6, sign, floor /
 ceil / round / trunc, vector norms (``F.normalize``), ``max`` / ``min`` along a dimension,
-``argmax``, ``cumsum``, ``prod``, advanced indexing by one or several tensors (negative
+``argmax``, ``cumsum``, ``prod`` (of int32 in int64, as PyTorch), reductions along dim 0 of
+a 0-d tensor, advanced indexing by one or several tensors (negative
 indices counted from the end, of a fixed axis and of the batch), dtype conversions
 (``.float()``, ``.long()``), ``flip``, ``roll``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm,
 InstanceNorm, adaptive max pooling, nearest and bilinear upsampling, at ordinary points and
@@ -35,6 +36,14 @@ _IDX = (torch.tensor([0, 3, 3]), torch.tensor([1, 2, 1]), torch.tensor([1, 0, 1]
 def _outer(v):
     """``(b, 4, 4)``: the outer product of each row of ``v`` with itself."""
     return v[:, :, None] * v[:, None, :]
+
+
+def _of_a_scalar(s):
+    """Reductions and normalizations along dim 0 or -1 of a 0-d tensor (PyTorch takes both)."""
+    return (torch.sum(s, 0) + torch.sum(s, -1, keepdim=True) + torch.prod(s, 0) + torch.mean(s, 0) + torch.amax(s, 0)
+            + torch.max(s, 0).values + torch.logsumexp(s, 0) + torch.softmax(s, 0) + torch.log_softmax(s, -1)
+            + torch.cumsum(s, 0) + torch.var(s, 0, correction=0) + torch.argmax(s, 0)
+            + torch.linalg.vector_norm(s, 2, 0))
 
 
 FUNCTIONS = {
@@ -77,6 +86,10 @@ FUNCTIONS = {
     "index the batch from the end": lambda v: v[torch.tensor([-1, 0, -2])].sum(0) * v,
     "dtype conversions": lambda v: v * (v > 0).double() + (v > 0).long().sum(-1, keepdim=True) * v
     + v.float().double(),
+    "reductions of a 0-d tensor": lambda v: v * _of_a_scalar(v.sum() * 0.1),
+    "int32 sums and products in int64": lambda v: v * 1e-9 * (((v > -99).int() * 2 ** 30).sum(-1, keepdim=True)
+                                                              + ((v > -99).int() * 2 ** 16).prod(-1, keepdim=True))
+    + (v > 0).sum(-1, keepdim=True, dtype=torch.float64) * v,
     "prod of bools": lambda v: v * torch.prod(v > -1, -1, keepdim=True) + torch.prod(v > -2, 0) * v,
 }
 

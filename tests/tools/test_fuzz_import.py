@@ -97,7 +97,7 @@ def test_the_generator_draws_batch_norm_statistics_read_after_their_update(stat)
     assert outcome.kind == "ok", outcome
 
 
-@pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "index", "index_from_end", "add_mask", "flip", "repeat", "upsample", "group_norm",
+@pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "index", "index_from_end", "add_mask", "count_mask", "flip", "repeat", "upsample", "group_norm",
                                 "leaky_relu", "elu", "relu6", "hardtanh", "bilinear", "bilinear_aligned", "roll",
                                 "adaptive_max_pool2d"])
 def test_the_generator_draws_each_operator_it_names(op):
@@ -108,6 +108,8 @@ def test_the_generator_draws_each_operator_it_names(op):
         if op.startswith("bilinear"):
             return n["op"] == "upsample" and n["mode"] == "bilinear" and n["align_corners"] == op.endswith(
                 "aligned")
+        if op == "count_mask":
+            return n["op"].endswith("_mask") and n["how"] == "count"
         if op == "index_from_end":
             return n["op"] == "index" and min(n["rows"] + n["cols"]) < 0
         return n["op"] == op

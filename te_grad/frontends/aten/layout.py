@@ -65,6 +65,8 @@ def _unsqueeze(t, x, dim):
 
 @rule("aten.squeeze.dims", "aten.squeeze.dim", "aten.squeeze.default")
 def _squeeze(t, x, dims=None):
+    if x.ndim == 0:  # PyTorch takes dim 0 or -1 of a 0-d tensor: nothing to squeeze
+        return x
     axes = _axes(dims, x.ndim) if dims is not None else tuple(range(x.ndim))
     axes = tuple(d for d in axes if is_int(x.shape[d]) and x.shape[d] == 1)
     if not axes:

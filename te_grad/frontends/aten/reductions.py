@@ -4,7 +4,10 @@
   index, so that the gradient goes to that element alone (PyTorch's; ``amax`` splits it over ties).
 - ``var(x, dims, correction) = sum (x - mean)^2 / (n - correction)``.
 - ``prod(x, dim)``'s gradient is the product of the other elements (exact where some are zero).
-- ``sum`` of a bool tensor counts its True elements (as int64).
+- ``sum`` and ``prod`` take bool and integer tensors as int64, as PyTorch (the sum of a mask
+  counts its True; an int32 sum does not wrap at 2^31).
+- A 0-d tensor reduces (or normalizes) along dim 0 or -1 as a vector of one element, to a
+  0-d result (:func:`~.table.on_a_scalar`).
 """
 from __future__ import annotations
 
@@ -15,20 +18,27 @@ from ...errors import UserError
 from ...ir import Tensor
 from .elementwise import _to_copy
 from .indexing import _gather
-from .table import RULES, _axes, _axis, rule
+from .table import RULES, _axes, _axis, on_a_scalar, rule
 
 
 @rule("aten.sum.dim_IntList", "aten.sum.default")
+@on_a_scalar
 def _sum(t, x, dims=None, keepdim=False, dtype=None):
+    if dtype is not None:
+        x = _to_copy(t, x, dtype)
     return nn.sum(x, _axes(dims, x.ndim), keepdims=keepdim)
 
 
 @rule("aten.mean.dim", "aten.mean.default")
+@on_a_scalar
 def _mean(t, x, dims=None, keepdim=False, dtype=None):
+    if dtype is not None:
+        x = _to_copy(t, x, dtype)
     return nn.mean(x, _axes(dims, x.ndim), keepdims=keepdim)
 
 
 @rule("aten.prod.dim_int", "aten.prod.default")
+@on_a_scalar
 def _prod(t, x, dim=None, keepdim=False, dtype=None):
     """``torch.prod``: the product over ``dim`` (every axis for ``prod.default``; 1 over an
     empty axis). Integer and bool inputs multiply as int64, as in PyTorch. The gradient is
@@ -36,13 +46,12 @@ def _prod(t, x, dim=None, keepdim=False, dtype=None):
     where some are zero (as PyTorch's)."""
     if dtype is not None:
         x = _to_copy(t, x, dtype)
-    elif not dtypes.is_float(x.dtype) and x.dtype != dtypes.INT64:
-        x = dsl.compute(x.shape, lambda *i: dsl.cast(dtypes.INT64, x[i]), name="prod_int64")
     axes = _axes(dim, x.ndim) if dim is not None else tuple(range(x.ndim))
     return nn.reduce._reduce("prod", "prod", x, axes, keepdim)
 
 
 @rule("aten.linalg_vector_norm.default")
+@on_a_scalar
 def _vector_norm(t, x, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A002 - ATen's names
     """``sum(|x|)`` (``ord=1``) or ``sqrt(sum(x * x))`` (``ord=2``, ``F.normalize``) over ``dim``.
     The 2-norm of a zero vector has PyTorch's gradient 0 (the square root is read where the sum
@@ -61,22 +70,26 @@ def _vector_norm(t, x, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A00
 
 
 @rule("aten.amax.default")
+@on_a_scalar
 def _amax(t, x, dims=(), keepdim=False):
     return nn.max(x, _axes(dims, x.ndim), keepdims=keepdim)
 
 
 @rule("aten.amin.default")
+@on_a_scalar
 def _amin(t, x, dims=(), keepdim=False):
     return nn.min(x, _axes(dims, x.ndim), keepdims=keepdim)
 
 
 @rule("aten.var.correction")
+@on_a_scalar
 def _var(t, x, dims=None, correction=None, keepdim=False):
     corr = 1 if correction is None else correction
     return nn.variance(x, _axes(dims, x.ndim), keepdims=keepdim, correction=corr)
 
 
 @rule("aten.var_mean.correction")
+@on_a_scalar
 def _var_mean(t, x, dims=None, correction=None, keepdim=False):
     return (_var(t, x, dims, correction, keepdim), _mean(t, x, dims, keepdim))
 
@@ -97,10 +110,10 @@ def _selecting(kind: str):
     return apply
 
 
-RULES["aten.max.dim"] = _selecting("max")
+RULES["aten.max.dim"] = on_a_scalar(_selecting("max"))
 
 
-RULES["aten.min.dim"] = _selecting("min")
+RULES["aten.min.dim"] = on_a_scalar(_selecting("min"))
 
 
 def _arg_rule(kind: str):
@@ -116,13 +129,14 @@ def _arg_rule(kind: str):
     return apply
 
 
-RULES["aten.argmax.default"] = _arg_rule("argmax")
+RULES["aten.argmax.default"] = on_a_scalar(_arg_rule("argmax"))
 
 
-RULES["aten.argmin.default"] = _arg_rule("argmin")
+RULES["aten.argmin.default"] = on_a_scalar(_arg_rule("argmin"))
 
 
 @rule("aten.cumsum.default")
+@on_a_scalar
 def _cumsum(t, x, dim, dtype=None):
     if dtype is not None:
         x = _to_copy(t, x, dtype)
@@ -130,23 +144,28 @@ def _cumsum(t, x, dim, dtype=None):
 
 
 @rule("aten._softmax.default")
+@on_a_scalar
 def _softmax(t, x, dim, half_to_float=False):
     return nn.softmax(x, _axis(dim, x.ndim))
 
 
 @rule("aten._log_softmax.default")
+@on_a_scalar
 def _log_softmax(t, x, dim, half_to_float=False):
     return nn.log_softmax(x, _axis(dim, x.ndim))
 
 
-def _bool_as_int(base: Callable) -> Callable:
-    """``base`` with a bool input counted as int64 (``torch.sum`` of a mask counts its True)."""
+def _integers_as_int64(base: Callable) -> Callable:
+    """``base`` with a bool or integer input other than int64 taken as int64, as ``torch.sum``
+    and ``torch.prod`` take them (the sum of a mask counts its True); a ``dtype`` given is
+    ``base``'s to apply."""
     def apply(t, x, *args, **kwargs):
-        if isinstance(x, Tensor) and x.dtype == dtypes.BOOL:
-            x = dsl.compute(x.shape, lambda *i: dsl.cast(dtypes.INT64, x[i]), name="count")
+        given = kwargs.get("dtype", args[2] if len(args) > 2 else None)
+        if isinstance(x, Tensor) and given is None and not dtypes.is_float(x.dtype) and x.dtype != dtypes.INT64:
+            x = dsl.compute(x.shape, lambda *i: dsl.cast(dtypes.INT64, x[i]), name="as_int64")
         return base(t, x, *args, **kwargs)
     return apply
 
 
-for _n in ("aten.sum.dim_IntList", "aten.sum.default"):
-    RULES[_n] = _bool_as_int(RULES[_n])
+for _n in ("aten.sum.dim_IntList", "aten.sum.default", "aten.prod.dim_int", "aten.prod.default"):
+    RULES[_n] = _integers_as_int64(RULES[_n])

@@ -77,6 +77,21 @@ def _axes(dims, ndim: int):
     return tuple(sorted({_axis(d, ndim) for d in dims}))
 
 
+def on_a_scalar(rule_fn: Callable) -> Callable:
+    """``rule_fn``, a rule over axes of its first operand, applied to a 0-d tensor as PyTorch
+    applies it (``dim`` 0 or -1, or none: the one element): the rule runs on the tensor as a
+    vector of one element and its results come back 0-d (``keepdim`` keeps no axis there)."""
+    def apply(t, x, *args, **kw):
+        if not (isinstance(x, Tensor) and x.ndim == 0):
+            return rule_fn(t, x, *args, **kw)
+        out = rule_fn(t, nn.reshape(x, (1,), name="as_vector"), *args, **kw)
+
+        def scalar(v):
+            return nn.reshape(v, (), name="as_scalar") if isinstance(v, Tensor) and v.ndim == 1 else v
+        return tuple(scalar(v) for v in out) if isinstance(out, tuple) else scalar(out)
+    return apply
+
+
 def _float(x: Tensor) -> str:
     return x.dtype if dtypes.is_float(x.dtype) else dtypes.FLOAT32
 

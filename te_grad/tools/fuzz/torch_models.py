@@ -7,13 +7,14 @@ statistics also read after the update), LayerNorm, GroupNorm, activations (among
 LeakyReLU, ELU, SELU, ReLU6, Hardtanh), pools (adaptive max pooling among them), nearest and
 bilinear upsampling (corners aligned or not, by factors of 2, 3, 1.5 and 0.5), broadcasting
 arithmetic with tensors, parameters, scalars and masks converted to numbers (``(x >
-0).to(dtype)``, ``.long()``), residual adds, operands detached (``.detach()``, a
-``torch.no_grad()`` block), parameters read only where their gradient is zero
-(``0 * p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``), softmax / log_softmax, views,
-permutations, flips, rolls and repeats, a linear layer between views that flatten its input's
-leading axes into rows and restore them, slices, advanced indexing by two index tensors,
-``cat`` / ``chunk`` / ``split``, ``matmul`` / ``bmm``, reductions (``max`` / ``min`` along a
-dimension, ``cumsum``, ``prod``), ``scaled_dot_product_attention``), each in float32 or float64, with or without a dynamic batch.
+0).to(dtype)``, ``.long()``, int32 counts, a 0-d count summed along dim 0), residual adds,
+operands detached (``.detach()``, a ``torch.no_grad()`` block), parameters read only where
+their gradient is zero (``0 * p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``), softmax /
+log_softmax, views, permutations, flips, rolls and repeats, a linear layer between views that flatten its input's
+leading axes into rows and restore them, slices, advanced indexing by two index tensors
+(some indices counted from the end), ``cat`` / ``chunk`` / ``split``, ``matmul`` / ``bmm``,
+reductions (``max`` / ``min`` along a dimension, ``cumsum``, ``prod``),
+``scaled_dot_product_attention``), each in float32 or float64, with or without a dynamic batch.
 A module returns its last value, or (30% of them) a tuple of it and one or two other values,
 among them perhaps a probe (a linear layer on detached features); the loss reads each output
 with its gradient, under ``stop_gradient`` (PyTorch's ``.detach()``) or not at all
@@ -218,8 +219,9 @@ class _Gen:
         if form == "keepdim" and len(s) > 1:
             d = 1 + self.r(len(s) - 1)
             return self.add("arith", fn + "_keepdim", [v], s, dim=d, reduce=self.pick(["mean", "amax", "sum"]))
-        if form == "mask":  # a comparison converted to numbers in forward (.to(dtype), .long())
-            return self.add("arith", fn + "_mask", [v], s, how=self.pick(["to", "long"]))
+        if form == "mask":  # a comparison converted to numbers in forward (.to(dtype), .long()), or
+            # its int32 count along the last axis beside the 0-d count's sum along dim 0
+            return self.add("arith", fn + "_mask", [v], s, how=self.pick(["to", "long", "count"]))
         if form == "stop":  # a detached operand: by .detach() or out of a torch.no_grad() block
             return self.add("arith", fn + "_stop", [v], s, how=self.pick(["detach", "no_grad"]))
         if form == "constant":  # a tensor made in forward, one per mode: torch.export lifts each program's
@@ -624,6 +626,9 @@ def _apply(net, name, node, args, torch, F):
                 "like": lambda: x + torch.zeros_like(p)}[node["how"]]()
     if op.endswith("_mask"):
         mask = x > 0
+        if node["how"] == "count":
+            count = mask.int().sum(-1, keepdim=True) + mask.int().sum().sum(0)
+            return binops[base](x, count.to(x.dtype))
         return binops[base](x, mask.to(x.dtype) if node["how"] == "to" else mask.long().to(x.dtype))
     if op.endswith("_stop"):
         if node["how"] == "detach":
