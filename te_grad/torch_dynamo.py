@@ -183,6 +183,8 @@ def _translate(inputs, nodes, outputs) -> list:
         except _Refused:
             raise
         except Exception as e:  # noqa: BLE001 - any failure of a rule: the node runs in PyTorch
+            if getattr(e, "reason", None):  # a refusal by the Translator: the warning names node and line
+                raise _Refused(node, f"the rule refused it: {e.reason}") from None
             inner = e.__context__ if isinstance(e, UserError) and e.__context__ is not None else e
             raise _Refused(node, f"the rule refused it: {type(inner).__name__}: {inner}") from None
     out = []

@@ -343,8 +343,10 @@ class Translator:
             if stand_in is not None:
                 self.refusals.append(f"{name} (" + (f"at {where}" if where else f"node {culprit.name}") + f"): {why}")
                 return stand_in
-        raise UserError(f"{self.where}: {name} at node {culprit.name}" + (f" ({where})" if where else "")
-                        + f": {why}") from None
+        err = UserError(f"{self.where}: {name} at node {culprit.name}" + (f" ({where})" if where else "")
+                        + f": {why}")
+        err.reason = why  # the reason alone, for a caller that names the node and line itself
+        raise err from None
 
     def _stand_in(self, val, name: str):
         """A placeholder of the recorded shape and dtype ``val`` (a fake tensor, or a tuple of

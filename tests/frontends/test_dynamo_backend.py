@@ -233,12 +233,14 @@ def test_pooling_whose_indices_are_read_falls_back_naming_them():
     backend = tgt.Backend()
     net = PoolIndices()
     x = torch.randn(2, 3, 8, 8)
-    with pytest.warns(tgt.FallbackWarning, match=r"max_pool2d_with_indices.*result 1 .* is not translated"):
+    with pytest.warns(tgt.FallbackWarning, match=r"max_pool2d_with_indices.*result 1 .* is not translated") as seen:
         with torch.no_grad():
             got = torch.compile(net, backend=backend)(x)
     with torch.no_grad():
         _close(got.numpy(), net(x).numpy(), rtol=1e-5, what="inference")
     assert backend.stats["te_grad_ops"] >= 1  # the convolution
+    text = next(str(w.message) for w in seen if "max_pool2d_with_indices" in str(w.message))
+    assert text.count("return_indices=True") == 1, text  # the source line named once
 
 
 class MaxIndices(torch.nn.Module):
