@@ -155,9 +155,8 @@ def check(program: Program, seed: int = 0, compile_: bool = True) -> Outcome:
             if ns.get("SIZE") is not None:
                 status = _check_sized(ns, rng, compile_)
                 fallbacks = sum(1 for w in caught if issubclass(w.category, SimplificationWarning))
-                sized = program.source.split("SIZE = n")[-1]  # the sized stage's lines
                 return Outcome(status, fallbacks=fallbacks, notes=["a size variable"] + (
-                    ["a product over a run-time extent"] if "tg.prod(" in sized else []))
+                    ["a product over a run-time extent"] if ns.get("SIZED_PRODUCT") else []))
             feed = _feed(ns, rng, "float64")
             head = dsl.placeholder(out.shape, dtype="float64", name="head")
             head_value = rng.standard_normal(out.shape)

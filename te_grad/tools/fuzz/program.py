@@ -28,8 +28,9 @@ end in a *sized stage* (``SIZE``, a ``tg.var``, and ``SIZES``, the 2 or 3 values
 checked at, its smallest allowed one first): a last stage over a shape in the size (``(n,)``,
 ``(n - 1,)``, ``(n, 3)``) reading a placeholder whose shape is a size expression
 (``(n + 2,)``, ``(2 * n + 1,)``) by a shift, a stride, a window or a reduction over
-``(0, n)`` (a sum or a product; also as a weight gradient: ``(0, n)`` and a constant axis, a
-read independent of an output axis), or under a guard on the size, times the previous output read at fixed indices;
+``(0, n)`` (a sum or a product, ``SIZED_PRODUCT``; also as a weight gradient: ``(0, n)`` and
+a constant axis, a read independent of an output axis), or under a guard on the size, times
+the previous output read at fixed indices;
 in a *ragged stage*: a sum, max or min over CSR segments ``range(R0[i0], R0[i0 + 1])`` of a
 row pointer ``R0`` (listed in ``ROWPTRS``, fed sorted), with empty segments; or in a *COO
 stage*, a reduction whose ``where`` pins the first output variable by data (``I[e] == i0 + c``,
@@ -429,17 +430,20 @@ class _Gen:
         scale = f"tg.tanh({name}[{', '.join(str(self.draw(e)) for e in pshape)}])" if pshape else f"tg.tanh({name}[()])"
         params = "i0, i1" if kind == 2 else "i0"
         body = f"tg.sum(tg.sin({read}) * {scale}, axis=kN)"
-        if kind == 3 and c < 2:  # a product over (0, n) (no draw of its own: later choices keep their meaning)
+        product = kind == 3 and c < 2  # a product over (0, n) (no draw of its own: later choices keep their meaning)
+        if product:
             body = f"tg.prod(tg.tanh(tg.sin({read}) * {scale}) * 0.5 + 1.0, axis=kN)"
         if kind == 3 and self.chance(2):  # a weight gradient: rows of run-time number, w steps each
             xshape, oshape, params = f"(n + {c}, {w}, 8)", "(8, 8)", "i0, i1"
             self.lines.append(f"kM = tg.reduce_axis((0, {w}), name='kM')")
             body = f"tg.sum(tg.sin(XN[kN + {c}, kM, i1]) * XN[kN, kM, i0] * {scale}, axis=[kN, kM])"
+            product = False
         self.lines.append(f"XN = tg.placeholder({xshape}, dtype=DT, name='XN')")
         self.extra_inputs.append("XN")
         self.lines.append(f"S{s} = tg.compute({oshape}, lambda {params}: tg.cast(DT, {body}), name='S{s}')")
         sizes = [lo] + sorted({lo + 1 + self.draw(3), lo + 4 + self.draw(3)})
         self.lines.append(f"SIZES = {sizes!r}  # the sizes it is checked at, the smallest allowed first")
+        self.lines.append(f"SIZED_PRODUCT = {product}  # the stage multiplies over (0, n)")
         return f"S{s}"
 
     def gather_stage(self, s: int) -> str:
