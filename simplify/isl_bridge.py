@@ -112,6 +112,25 @@ def implies(params: str, a: str, b: str) -> bool:
     return sa.is_subset(sb)
 
 
+@functools.lru_cache(maxsize=PARSED_DOMAINS)
+def _ast(texts: Tuple[str, str], dnames: str, order: Tuple[int, ...], option: Optional[str]):
+    """isl's AST scanning the domain of ``texts`` (dimensions ``dnames``) in ``order``, with
+    isl's AST ``option`` (``"atomic"``) or none. Kept per text: the layers of a model repeat
+    their domains, and an AST is a value (its readers copy what they take from it)."""
+    context, domain = _parsed(*texts)
+    names = dnames.split(", ") if dnames else []
+    snames = ", ".join(names[k] for k in order)
+    sched = isl.UnionMap.from_map(isl.Map(f"{{ S[{dnames}] -> [{snames}] }}").intersect_domain(domain))
+    build = isl.AstBuild.from_context(context)
+    if option is not None and order:
+        slots = ", ".join(f"s{k}" for k in range(len(order)))
+        build = build.set_options(isl.UnionMap(f"{{ [{slots}] -> {option}[x] : 0 <= x < {len(order)} }}"))
+    try:
+        return build.node_from_schedule_map(sched)
+    except isl.Error as err:  # e.g. "unknown divs" for some nested floor/min/max bounds
+        raise Unsupported(f"isl could not scan the domain: {err}") from None
+
+
 class Domain:
     """``{ [dims] : constraints }`` with parameters; see the module docstring."""
 
@@ -185,18 +204,10 @@ class Domain:
         yield from tried
 
     def scan_in(self, order, option=None) -> List[LoopNest]:
+        """The domain as loop nests in ``order`` (isl's AST, translated to te_grad loops; the
+        AST is generated once per domain text, order and option, the translation every time)."""
         self._current_order = order
-        dnames = ", ".join(d[0] for d in self.dims)
-        snames = ", ".join(self.dims[k][0] for k in order)
-        sched = isl.UnionMap.from_map(isl.Map(f"{{ S[{dnames}] -> [{snames}] }}").intersect_domain(self.set))
-        build = isl.AstBuild.from_context(self.context)
-        if option is not None and order:
-            slots = ", ".join(f"s{k}" for k in range(len(order)))
-            build = build.set_options(isl.UnionMap(f"{{ [{slots}] -> {option}[x] : 0 <= x < {len(order)} }}"))
-        try:
-            root = build.node_from_schedule_map(sched)
-        except isl.Error as err:  # e.g. "unknown divs" for some nested floor/min/max bounds
-            raise Unsupported(f"isl could not scan the domain: {err}") from None
+        root = _ast(self._texts, ", ".join(d[0] for d in self.dims), tuple(order), option)
         env: Dict[str, Expr] = {p[0]: p[1] for p in self.params}
         env.update({n: v for n, v in self.sizes})
         out: List[LoopNest] = []
