@@ -2,11 +2,11 @@
 SGD step, with a dynamic batch): LeakyReLU, ELU / SELU / CELU, Hardtanh / ReLU6, sign, floor /
 ceil / round / trunc, vector norms (``F.normalize``), ``max`` / ``min`` along a dimension,
 ``argmax``, ``cumsum``, ``prod`` (of int32 in int64, as PyTorch), reductions along dim 0 of
-a 0-d tensor, advanced indexing by one or several tensors (negative
-indices counted from the end, of a fixed axis and of the batch), dtype conversions
-(``.float()``, ``.long()``), ``flip``, ``roll``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm,
-InstanceNorm, adaptive max pooling, nearest and bilinear upsampling, at ordinary points and
-where PyTorch's gradient takes a side: on the bounds of ``hardtanh`` (0 there), at 0 for
+a 0-d tensor, advanced indexing by one or several tensors (negative indices counted from
+the end, of a fixed axis and of the batch), dtype conversions (``.float()``, ``.long()``),
+``flip``, ``roll``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm, InstanceNorm, adaptive max
+pooling (windows overlapping and of varying size too), nearest and bilinear upsampling, at
+ordinary points and where PyTorch's gradient takes a side: on the bounds of ``hardtanh`` (0 there), at 0 for
 ``leaky_relu`` and ``elu`` (the negative branch), the norm of a zero vector and ``atan2`` at
 the origin (0, not NaN), the sign of NaN (0), a tie of ``max`` along a dimension or in a
 pooling window (all to the first), a product over zeros (the product of the others)."""
@@ -151,6 +151,14 @@ IMAGE_OPS = {
     "subsample by 3": (lambda m, v: F.interpolate(v, scale_factor=1 / 3) * v, None),
     "adaptive max pool": (lambda m, v: F.adaptive_max_pool2d(torch.cat([v, -v], -1), (3, 3)) * v, None),
     "adaptive max pool, global": (lambda m, v: F.adaptive_max_pool2d(v, 1) + F.adaptive_max_pool2d(v, (1, 3)), None),
+    "adaptive max pool, overlapping windows": (
+        lambda m, v: F.adaptive_max_pool2d(v, (2, 2)).sum((-2, -1), keepdim=True) * v, None),
+    "adaptive max pool, windows of varying size": (  # columns [0, 2), [1, 4), [3, 5) of 5
+        lambda m, v: F.adaptive_max_pool2d(torch.cat([v, -2 * v[..., :2]], -1), (2, 3)).mean((-2, -1), keepdim=True) * v,
+        None),
+    "adaptive max pool, tied in overlapping windows": (
+        lambda m, v: F.adaptive_max_pool2d(torch.stack([v.detach(), v], -1).flatten(-2), (2, 4)) * 2
+        + F.adaptive_max_pool2d(torch.stack([v, v.detach()], -1).flatten(-2), (2, 4)), None),
     "adaptive max pool, tied": (  # each window (a, a): PyTorch's gradient to the first, detached or not
         lambda m, v: F.adaptive_max_pool2d(torch.stack([v.detach(), v], -1).flatten(-2), (3, 3)) * 2
         + F.adaptive_max_pool2d(torch.stack([v, v.detach()], -1).flatten(-2), (3, 3)), None),
@@ -247,10 +255,9 @@ def test_a_roll_along_a_dynamic_batch_trains_at_exact_batch_sizes_saying_why(fn,
     np.testing.assert_allclose(trainer.predict(x4.numpy()), ref(x4).detach().numpy(), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("size", [(2, 3), (0, 3)])
-def test_adaptive_max_pooling_to_a_size_not_dividing_the_input_is_refused(size):
-    net = _Net2d(lambda m, v: F.adaptive_max_pool2d(v, size)).double()
-    with pytest.raises(UserError, match="adaptive_max_pool2d .* only an output size dividing"):
+def test_adaptive_max_pooling_to_an_empty_size_is_refused():
+    net = _Net2d(lambda m, v: F.adaptive_max_pool2d(v, (0, 3))).double()
+    with pytest.raises(UserError, match="adaptive_max_pool2d .* a positive output size"):
         tgt.import_model(net, (torch.randn(3, 4, 3, 3, dtype=torch.float64),))
 
 

@@ -97,24 +97,30 @@ def test_the_generator_draws_batch_norm_statistics_read_after_their_update(stat)
     assert outcome.kind == "ok", outcome
 
 
-@pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "index", "index_from_end", "add_mask", "count_mask", "flip", "repeat", "upsample", "group_norm",
-                                "leaky_relu", "elu", "relu6", "hardtanh", "bilinear", "bilinear_aligned", "roll",
-                                "adaptive_max_pool2d"])
+@pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "index", "index_from_end", "add_mask",
+                                "count_mask", "flip", "repeat", "upsample", "group_norm", "leaky_relu", "elu", "relu6",
+                                "hardtanh", "bilinear", "bilinear_aligned", "roll", "adaptive_max_pool2d",
+                                "adaptive_max_pool2d_overlapping"])
 def test_the_generator_draws_each_operator_it_names(op):
     """Each construct the generator names is drawn (a flip of the batch axis under a dynamic
     batch among the flips, bilinear upsampling with its corners aligned or not, indices
-    counted from the end) and such a module passes."""
-    def named(n):
+    counted from the end, adaptive max pooling to a size not dividing the input's) and such a
+    module passes."""
+    def named(n, s):
         if op.startswith("bilinear"):
             return n["op"] == "upsample" and n["mode"] == "bilinear" and n["align_corners"] == op.endswith(
                 "aligned")
+        if op == "adaptive_max_pool2d_overlapping":
+            return n["op"] == "adaptive_max_pool2d" and any(
+                a % b for a, b in zip(s.shapes[n["args"][0]][2:], n["size"]))
         if op == "count_mask":
             return n["op"].endswith("_mask") and n["how"] == "count"
         if op == "index_from_end":
             return n["op"] == "index" and min(n["rows"] + n["cols"]) < 0
         return n["op"] == op
+
     def drawn(s):
-        return any(named(n) and (op != "flip" or (0 in n["dims"] and s.dynamic_batch)) for n in s.nodes)
+        return any(named(n, s) and (op != "flip" or (0 in n["dims"] and s.dynamic_batch)) for n in s.nodes)
     specs = [s for s in map(generate, range(400)) if drawn(s)]
     assert len(specs) >= 3
     outcome = check(specs[0])

@@ -188,16 +188,48 @@ def _max_pool2d(t, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False)
 
 @rule("aten.adaptive_max_pool2d.default")
 def _adaptive_max_pool2d(t, x, output_size):
-    """Adaptive max pooling to an output size that divides the input's: max pooling by windows
-    of ``(h // oh, w // ow)`` (PyTorch's windows then; its gradient to the first maximum of
-    each window, as :func:`_max_pool2d`'s). The indices are not translated; other sizes
-    (windows of varying size) are refused."""
+    """Adaptive max pooling: over PyTorch's windows, rows ``floor(i h / oh)`` to ``ceil((i + 1)
+    h / oh)`` (likewise columns), of one size ``(h // oh, w // ow)`` when the output divides
+    the input (max pooling then) and of varying size, overlapping, when it does not: there
+    the window's elements in row-major order along one axis ``q`` (``-inf`` past the window's
+    end), the first maximum's position along it (``argmax``), and ``x`` read there, so that the
+    gradient goes to that element alone, as PyTorch's. The indices are not translated."""
     oh, ow = _pair(output_size, "adaptive_max_pool2d: output_size")
     h, w = x.shape[-2:]
-    if x.ndim != 4 or not (is_int(h) and is_int(w)) or oh < 1 or ow < 1 or h % oh or w % ow:
-        raise UserError(f"adaptive_max_pool2d of {tuple(x.shape)} to {oh}x{ow}: only an output size dividing "
-                        "spatial extents known at import is translated")
-    return (nn.max_pool2d(x, (h // oh, w // ow)), None)
+    if x.ndim != 4 or not (is_int(h) and is_int(w)) or oh < 1 or ow < 1:
+        raise UserError(f"adaptive_max_pool2d of {tuple(x.shape)} to {oh}x{ow}: spatial extents known at "
+                        "import and a positive output size are translated")
+    if h % oh == 0 and w % ow == 0:
+        return (nn.max_pool2d(x, (h // oh, w // ow)), None)
+    kh, kw = _window_extent(h, oh), _window_extent(w, ow)
+    lead = x.shape[:-2]
+
+    def start(i, n, o):
+        return (i * n) // o
+
+    def at(idx, q):
+        """The row and column of position ``q`` of output ``idx``'s window, clamped to ``x``."""
+        return (dsl.minimum(start(idx[-2], h, oh) + q // kw, h - 1), dsl.minimum(start(idx[-1], w, ow) + q % kw, w - 1))
+
+    def window(*idx):
+        i, j, q = idx[-3], idx[-2], idx[-1]
+        inside = dsl.all(start(i, h, oh) + q // kw < _window_end(i, h, oh),
+                         start(j, w, ow) + q % kw < _window_end(j, w, ow))
+        return dsl.if_then_else(inside, x[idx[:-3] + at(idx[:-1], q)], dsl.const(float("-inf"), x.dtype))
+    windows = dsl.compute(lead + (oh, ow, kh * kw), window, name="adaptive_max_pool2d_window")
+    first = nn.argmax(windows, windows.ndim - 1)
+    return (dsl.compute(lead + (oh, ow), lambda *idx: x[idx[:-2] + at(idx, first[idx])],
+                        name="adaptive_max_pool2d"), None)
+
+
+def _window_end(i, n, o):
+    """The end (exclusive) of adaptive pooling's window ``i`` of ``o`` over ``n``: ``ceil((i + 1) n / o)``."""
+    return (i * n + n + o - 1) // o
+
+
+def _window_extent(n: int, o: int) -> int:
+    """The largest of adaptive pooling's ``o`` windows over ``n`` (PyTorch's)."""
+    return max(_window_end(i, n, o) - (i * n) // o for i in range(o))
 
 
 @rule("aten.avg_pool2d.default")
@@ -222,13 +254,12 @@ def _adaptive_avg_pool2d(t, x, output_size):
         return nn.avg_pool2d(x, (h // oh, w // ow))
     # PyTorch's windows: rows floor(i*h/oh) .. ceil((i+1)*h/oh) (likewise columns), overlapping
     # and of varying size when the output does not divide the input
-    kh = max(-(-((i + 1) * h) // oh) - (i * h) // oh for i in range(oh))
-    kw = max(-(-((j + 1) * w) // ow) - (j * w) // ow for j in range(ow))
+    kh, kw = _window_extent(h, oh), _window_extent(w, ow)
     ry, rx = dsl.reduce_axis((0, kh), "ry"), dsl.reduce_axis((0, kw), "rx")
     lead = x.shape[:-2]
 
     def bounds(i, n, o):
-        return (i * n) // o, (i * n + n + o - 1) // o
+        return (i * n) // o, _window_end(i, n, o)
 
     def total(*idx):
         i, j = idx[-2], idx[-1]

@@ -4,8 +4,9 @@
 (:func:`generate`: a DAG over one float input, and an int input of ids when an ``Embedding`` is
 drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d (its running
 statistics also read after the update), LayerNorm, GroupNorm, activations (among them
-LeakyReLU, ELU, SELU, ReLU6, Hardtanh), pools (adaptive max pooling among them), nearest and
-bilinear upsampling (corners aligned or not, by factors of 2, 3, 1.5 and 0.5), broadcasting
+LeakyReLU, ELU, SELU, ReLU6, Hardtanh), pools (adaptive max pooling among them, its windows
+overlapping), nearest and bilinear upsampling (corners aligned or not, by factors of 2, 3, 1.5
+and 0.5), broadcasting
 arithmetic with tensors, parameters, scalars and masks converted to numbers (``(x >
 0).to(dtype)``, ``.long()``, int32 counts, a 0-d count summed along dim 0), residual adds,
 operands detached (``.detach()``, a ``torch.no_grad()`` block), parameters read only where
@@ -189,8 +190,13 @@ class _Gen:
             f = self.pick([f, 0.5, 1.5] if min(h, w) >= 2 else [f, 1.5])
             return self.add("pool", kind, [v], (self.spec.batch, c, int(h * f), int(w * f)), factor=f,
                             mode="bilinear", align_corners=self.chance(0.5))
-        if kind == "adaptive_avg_pool2d" and self.chance(0.4):  # max: to a size dividing the input's
-            size = self.pick([(1, 1), (h, 1), (1, w)] + ([(h // 2, w // 2)] if h % 2 == 0 == w % 2 else []))
+        if kind == "adaptive_avg_pool2d" and self.chance(0.5):  # max: its windows overlapping, of varying
+            # size, where the output's extent does not divide the input's (3 of 4, 2 or 3 of 5)
+            apart = [(o, w) for o in range(2, h) if h % o] + [(h, o) for o in range(2, w) if w % o]
+            if apart and self.chance(0.7):
+                size = self.pick(apart)
+            else:
+                size = self.pick([(1, 1), (h, 1), (1, w)] + ([(h // 2, w // 2)] if h % 2 == 0 == w % 2 else []))
             return self.add("pool", "adaptive_max_pool2d", [v], (self.spec.batch, c) + size, size=size)
         if kind == "adaptive_avg_pool2d":
             size = self.pick([(1, 1), (max(1, h // 2), max(1, w // 2)), (h, 1)])
