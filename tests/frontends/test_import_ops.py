@@ -1,6 +1,6 @@
 """Operators of imported models, each against eager PyTorch in float64 (the output and one
 SGD step, with a dynamic batch): LeakyReLU, ELU / SELU / CELU, Hardtanh / ReLU6, sign, floor /
-ceil / round / trunc, vector norms (``F.normalize``), ``max`` / ``min`` along a dimension,
+ceil / round / trunc, vector norms (``F.normalize``), ``cdist`` (p 1, 2, 3), ``max`` / ``min`` along a dimension,
 ``argmax``, ``cumsum``, ``prod`` (of int32 in int64, as PyTorch), reductions along dim 0 of
 a 0-d tensor, advanced indexing by one or several tensors (negative indices counted from
 the end, of a fixed axis and of the batch), dtype conversions (``.float()``, ``.long()``),
@@ -86,6 +86,10 @@ FUNCTIONS = {
     "index the batch from the end": lambda v: v[torch.tensor([-1, 0, -2])].sum(0) * v,
     "dtype conversions": lambda v: v * (v > 0).double() + (v > 0).long().sum(-1, keepdim=True) * v
     + v.float().double(),
+    "cdist (zero distances among them)": lambda v: torch.cdist(_outer(v), _outer(v)[:, 1:3]).sum(-1) * v,
+    "cdist p=1 and p=3": lambda v: (torch.cdist(_outer(v), _outer(v)[:, :2], p=1)
+                                    + torch.cdist(_outer(v), _outer(v)[:, 1:3] * 0.5, p=3)).sum(-1) * v,
+    "cdist of features along the batch": lambda v: torch.cdist(v.t(), v.t()[:2]).sum() * v,
     "reductions of a 0-d tensor": lambda v: v * _of_a_scalar(v.sum() * 0.1),
     "int32 sums and products in int64": lambda v: v * 1e-9 * (((v > -99).int() * 2 ** 30).sum(-1, keepdim=True)
                                                               + ((v > -99).int() * 2 ** 16).prod(-1, keepdim=True))
@@ -283,6 +287,13 @@ def test_an_index_past_either_end_is_an_error_naming_it_when_the_step_runs(index
                             optimizer=train.SGD(lr=0.5), progress=False)
     with pytest.raises(UserError, match=rf"index {index} is out of range \[0, 4\) for dimension 1"):
         trainer.update(x.numpy())
+
+
+@pytest.mark.parametrize("p", [0.5, float("inf")])
+def test_cdist_of_an_order_below_1_or_infinite_is_refused(p):
+    net = _Net(lambda v: torch.cdist(_outer(v), _outer(v)[:, :2], p=p).sum(-1)).double()
+    with pytest.raises(UserError, match=r"cdist with p=(0\.5|inf): p of at least 1 and finite"):
+        tgt.import_model(net, (torch.randn(6, 4, dtype=torch.float64),))
 
 
 def test_a_vector_norm_of_another_order_is_refused():

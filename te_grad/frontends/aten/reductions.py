@@ -1,7 +1,9 @@
-"""Reductions and statistics: sums, means, norms, extrema, variances, cumulative sums, softmax.
+"""Reductions and statistics: sums, means, norms, distances, extrema, variances, cumulative sums,
+softmax.
 
 - ``max.dim`` / ``min.dim`` give ``(values, indices)``, the values read at the first extreme's
   index, so that the gradient goes to that element alone (PyTorch's; ``amax`` splits it over ties).
+- ``cdist(x1, x2, p)[.., i, j] = (sum_k |x1[.., i, k] - x2[.., j, k]|^p)^(1/p)``, 0's gradient 0.
 - ``var(x, dims, correction) = sum (x - mean)^2 / (n - correction)``.
 - ``prod(x, dim)``'s gradient is the product of the other elements (exact where some are zero).
 - ``sum`` and ``prod`` take bool and integer tensors as int64, as PyTorch (the sum of a mask
@@ -16,6 +18,7 @@ from typing import Callable
 from ... import dsl, dtypes, nn
 from ...errors import UserError
 from ...ir import Tensor
+from ...sizes import same_shape
 from .elementwise import _to_copy
 from .indexing import _gather
 from .table import RULES, _axes, _axis, on_a_scalar, rule
@@ -67,6 +70,42 @@ def _vector_norm(t, x, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A00
     zero, one = dsl.const(0.0, total.dtype), dsl.const(1.0, total.dtype)
     return dsl.compute(total.shape, lambda *i: dsl.if_then_else(
         total[i] == zero, zero, dsl.sqrt(dsl.if_then_else(total[i] == zero, one, total[i]))), name="norm")
+
+
+@rule("aten._cdist_forward.default")
+def _cdist(t, x1, x2, p, compute_mode=None):
+    """``torch.cdist``: ``out[..., i, j] = (sum_k |x1[..., i, k] - x2[..., j, k]|^p)^(1/p)``
+    for ``p`` of at least 1 (``p = 1``: the sum of ``|d|``), the leading axes of both operands
+    the same. The distances are summed from the differences themselves, in every case (PyTorch
+    takes a matrix product for ``p = 2`` above 25 rows, ``x1^2 + x2^2 - 2 x1 x2``, which rounds
+    otherwise). The gradient of a zero distance is 0, as PyTorch's (the root is read where
+    the sum is not 0 only). ``p`` below 1 or infinite is refused (PyTorch's gradient of the
+    infinite one gives every tie the whole gradient)."""
+    if not (isinstance(x1, Tensor) and isinstance(x2, Tensor)) or x1.ndim < 2 or x1.ndim != x2.ndim or \
+            not same_shape(x1.shape[:-2], x2.shape[:-2]) or not same_shape(x1.shape[-1:], x2.shape[-1:]):
+        raise UserError(f"cdist of shapes {getattr(x1, 'shape', x1)} and {getattr(x2, 'shape', x2)}: operands "
+                        "of one rank with the same leading axes and features are translated")
+    p = float(p)
+    if not 1.0 <= p < float("inf"):
+        raise UserError(f"cdist with p={p}: p of at least 1 and finite is translated")
+    k = dsl.reduce_axis((0, x1.shape[-1]), "k")
+
+    def term(d):
+        if p == 1.0:
+            return dsl.abs(d)
+        if p == 2.0:
+            return d * d
+        return dsl.pow(dsl.abs(d), dsl.const(p, d.dtype))
+    total = dsl.compute(x1.shape[:-1] + x2.shape[-2:-1], lambda *i: dsl.sum(
+        term(x1[i[:-1] + (k,)] - x2[i[:-2] + (i[-1], k)]), axis=k), name="cdist_sum")
+    if p == 1.0:
+        return total
+    zero, one = dsl.const(0.0, total.dtype), dsl.const(1.0, total.dtype)
+
+    def root(v):
+        return dsl.sqrt(v) if p == 2.0 else dsl.pow(v, dsl.const(1.0 / p, v.dtype))
+    return dsl.compute(total.shape, lambda *i: dsl.if_then_else(
+        total[i] == zero, zero, root(dsl.if_then_else(total[i] == zero, one, total[i]))), name="cdist")
 
 
 @rule("aten.amax.default")

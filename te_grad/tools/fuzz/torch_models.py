@@ -6,16 +6,16 @@ drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d (its r
 statistics also read after the update), LayerNorm, GroupNorm, activations (among them
 LeakyReLU, ELU, SELU, ReLU6, Hardtanh), pools (adaptive max pooling among them, its windows
 overlapping), nearest and bilinear upsampling (corners aligned or not, by factors of 2, 3, 1.5
-and 0.5), broadcasting
-arithmetic with tensors, parameters, scalars and masks converted to numbers (``(x >
-0).to(dtype)``, ``.long()``, int32 counts, a 0-d count summed along dim 0), residual adds,
-operands detached (``.detach()``, a ``torch.no_grad()`` block), parameters read only where
-their gradient is zero (``0 * p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``), softmax /
-log_softmax, views, permutations, flips, rolls and repeats, a linear layer between views that flatten its input's
-leading axes into rows and restore them, slices, advanced indexing by two index tensors
-(some indices counted from the end), ``cat`` / ``chunk`` / ``split``, ``matmul`` / ``bmm``,
-reductions (``max`` / ``min`` along a dimension, ``cumsum``, ``prod``),
-``scaled_dot_product_attention``), each in float32 or float64, with or without a dynamic batch.
+and 0.5), broadcasting arithmetic with tensors, parameters, scalars and masks converted to
+numbers (``(x > 0).to(dtype)``, ``.long()``, int32 counts, a 0-d count summed along dim 0),
+residual adds, operands detached (``.detach()``, a ``torch.no_grad()`` block), parameters read
+only where their gradient is zero (``0 * p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``),
+softmax / log_softmax, views, permutations, flips, rolls and repeats, a linear layer between
+views that flatten its input's leading axes into rows and restore them, slices, advanced
+indexing by two index tensors (some indices counted from the end), ``cat`` / ``chunk`` /
+``split``, ``matmul`` / ``bmm``, reductions (``max`` / ``min`` along a dimension, ``cumsum``,
+``prod``), ``cdist`` (p 1, 2, 3), ``scaled_dot_product_attention``), each in float32 or
+float64, with or without a dynamic batch.
 A module returns its last value, or (30% of them) a tuple of it and one or two other values,
 among them perhaps a probe (a linear layer on detached features); the loss reads each output
 with its gradient, under ``stop_gradient`` (PyTorch's ``.detach()``) or not at all
@@ -400,6 +400,10 @@ class _Gen:
         if v is None:
             return False
         s = self.spec.shapes[v]
+        if len(s) == 3 and self.chance(0.15):  # cdist of rows against some of the same rows (zero
+            m = 1 + self.r(s[1])               # distances), or halved
+            return self.add("reduce", "cdist", [v], s[:2] + (m,), start=self.r(s[1] - m + 1), rows=m,
+                            p=self.pick([1, 2, 3]), scale=self.pick([1.0, 0.5]))
         k = 1 + self.r(len(s) - 1)
         dims = tuple(sorted(int(d) + 1 for d in self.rng.choice(len(s) - 1, k, replace=False)))
         keep = self.chance(0.4)
@@ -691,6 +695,8 @@ def _apply(net, name, node, args, torch, F):
         return torch.cumsum(x, node["dim"])
     if op == "prod":
         return torch.prod(torch.tanh(x) * 0.5 + 1.0, node["dims"][0], keepdim=node["keepdim"])
+    if op == "cdist":
+        return torch.cdist(x, x[:, node["start"]:node["start"] + node["rows"]] * node["scale"], p=node["p"])
     if op == "flip":
         return torch.flip(x, node["dims"])
     if op == "repeat":
