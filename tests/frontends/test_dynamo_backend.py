@@ -310,3 +310,42 @@ def test_multihead_attention_at_three_batch_sizes_is_eagers(mode):
             for (name, p), q in zip(net.named_parameters(), twin.parameters()):
                 np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
     assert backend.stats["te_grad_ops"] >= 1
+
+
+class Distances(torch.nn.Module):
+    """``cdist`` between 32 rows and 3 of them (zero distances): above 25 rows PyTorch's
+    ``cdist`` is a matrix product under a square root once traced (``mode`` None); the twin
+    takes PyTorch's exact differences (``donot_use_mm_for_euclid_dist``), whose rounding is
+    te_grad's (the product's is not: 1e-8 relative in the gradients here)."""
+    def __init__(self, mode=None):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.mode = mode
+
+    def forward(self, x):
+        rows = self.lin(x).t().repeat(8, 1)
+        kw = {"compute_mode": self.mode} if self.mode else {}
+        return torch.cdist(rows, rows[:3], **kw).sum() * x
+
+
+@pytest.mark.parametrize("mode", [{}, {"dynamic": True}], ids=["default", "dynamic"])
+def test_cdist_over_many_rows_has_eager_gradients_at_zero_distances(mode):
+    """Traced, ``cdist`` above 25 rows became ``sqrt`` of ``x1^2 + x2^2 - 2 x1 x2``: its gradient
+    at the zero distances was NaN in te_grad where PyTorch's is 0. It is kept whole (with
+    ``_euclidean_dist``) and summed from the differences; batches 4, 7 and 13."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = Distances().double()
+    twin = copy.deepcopy(net)
+    twin.mode = "donot_use_mm_for_euclid_dist"
+    backend = tgt.Backend()
+    compiled = torch.compile(net, backend=backend, **mode)
+    for b in (4, 7, 13):
+        x = torch.randn(b, 4, dtype=torch.float64)
+        for model in (compiled, twin):
+            model.zero_grad()
+            model(x).sum().backward()
+        for (name, p), q in zip(net.named_parameters(), twin.parameters()):
+            assert torch.isfinite(p.grad).all(), name
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-10, atol=1e-10, err_msg=name)
+    assert backend.stats["te_grad_ops"] >= 1

@@ -92,7 +92,7 @@ FUNCTIONS = {
     "cdist of features along the batch": lambda v: torch.cdist(v.t(), v.t()[:2]).sum() * v,
     "reductions of a 0-d tensor": lambda v: v * _of_a_scalar(v.sum() * 0.1),
     "int32 sums and products in int64": lambda v: v * 1e-9 * (((v > -99).int() * 2 ** 30).sum(-1, keepdim=True)
-                                                              + ((v > -99).int() * 2 ** 16).prod(-1, keepdim=True))
+                                                              + ((v > -99).int() * 2 ** 10).prod(-1, keepdim=True))
     + (v > 0).sum(-1, keepdim=True, dtype=torch.float64) * v,
     "prod of bools": lambda v: v * torch.prod(v > -1, -1, keepdim=True) + torch.prod(v > -2, 0) * v,
 }
@@ -287,6 +287,41 @@ def test_an_index_past_either_end_is_an_error_naming_it_when_the_step_runs(index
                             optimizer=train.SGD(lr=0.5), progress=False)
     with pytest.raises(UserError, match=rf"index {index} is out of range \[0, 4\) for dimension 1"):
         trainer.update(x.numpy())
+
+
+@pytest.mark.parametrize("mode", [None, "use_mm_for_euclid_dist"])
+def test_cdist_over_more_than_25_rows_has_pytorch_s_gradient_at_zero_distances(mode):
+    """Above 25 rows (or asked to), PyTorch computes 2-norm distances from a matrix product;
+    decomposed so, their gradient at a zero distance was NaN in te_grad (PyTorch's is 0):
+    ``cdist`` is kept whole and summed from the differences. Compared with PyTorch's exact
+    differences (``donot_use_mm_for_euclid_dist``): the product rounds (a zero distance may
+    come out near 1e-8, gradients 1e-8 off relative)."""
+    def distances(how):
+        def fn(v):
+            rows = v.t().repeat(8, 1)  # (32, batch): rows 0..3 again and again, zero distances
+            kw = {"compute_mode": how} if how else {}
+            return torch.cdist(rows, rows[:3] * torch.tensor([[1.0], [1.0], [0.5]]), **kw).sum() * v
+        return fn
+    torch.manual_seed(0)
+    net = _Net(distances(mode)).double()
+    ref = copy.deepcopy(net)
+    ref.fn = distances("donot_use_mm_for_euclid_dist")
+    x = torch.randn(6, 4, dtype=torch.float64)
+    model = tgt.import_model(net, (x,))
+    xs = model.input_placeholders()
+    feed = {xs[0]: x.numpy(), **{p.placeholder: p.value for p in model.parameters()},
+            **{s.placeholder: s.initial for s in model.states()}}
+    got = tg.evaluate([model(*xs, train.Context(training=False))], feed)[0]
+    np.testing.assert_allclose(got, ref(x).detach().numpy(), rtol=1e-13, atol=1e-13)
+    trainer = train.Trainer(model, inputs=xs, targets=[], loss=tg.nn.mean, optimizer=train.SGD(lr=0.5),
+                            progress=False)
+    trainer.update(x.numpy())
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.5)
+    ref(x).mean().backward()
+    sgd.step()
+    for n, p in ref.named_parameters():
+        assert np.isfinite(trainer.params[n]).all(), n
+        np.testing.assert_allclose(trainer.params[n], p.detach().numpy(), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("p", [0.5, float("inf")])

@@ -304,6 +304,8 @@ def test_the_generator_draws_products_over_a_size_variable():
     sources = [(s, from_seed(s).source) for s in range(600)]
     products = [(s, src) for s, src in sources if "SIZED_PRODUCT = True" in src]
     assert len(products) >= 2
+    assert all("tg.prod(tg.tanh(tg.sin(XN" in src for _, src in products)  # the flag says what is there
+    assert not any("tg.prod(tg.tanh(tg.sin(XN" in src for _, src in sources if "SIZED_PRODUCT = False" in src)
     seed, src = products[0]
     outcome = check(Program(src), seed=seed)
     assert outcome.kind in ("ok", "fd-unstable") and "a product over a run-time extent" in outcome.notes, outcome

@@ -72,13 +72,24 @@ def _vector_norm(t, x, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A00
         total[i] == zero, zero, dsl.sqrt(dsl.if_then_else(total[i] == zero, one, total[i]))), name="norm")
 
 
-@rule("aten._cdist_forward.default")
-def _cdist(t, x1, x2, p, compute_mode=None):
+@rule("aten._euclidean_dist.default")
+def _euclidean_dist(t, x1, x2):
+    """The 2-norm distances ``cdist`` computes from a matrix product above 25 rows (what
+    ``torch.compile`` traces ``cdist`` to): kept whole and summed from the differences, as
+    :func:`_cdist` with ``p = 2``."""
+    return _cdist(t, x1, x2, 2.0)
+
+
+@rule("aten.cdist.default", "aten._cdist_forward.default")
+def _cdist(t, x1, x2, p=2.0, compute_mode=None):
     """``torch.cdist``: ``out[..., i, j] = (sum_k |x1[..., i, k] - x2[..., j, k]|^p)^(1/p)``
     for ``p`` of at least 1 (``p = 1``: the sum of ``|d|``), the leading axes of both operands
-    the same. The distances are summed from the differences themselves, in every case (PyTorch
-    takes a matrix product for ``p = 2`` above 25 rows, ``x1^2 + x2^2 - 2 x1 x2``, which rounds
-    otherwise). The gradient of a zero distance is 0, as PyTorch's (the root is read where
+    the same. ``cdist`` and ``_euclidean_dist`` are kept whole (:data:`~.table.KEEP`):
+    decomposed, ``cdist`` becomes, for ``p = 2`` above 25 rows (or with ``compute_mode`` asking
+    for it), ``sqrt`` of ``x1^2 + x2^2 - 2 x1 x2`` from a matrix product, whose gradient at a
+    zero distance is NaN where PyTorch's own is 0. Here the distances are summed from the differences themselves in
+    every case (PyTorch's matrix product rounds otherwise: a zero distance may come out as
+    1e-8 there). The gradient of a zero distance is 0, as PyTorch's (the root is read where
     the sum is not 0 only). ``p`` below 1 or infinite is refused (PyTorch's gradient of the
     infinite one gives every tie the whole gradient)."""
     if not (isinstance(x1, Tensor) and isinstance(x2, Tensor)) or x1.ndim < 2 or x1.ndim != x2.ndim or \

@@ -25,7 +25,9 @@ RULES: Dict[str, Callable] = {}
 
 #: composite operators ``torch.export`` keeps whole (not decomposed) because a rule here covers them
 KEEP = ("aten.scaled_dot_product_attention.default", "aten.linear.default", "aten.roll.default",
-        "aten.detach.default")  # decomposed, ``detach`` is ``alias``: its gradient's stop lost
+        "aten.detach.default",  # decomposed, ``detach`` is ``alias``: its gradient's stop lost
+        # decomposed above 25 rows, ``sqrt`` of a matrix product: a zero distance's gradient NaN
+        "aten.cdist.default", "aten._euclidean_dist.default")
 
 
 def rule(*names: str, promote: bool = False):
