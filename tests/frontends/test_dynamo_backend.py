@@ -349,3 +349,35 @@ def test_cdist_over_many_rows_has_eager_gradients_at_zero_distances(mode):
             assert torch.isfinite(p.grad).all(), name
             np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-10, atol=1e-10, err_msg=name)
     assert backend.stats["te_grad_ops"] >= 1
+
+
+class ZeroVariance(torch.nn.Module):
+    """``std`` of a constant row (three copies of one value) beside an ordinary one."""
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        v = self.lin(x)
+        return torch.std(v[:, :1].expand(-1, 3), -1, keepdim=True) * v + torch.std(v, -1, keepdim=True)
+
+
+@pytest.mark.parametrize("mode", [{}, {"dynamic": True}], ids=["default", "dynamic"])
+def test_std_where_the_variance_is_zero_has_eager_gradients(mode):
+    """Traced, ``std`` was ``sqrt(var)``: its gradient where the variance is 0 was NaN in
+    te_grad where PyTorch's is 0. ``std`` is kept whole; batches 4, 7 and 13."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = ZeroVariance().double()
+    twin = copy.deepcopy(net)
+    backend = tgt.Backend()
+    compiled = torch.compile(net, backend=backend, **mode)
+    for b in (4, 7, 13):
+        x = torch.randn(b, 4, dtype=torch.float64)
+        for model in (compiled, twin):
+            model.zero_grad()
+            model(x).sum().backward()
+        for (name, p), q in zip(net.named_parameters(), twin.parameters()):
+            assert torch.isfinite(p.grad).all(), name
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+    assert backend.stats["te_grad_ops"] >= 1

@@ -4,7 +4,7 @@ ceil / round / trunc, vector norms (``F.normalize``), ``cdist`` (p 1, 2, 3), ``m
 ``argmax``, ``cumsum``, ``prod`` (of int32 in int64, as PyTorch), reductions along dim 0 of
 a 0-d tensor, advanced indexing by one or several tensors (negative indices counted from
 the end, of a fixed axis and of the batch), dtype conversions (``.float()``, ``.long()``),
-``flip``, ``roll``, ``repeat``, ``var_mean``, ``atan2``, GroupNorm, InstanceNorm, adaptive max
+``flip``, ``roll``, ``repeat``, ``var_mean``, ``std`` (0 where the variance is), ``atan2``, GroupNorm, InstanceNorm, adaptive max
 pooling (windows overlapping and of varying size too), nearest and bilinear upsampling, at
 ordinary points and where PyTorch's gradient takes a side: on the bounds of ``hardtanh`` (0 there), at 0 for
 ``leaky_relu`` and ``elu`` (the negative branch), the norm of a zero vector and ``atan2`` at
@@ -90,6 +90,8 @@ FUNCTIONS = {
     "cdist p=1 and p=3": lambda v: (torch.cdist(_outer(v), _outer(v)[:, :2], p=1)
                                     + torch.cdist(_outer(v), _outer(v)[:, 1:3] * 0.5, p=3)).sum(-1) * v,
     "cdist of features along the batch": lambda v: torch.cdist(v.t(), v.t()[:2]).sum() * v,
+    "std (zero variance among them)": lambda v: torch.std(v, -1, keepdim=True) * v + torch.std_mean(v, 0)[0]
+    + torch.std(v[:, :1].expand(-1, 3), -1, keepdim=True) + torch.std(v.sum() * 0.1, 0, correction=0),
     "reductions of a 0-d tensor": lambda v: v * _of_a_scalar(v.sum() * 0.1),
     "int32 sums and products in int64": lambda v: v * 1e-9 * (((v > -99).int() * 2 ** 30).sum(-1, keepdim=True)
                                                               + ((v > -99).int() * 2 ** 10).prod(-1, keepdim=True))

@@ -97,7 +97,7 @@ def test_the_generator_draws_batch_norm_statistics_read_after_their_update(stat)
     assert outcome.kind == "ok", outcome
 
 
-@pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "cdist", "index", "index_from_end", "add_mask",
+@pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "std", "cdist", "index", "index_from_end", "add_mask",
                                 "count_mask", "flip", "repeat", "upsample", "group_norm", "leaky_relu", "elu", "relu6",
                                 "hardtanh", "bilinear", "bilinear_aligned", "roll", "adaptive_max_pool2d",
                                 "adaptive_max_pool2d_overlapping"])

@@ -4,7 +4,8 @@ softmax.
 - ``max.dim`` / ``min.dim`` give ``(values, indices)``, the values read at the first extreme's
   index, so that the gradient goes to that element alone (PyTorch's; ``amax`` splits it over ties).
 - ``cdist(x1, x2, p)[.., i, j] = (sum_k |x1[.., i, k] - x2[.., j, k]|^p)^(1/p)``, 0's gradient 0.
-- ``var(x, dims, correction) = sum (x - mean)^2 / (n - correction)``.
+- ``var(x, dims, correction) = sum (x - mean)^2 / (n - correction)``; ``std = sqrt(var)``, its
+  gradient 0 where the variance is 0, as PyTorch's (so are the 2-norm's and ``cdist``'s at 0).
 - ``prod(x, dim)``'s gradient is the product of the other elements (exact where some are zero).
 - ``sum`` and ``prod`` take bool and integer tensors as int64, as PyTorch (the sum of a mask
   counts its True; an int32 sum does not wrap at 2^31).
@@ -66,10 +67,20 @@ def _vector_norm(t, x, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A00
         return nn.sum(dsl.compute(x.shape, lambda *i: dsl.abs(x[i]), name="norm_abs"), axes, keepdims=keepdim)
     if ord != 2:
         raise UserError(f"linalg_vector_norm: ord={ord!r} is not translated (1 and 2 are)")
-    total = nn.sum(dsl.compute(x.shape, lambda *i: x[i] * x[i], name="norm_square"), axes, keepdims=keepdim)
+    return _root(nn.sum(dsl.compute(x.shape, lambda *i: x[i] * x[i], name="norm_square"), axes, keepdims=keepdim),
+                 name="norm")
+
+
+def _root(total: Tensor, p: float = 2.0, name: str = "root") -> Tensor:
+    """``total ** (1 / p)`` (the square root for ``p = 2``) whose gradient where ``total`` is 0
+    is 0, PyTorch's for norms, distances and ``std``, not ``1 / 0`` times 0: the root is read
+    where ``total`` is not 0 only."""
     zero, one = dsl.const(0.0, total.dtype), dsl.const(1.0, total.dtype)
+
+    def root(v):
+        return dsl.sqrt(v) if p == 2.0 else dsl.pow(v, dsl.const(1.0 / p, v.dtype))
     return dsl.compute(total.shape, lambda *i: dsl.if_then_else(
-        total[i] == zero, zero, dsl.sqrt(dsl.if_then_else(total[i] == zero, one, total[i]))), name="norm")
+        total[i] == zero, zero, root(dsl.if_then_else(total[i] == zero, one, total[i]))), name=name)
 
 
 @rule("aten._euclidean_dist.default")
@@ -109,14 +120,7 @@ def _cdist(t, x1, x2, p=2.0, compute_mode=None):
         return dsl.pow(dsl.abs(d), dsl.const(p, d.dtype))
     total = dsl.compute(x1.shape[:-1] + x2.shape[-2:-1], lambda *i: dsl.sum(
         term(x1[i[:-1] + (k,)] - x2[i[:-2] + (i[-1], k)]), axis=k), name="cdist_sum")
-    if p == 1.0:
-        return total
-    zero, one = dsl.const(0.0, total.dtype), dsl.const(1.0, total.dtype)
-
-    def root(v):
-        return dsl.sqrt(v) if p == 2.0 else dsl.pow(v, dsl.const(1.0 / p, v.dtype))
-    return dsl.compute(total.shape, lambda *i: dsl.if_then_else(
-        total[i] == zero, zero, root(dsl.if_then_else(total[i] == zero, one, total[i]))), name="cdist")
+    return total if p == 1.0 else _root(total, p, name="cdist")
 
 
 @rule("aten.amax.default")
@@ -142,6 +146,20 @@ def _var(t, x, dims=None, correction=None, keepdim=False):
 @on_a_scalar
 def _var_mean(t, x, dims=None, correction=None, keepdim=False):
     return (_var(t, x, dims, correction, keepdim), _mean(t, x, dims, keepdim))
+
+
+@rule("aten.std.correction")
+@on_a_scalar
+def _std(t, x, dims=None, correction=None, keepdim=False):
+    """``sqrt(var)``, kept whole (:data:`~.table.KEEP`): its gradient where the variance is 0
+    (a constant row, one element) is 0, as PyTorch's ``std``; decomposed, ``sqrt``'s was NaN."""
+    return _root(_var(t, x, dims, correction, keepdim))
+
+
+@rule("aten.std_mean.correction")
+@on_a_scalar
+def _std_mean(t, x, dims=None, correction=None, keepdim=False):
+    return (_std(t, x, dims, correction, keepdim), _mean(t, x, dims, keepdim))
 
 
 def _selecting(kind: str):

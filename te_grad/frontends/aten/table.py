@@ -27,7 +27,8 @@ RULES: Dict[str, Callable] = {}
 KEEP = ("aten.scaled_dot_product_attention.default", "aten.linear.default", "aten.roll.default",
         "aten.detach.default",  # decomposed, ``detach`` is ``alias``: its gradient's stop lost
         # decomposed above 25 rows, ``sqrt`` of a matrix product: a zero distance's gradient NaN
-        "aten.cdist.default", "aten._euclidean_dist.default")
+        "aten.cdist.default", "aten._euclidean_dist.default",
+        "aten.std.correction", "aten.std_mean.correction")  # decomposed, sqrt(var): NaN gradient at 0
 
 
 def rule(*names: str, promote: bool = False):

@@ -14,7 +14,7 @@ softmax / log_softmax, views, permutations, flips, rolls and repeats, a linear l
 views that flatten its input's leading axes into rows and restore them, slices, advanced
 indexing by two index tensors (some indices counted from the end), ``cat`` / ``chunk`` /
 ``split``, ``matmul`` / ``bmm``, reductions (``max`` / ``min`` along a dimension, ``cumsum``,
-``prod``), ``cdist`` (p 1, 2, 3), ``scaled_dot_product_attention``), each in float32 or
+``prod``, ``std``), ``cdist`` (p 1, 2, 3), ``scaled_dot_product_attention``), each in float32 or
 float64, with or without a dynamic batch.
 A module returns its last value, or (30% of them) a tuple of it and one or two other values,
 among them perhaps a probe (a linear layer on detached features); the loss reads each output
@@ -407,7 +407,7 @@ class _Gen:
         k = 1 + self.r(len(s) - 1)
         dims = tuple(sorted(int(d) + 1 for d in self.rng.choice(len(s) - 1, k, replace=False)))
         keep = self.chance(0.4)
-        op = self.pick(["mean", "sum", "amax", "max_dim", "min_dim", "cumsum", "prod"])
+        op = self.pick(["mean", "sum", "amax", "max_dim", "min_dim", "cumsum", "prod", "std"])
         if op == "cumsum":
             return self.add("reduce", op, [v], s, dim=dims[0])
         if op in ("max_dim", "min_dim", "prod"):  # one dimension (max / min: the values, the gradient
@@ -689,6 +689,9 @@ def _apply(net, name, node, args, torch, F):
         return torch.bmm(x, args[1].transpose(1, 2))
     if op in ("mean", "sum", "amax"):
         return getattr(torch, op)(x, dim=node["dims"], keepdim=node["keepdim"])
+    if op == "std":  # over one element, the population's (Bessel's divides by 0)
+        one = all(x.shape[d] == 1 for d in node["dims"])
+        return torch.std(x, dim=node["dims"], keepdim=node["keepdim"], correction=0 if one else 1)
     if op in ("max_dim", "min_dim"):
         return getattr(torch, op[:3])(x, dim=node["dims"][0], keepdim=node["keepdim"]).values
     if op == "cumsum":
