@@ -98,9 +98,9 @@ def _cdist(t, x1, x2, p=2.0, compute_mode=None):
     the same. ``cdist`` and ``_euclidean_dist`` are kept whole (:data:`~.table.KEEP`):
     decomposed, ``cdist`` becomes, for ``p = 2`` above 25 rows (or with ``compute_mode`` asking
     for it), ``sqrt`` of ``x1^2 + x2^2 - 2 x1 x2`` from a matrix product, whose gradient at a
-    zero distance is NaN where PyTorch's own is 0. Here the distances are summed from the differences themselves in
-    every case (PyTorch's matrix product rounds otherwise: a zero distance may come out as
-    1e-8 there). The gradient of a zero distance is 0, as PyTorch's (the root is read where
+    zero distance is NaN where PyTorch's own is 0. Here the distances are summed from the
+    differences themselves in every case (PyTorch's matrix product rounds otherwise: a zero
+    distance may come out as 1e-8 there). The gradient of a zero distance is 0, as PyTorch's (the root is read where
     the sum is not 0 only). ``p`` below 1 or infinite is refused (PyTorch's gradient of the
     infinite one gives every tie the whole gradient)."""
     if not (isinstance(x1, Tensor) and isinstance(x2, Tensor)) or x1.ndim < 2 or x1.ndim != x2.ndim or \
