@@ -1,5 +1,6 @@
 """Operators of imported models, each against eager PyTorch in float64 (the output and one
-SGD step, with a dynamic batch): LeakyReLU, ELU / SELU / CELU, Hardtanh / ReLU6, sign, floor /
+SGD step, with a dynamic batch): LeakyReLU, ELU / SELU / CELU, Hardtanh / ReLU6, Hardswish /
+Hardsigmoid (on their kinks too), sign, floor /
 ceil / round / trunc, vector norms (``F.normalize``), ``cdist`` (p 1, 2, 3), ``max`` / ``min`` along a dimension,
 ``argmax``, ``cumsum``, ``prod`` (of int32 in int64, as PyTorch), reductions along dim 0 of
 a 0-d tensor, advanced indexing by one or several tensors (negative indices counted from
@@ -92,6 +93,8 @@ FUNCTIONS = {
     "cdist of features along the batch": lambda v: torch.cdist(v.t(), v.t()[:2]).sum() * v,
     "std (zero variance among them)": lambda v: torch.std(v, -1, keepdim=True) * v + torch.std_mean(v, 0)[0]
     + torch.std(v[:, :1].expand(-1, 3), -1, keepdim=True) + torch.std(v.sum() * 0.1, 0, correction=0),
+    "hardswish, on its kinks too": lambda v: F.hardswish(v * 3) + F.hardswish(_at(v, 3.0)) * v
+    + F.hardswish(_at(v, -3.0)),
     "reductions of a 0-d tensor": lambda v: v * _of_a_scalar(v.sum() * 0.1),
     "int32 sums and products in int64": lambda v: v * 1e-9 * (((v > -99).int() * 2 ** 30).sum(-1, keepdim=True)
                                                               + ((v > -99).int() * 2 ** 10).prod(-1, keepdim=True))
@@ -324,6 +327,26 @@ def test_cdist_over_more_than_25_rows_has_pytorch_s_gradient_at_zero_distances(m
     for n, p in ref.named_parameters():
         assert np.isfinite(trainer.params[n]).all(), n
         np.testing.assert_allclose(trainer.params[n], p.detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_hardsigmoid_has_pytorch_s_gradient_on_its_kinks():
+    """0 at ``x = -3`` and ``x = 3`` (the decomposition gave 1/6 there). PyTorch's CPU kernel
+    multiplies by 1/6 rounded to float32 even in float64, hence the tolerance."""
+    def fn(v):
+        return F.hardsigmoid(v * 3) + F.hardsigmoid(_at(v, 3.0)) * v + F.hardsigmoid(_at(v, -3.0)) * 2
+    torch.manual_seed(0)
+    net = _Net(fn).double()
+    x = torch.randn(6, 4, dtype=torch.float64)
+    model = tgt.import_model(net, (x,))
+    trainer = train.Trainer(model, inputs=model.input_placeholders(), targets=[], loss=tg.nn.mean,
+                            optimizer=train.SGD(lr=0.5), progress=False)
+    trainer.update(x.numpy())
+    ref = copy.deepcopy(net)
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.5)
+    ref(x).mean().backward()
+    sgd.step()
+    for n, p in ref.named_parameters():
+        np.testing.assert_allclose(trainer.params[n], p.detach().numpy(), rtol=1e-7, atol=1e-8)
 
 
 @pytest.mark.parametrize("p", [0.5, float("inf")])

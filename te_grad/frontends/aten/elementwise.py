@@ -5,6 +5,7 @@
 - ``floor`` / ``ceil`` / ``trunc`` / ``round`` of an integer tensor is the tensor (gradient 0).
 - ``atan2(a, b)`` has PyTorch's gradient 0 at the origin (``a = b = 0``), not ``0 / 0``.
 - ``masked_fill(x, mask, v) = where(mask, v, x)``.
+- ``hardswish`` / ``hardsigmoid`` are kept whole, with PyTorch's gradient at their kinks ``x = +-3``.
 """
 from __future__ import annotations
 
@@ -92,6 +93,24 @@ def _hardtanh(t, x, min_val=-1.0, max_val=1.0):
     lo, hi = dsl.const(float(min_val), x.dtype), dsl.const(float(max_val), x.dtype)
     return dsl.compute(x.shape, lambda *i: dsl.if_then_else(x[i] <= lo, lo, dsl.if_then_else(x[i] >= hi, hi, x[i])),
                        name="hardtanh")
+
+
+@rule("aten.hardswish.default")
+def _hardswish(t, x):
+    """``x * relu6(x + 3) / 6`` by pieces, kept whole (:data:`~.table.KEEP`) for PyTorch's
+    gradient at the kinks: 0 at ``x = -3``, 1 at ``x = 3`` (decomposed, ``-1/2`` and ``3/2``)."""
+    three, zero = dsl.const(3.0, x.dtype), dsl.const(0.0, x.dtype)
+    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(
+        x[i] <= -three, zero, dsl.if_then_else(x[i] < three, x[i] * (x[i] + three) / 6.0, x[i])), name="hardswish")
+
+
+@rule("aten.hardsigmoid.default")
+def _hardsigmoid(t, x):
+    """``relu6(x + 3) / 6`` by pieces, kept whole (:data:`~.table.KEEP`) for PyTorch's gradient
+    at the kinks: 0 at ``x = -3`` and ``x = 3`` (decomposed, ``1/6``)."""
+    three, zero, one = dsl.const(3.0, x.dtype), dsl.const(0.0, x.dtype), dsl.const(1.0, x.dtype)
+    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(
+        x[i] <= -three, zero, dsl.if_then_else(x[i] < three, x[i] / 6.0 + 0.5, one)), name="hardsigmoid")
 
 
 @rule("aten.leaky_relu.default")

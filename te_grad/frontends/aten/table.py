@@ -28,7 +28,8 @@ KEEP = ("aten.scaled_dot_product_attention.default", "aten.linear.default", "ate
         "aten.detach.default",  # decomposed, ``detach`` is ``alias``: its gradient's stop lost
         # decomposed above 25 rows, ``sqrt`` of a matrix product: a zero distance's gradient NaN
         "aten.cdist.default", "aten._euclidean_dist.default",
-        "aten.std.correction", "aten.std_mean.correction")  # decomposed, sqrt(var): NaN gradient at 0
+        "aten.std.correction", "aten.std_mean.correction",  # decomposed, sqrt(var): NaN gradient at 0
+        "aten.hardswish.default", "aten.hardsigmoid.default")  # decomposed, another gradient at x = +-3
 
 
 def rule(*names: str, promote: bool = False):
