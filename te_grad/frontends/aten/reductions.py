@@ -226,10 +226,9 @@ def _log_softmax(t, x, dim, half_to_float=False):
 def _integers_as_int64(base: Callable) -> Callable:
     """``base`` with a bool or integer input other than int64 taken as int64, as ``torch.sum``
     and ``torch.prod`` take them (the sum of a mask counts its True); a ``dtype`` given is
-    ``base``'s to apply."""
+    ``base``'s to apply (keyword-only in all four schemas)."""
     def apply(t, x, *args, **kwargs):
-        given = kwargs.get("dtype", args[2] if len(args) > 2 else None)
-        if isinstance(x, Tensor) and given is None and not dtypes.is_float(x.dtype) and x.dtype != dtypes.INT64:
+        if isinstance(x, Tensor) and kwargs.get("dtype") is None and not dtypes.is_float(x.dtype) and x.dtype != dtypes.INT64:
             x = dsl.compute(x.shape, lambda *i: dsl.cast(dtypes.INT64, x[i]), name="as_int64")
         return base(t, x, *args, **kwargs)
     return apply

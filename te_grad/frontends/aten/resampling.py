@@ -3,7 +3,8 @@
 - ``max_pool2d_with_indices``: the values alone (the indices are not translated; a model
   reading them is refused at import); ``ceil_mode`` adds the windows PyTorch adds.
 - ``adaptive_avg_pool2d(x, (oh, ow))[i, j]``: the mean of rows ``[floor(i h / oh), ceil((i + 1)
-  h / oh))`` and the same for columns.
+  h / oh))`` and the same for columns; ``adaptive_max_pool2d`` the maximum over the same
+  windows, ``x`` read at the first one (its gradient goes there alone).
 - ``upsample_nearest2d``: output row ``i`` reads ``min(floor(float32(i) * s), n - 1)``, in float32 as
   PyTorch computes it.
 - ``upsample_bilinear2d``: source row ``s = r * d`` (corners aligned) or ``max(r * (d + 1/2) -
