@@ -34,6 +34,11 @@ def _at(v, value):
 _IDX = (torch.tensor([0, 3, 3]), torch.tensor([1, 2, 1]), torch.tensor([1, 0, 1]))
 
 
+#: where the binary cross entropy cases put their inputs at 0 (else 1), and their targets
+_EDGES = torch.tensor([[True, False, False, True]])
+_TARGETS = torch.tensor([[0.0, 0.3, 1.0, 0.3]], dtype=torch.float64)
+
+
 def _outer(v):
     """``(b, 4, 4)``: the outer product of each row of ``v`` with itself."""
     return v[:, :, None] * v[:, None, :]
@@ -100,6 +105,17 @@ FUNCTIONS = {
                                                               + ((v > -99).int() * 2 ** 10).prod(-1, keepdim=True))
     + (v > 0).sum(-1, keepdim=True, dtype=torch.float64) * v,
     "prod of bools": lambda v: v * torch.prod(v > -1, -1, keepdim=True) + torch.prod(v > -2, 0) * v,
+    "pow of tensors at a zero base or exponent": lambda v: torch.pow(_at(v, 0.0), v.abs() + 1)
+    + torch.pow(_at(v, 0.0), _at(v, 0.0)) + torch.pow(v.abs() + 0.5, _at(v, 0.0)) * v + torch.pow(v.abs() + 1, v),
+    "sinc, at 0 too": lambda v: torch.sinc(v) * v + torch.sinc(_at(v, 0.0)) + torch.sinc(v * 1e-20),
+    "softplus past exp's overflow": lambda v: F.softplus(v * 500) + F.softplus(v, 2.0, 1.0) * v,
+    "mish past exp's overflow": lambda v: F.mish(v * 500) + F.mish(v),
+    "binary cross entropy at 0 and 1": lambda v: F.binary_cross_entropy(
+        torch.where(_EDGES, _at(v, 0.0), _at(v, 1.0)), _TARGETS.expand(v.shape[0], -1), reduction="none") + v,
+    "binary cross entropy of a saturated sigmoid": lambda v: F.binary_cross_entropy(
+        torch.sigmoid(v * 40), (_TARGETS * 0.8 + 0.1).expand(v.shape[0], -1)) * v,
+    "binary cross entropy, weighted, summed": lambda v: F.binary_cross_entropy(
+        torch.sigmoid(v), torch.sigmoid(v.flip(-1)), weight=_TARGETS[0] + 1, reduction="sum") * v,
 }
 
 
@@ -347,6 +363,33 @@ def test_hardsigmoid_has_pytorch_s_gradient_on_its_kinks():
     sgd.step()
     for n, p in ref.named_parameters():
         np.testing.assert_allclose(trainer.params[n], p.detach().numpy(), rtol=1e-7, atol=1e-8)
+
+
+def test_hardsigmoid_and_hardswish_of_nan_are_nan_with_a_nan_gradient():
+    """NaN fell through both comparisons to the last piece: hardsigmoid(NaN) was 1 (PyTorch's is
+    NaN) and hardswish's gradient there 1. PyTorch's own gradient at NaN is NaN from its
+    vectorized kernel and passes through (1) from its scalar loop over the tail of a tensor,
+    so there it is compared with NaN, elsewhere with PyTorch's."""
+    class Hard(torch.nn.Module):
+        def forward(self, v):
+            return F.hardsigmoid(torch.log(v)) + F.hardswish(torch.log(v)) * 2
+    net = Hard()
+    x = torch.tensor([[1.0, 2.0, -1.0, 0.5]] * 3, dtype=torch.float64)
+    model = tgt.import_model(net, (x,))
+    xs = model.input_placeholders()
+    out = model(*xs, train.Context(training=False))
+    grad, = tg.gradient([out], [xs[0]])
+    feed = {xs[0]: x.numpy(), **{p.placeholder: p.value for p in model.parameters()}}
+    got, got_grad = tg.evaluate([out, grad], feed)
+    xr = x.clone().requires_grad_(True)
+    want = net(xr)
+    want_grad, = torch.autograd.grad(want.sum(), xr)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want.detach().numpy()))
+    np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-13, equal_nan=True)
+    finite = x.numpy() > 0
+    # (PyTorch's CPU hardsigmoid multiplies by 1/6 rounded to float32, hence the tolerance)
+    np.testing.assert_allclose(got_grad[finite], want_grad.numpy()[finite], rtol=1e-7)
+    assert np.isnan(got_grad[~finite]).all()
 
 
 @pytest.mark.parametrize("p", [0.5, float("inf")])

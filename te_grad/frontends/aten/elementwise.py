@@ -5,9 +5,16 @@
 - ``floor`` / ``ceil`` / ``trunc`` / ``round`` of an integer tensor is the tensor (gradient 0).
 - ``atan2(a, b)`` has PyTorch's gradient 0 at the origin (``a = b = 0``), not ``0 / 0``.
 - ``masked_fill(x, mask, v) = where(mask, v, x)``.
-- ``hardswish`` / ``hardsigmoid`` are kept whole, with PyTorch's gradient at their kinks ``x = +-3``.
+- ``hardswish`` / ``hardsigmoid`` are kept whole, with PyTorch's gradient at their kinks ``x = +-3``
+  (and NaN for NaN).
+- ``softplus`` is kept whole: its gradient is 1 where ``exp`` of the second piece would overflow;
+  ``sinc`` too: its gradient at 0 is 0.
+- ``pow(a, b)`` of two tensors has PyTorch's gradients 0 where its formulas give ``0 * inf``:
+  the exponent's where ``a = 0`` and ``b >= 0``, the base's where ``b = 0``.
 """
 from __future__ import annotations
+
+import math
 
 from ... import dsl, dtypes, nn
 from ...errors import UserError
@@ -78,7 +85,17 @@ rule("aten.minimum.default", promote=True)(binary(dsl.minimum, "minimum"))
 rule("aten.pow.Tensor_Scalar", promote=True)(binary(lambda a, b: a * a if b == 2 else dsl.pow(a, b), "pow"))
 
 
-rule("aten.pow.Tensor_Tensor", promote=True)(binary(dsl.pow, "pow"))
+def _pow_of_tensors(u, v):
+    """``u ** v`` with PyTorch's gradients where its formulas give ``0 * inf``: none for the
+    exponent where ``u = 0`` and ``v >= 0`` (``log(0)`` times ``0 ** v``), none for the base where
+    ``v = 0`` (``0 * u ** -1``). There the operand is read under ``stop_gradient``."""
+    zero = dsl.const(0.0, u.dtype)
+    base = dsl.if_then_else(v == zero, dsl.stop_gradient(u), u)
+    power = dsl.if_then_else(dsl.all(u == zero, v >= zero), dsl.stop_gradient(v), v)
+    return dsl.pow(base, power)
+
+
+rule("aten.pow.Tensor_Tensor", promote=True)(binary(_pow_of_tensors, "pow"))
 
 
 @rule("aten.clamp.default")
@@ -100,8 +117,8 @@ def _hardswish(t, x):
     """``x * relu6(x + 3) / 6`` by pieces, kept whole (:data:`~.table.KEEP`) for PyTorch's
     gradient at the kinks: 0 at ``x = -3``, 1 at ``x = 3`` (decomposed, ``-1/2`` and ``3/2``)."""
     three, zero = dsl.const(3.0, x.dtype), dsl.const(0.0, x.dtype)
-    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(
-        x[i] <= -three, zero, dsl.if_then_else(x[i] < three, x[i] * (x[i] + three) / 6.0, x[i])), name="hardswish")
+    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(  # NaN in the middle piece: NaN and its gradient
+        x[i] <= -three, zero, dsl.if_then_else(x[i] >= three, x[i], x[i] * (x[i] + three) / 6.0)), name="hardswish")
 
 
 @rule("aten.hardsigmoid.default")
@@ -109,8 +126,39 @@ def _hardsigmoid(t, x):
     """``relu6(x + 3) / 6`` by pieces, kept whole (:data:`~.table.KEEP`) for PyTorch's gradient
     at the kinks: 0 at ``x = -3`` and ``x = 3`` (decomposed, ``1/6``)."""
     three, zero, one = dsl.const(3.0, x.dtype), dsl.const(0.0, x.dtype), dsl.const(1.0, x.dtype)
-    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(
-        x[i] <= -three, zero, dsl.if_then_else(x[i] < three, x[i] / 6.0 + 0.5, one)), name="hardsigmoid")
+    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(  # NaN in the middle piece: NaN, as PyTorch's
+        x[i] <= -three, zero, dsl.if_then_else(x[i] >= three, one, x[i] / 6.0 + 0.5)), name="hardsigmoid")
+
+
+@rule("aten.sinc.default", promote=True)
+def _sinc(t, x):
+    """``sin(pi x) / (pi x)``, 1 at ``x = 0``, kept whole (:data:`~.table.KEEP`): decomposed, the
+    quotient was differentiated at 0 too (``0 / 0``, a NaN gradient where PyTorch's is 0). Here
+    the quotient reads 1 there."""
+    one = dsl.const(1.0, x.dtype)
+
+    def body(*i):
+        at_zero = x[i] == dsl.const(0.0, x.dtype)
+        px = dsl.if_then_else(at_zero, one, x[i]) * math.pi
+        return dsl.if_then_else(at_zero, one, dsl.sin(px) / px)
+    return dsl.compute(x.shape, body, name="sinc")
+
+
+@rule("aten.softplus.default")
+def _softplus(t, x, beta=1.0, threshold=20.0):
+    """``x`` where ``beta x > threshold``, else ``log1p(exp(beta x)) / beta``, kept whole
+    (:data:`~.table.KEEP`): decomposed, the second piece was also computed where the first is
+    taken, and where ``exp`` overflows (``beta x`` above 88.7 in float32, 709.8 in float64) its
+    gradient, ``0 * (inf / inf)``, was NaN where PyTorch's is 1. Here the second piece reads 0
+    there."""
+    beta, threshold = float(beta), float(threshold)
+
+    def body(*i):
+        z = x[i] * beta
+        above = z > threshold
+        inner = dsl.if_then_else(above, dsl.const(0.0, x.dtype), z)
+        return dsl.if_then_else(above, x[i], dsl.log1p(dsl.exp(inner)) / beta)
+    return dsl.compute(x.shape, body, name="softplus")
 
 
 @rule("aten.leaky_relu.default")

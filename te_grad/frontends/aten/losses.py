@@ -4,8 +4,15 @@
   rows with ``y_n != ignore_index``; ``mean`` divides by the sum of those rows' weights
   (``total_weight``, the second result; 0 under ``none``), ``sum`` does not, ``none`` keeps the rows.
 - ``mse_loss(x, y, reduction)``: ``(x - y)^2`` elementwise, reduced by mean or sum.
+- ``binary_cross_entropy(x, y, weight, reduction)``: ``-w (y max(log x, -100) + (1 - y)
+  max(log1p(-x), -100))``, kept whole with PyTorch's gradient ``w (x - y) / max(x (1 - x), eps)``
+  for ``x``: decomposed, the derivative of the clamped logarithms was NaN at ``x = 0`` and
+  ``x = 1`` (a float32 sigmoid saturates to 1 above about 17) and 0 where a logarithm is clamped
+  (``eps`` is 1e-12 rounded to float32, as PyTorch's).
 """
 from __future__ import annotations
+
+import numpy as np
 
 from ... import dsl, dtypes
 from ...errors import UserError
@@ -55,6 +62,37 @@ def _mse_loss(t, x, y, reduction=1):
         diff = x[i] - y[i]
         return diff * diff
     return _reduce_all("mse_loss", x.shape, term, how)
+
+
+#: the least ``x (1 - x)`` PyTorch's gradient of ``binary_cross_entropy`` divides by: 1e-12
+#: rounded to float32 (PyTorch's constant is a float), 9.99999996e-13
+_BCE_EPSILON = float(np.float32(1e-12))
+
+
+@rule("aten.binary_cross_entropy.default")
+def _binary_cross_entropy(t, x, y, weight=None, reduction=1):
+    """The loss of the clamped logarithms of ``x`` read under ``stop_gradient``, plus
+    ``stop_gradient(d) * (x - stop_gradient(x))`` (0 for finite ``x``) with ``d`` PyTorch's
+    derivative ``(x - y) / max(x (1 - x), 1e-12)``: the gradient of ``x`` is ``d`` times the
+    weight, that of ``y`` the difference of the clamped logarithms, as PyTorch's."""
+    how = _reduction("binary_cross_entropy", reduction)
+    for what, v in (("target", y), ("weight", weight)):
+        if isinstance(v, Tensor) and not same_shape(tuple(x.shape), tuple(v.shape)):
+            raise UserError(f"binary_cross_entropy: input shape {list(x.shape)} and {what} shape "
+                            f"{list(v.shape)} differ")
+    if not isinstance(y, Tensor):
+        raise UserError("binary_cross_entropy: the target must be a tensor")
+    one, clamp = dsl.const(1.0, x.dtype), dsl.const(-100.0, x.dtype)
+
+    def term(i):
+        p, q = x[i], y[i]
+        fixed = dsl.stop_gradient(p)
+        log_p = dsl.maximum(dsl.log(fixed), clamp)
+        log_q = dsl.maximum(dsl.log1p(-fixed), clamp)
+        slope = dsl.stop_gradient((p - q) / dsl.maximum(p * (one - p), dsl.const(_BCE_EPSILON, x.dtype)))
+        loss = -(q * log_p + (one - q) * log_q) + slope * (p - fixed)
+        return loss * weight[i] if isinstance(weight, Tensor) else loss
+    return _reduce_all("binary_cross_entropy", x.shape, term, how)
 
 
 @rule("aten.nll_loss_forward.default")

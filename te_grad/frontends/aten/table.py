@@ -29,7 +29,9 @@ KEEP = ("aten.scaled_dot_product_attention.default", "aten.linear.default", "ate
         # decomposed above 25 rows, ``sqrt`` of a matrix product: a zero distance's gradient NaN
         "aten.cdist.default", "aten._euclidean_dist.default",
         "aten.std.correction", "aten.std_mean.correction",  # decomposed, sqrt(var): NaN gradient at 0
-        "aten.hardswish.default", "aten.hardsigmoid.default")  # decomposed, another gradient at x = +-3
+        "aten.hardswish.default", "aten.hardsigmoid.default",  # decomposed, another gradient at x = +-3
+        # decomposed, a NaN gradient where the unselected piece overflows or divides by 0
+        "aten.softplus.default", "aten.binary_cross_entropy.default", "aten.sinc.default")
 
 
 def rule(*names: str, promote: bool = False):

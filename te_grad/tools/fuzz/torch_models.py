@@ -4,7 +4,7 @@
 (:func:`generate`: a DAG over one float input, and an int input of ids when an ``Embedding`` is
 drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d (its running
 statistics also read after the update), LayerNorm, GroupNorm, activations (among them
-LeakyReLU, ELU, SELU, ReLU6, Hardtanh, Hardswish), pools (adaptive max pooling among them, its windows
+LeakyReLU, ELU, SELU, ReLU6, Hardtanh, Hardswish, Softplus and Mish past ``exp``'s overflow), pools (adaptive max pooling among them, its windows
 overlapping), nearest and bilinear upsampling (corners aligned or not, by factors of 2, 3, 1.5
 and 0.5), broadcasting arithmetic with tensors, parameters, scalars and masks converted to
 numbers (``(x > 0).to(dtype)``, ``.long()``, int32 counts, a 0-d count summed along dim 0),
@@ -175,6 +175,8 @@ class _Gen:
             return False
         fn = self.pick(["relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "leaky_relu", "elu", "selu",
                         "relu6", "hardtanh", "hardswish"])
+        if fn == "silu" and self.chance(0.5):  # softplus and mish on inputs past exp's overflow too
+            fn = self.pick(["softplus", "mish"])
         return self.add("activation", fn, [v], self.spec.shapes[v])
 
     def pool(self):
@@ -597,7 +599,9 @@ def _apply(net, name, node, args, torch, F):
     acts = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"), "silu": F.silu,
             "tanh": torch.tanh, "sigmoid": torch.sigmoid, "leaky_relu": lambda v: F.leaky_relu(v, 0.2),
             "elu": lambda v: F.elu(v, 0.7), "selu": F.selu, "relu6": lambda v: F.relu6(v * 8),
-            "hardtanh": lambda v: F.hardtanh(v, -0.5, 0.4), "hardswish": lambda v: F.hardswish(v * 4)}
+            "hardtanh": lambda v: F.hardtanh(v, -0.5, 0.4), "hardswish": lambda v: F.hardswish(v * 4),
+            "softplus": lambda v: F.softplus(v * 400) + F.softplus(v, 2.0, 1.0),
+            "mish": lambda v: F.mish(v * 400)}
     if op in acts:
         return acts[op](x)
     if op == "flat_linear":
