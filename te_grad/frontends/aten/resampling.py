@@ -204,9 +204,7 @@ def _adaptive_max_pool2d(t, x, output_size):
         return (nn.max_pool2d(x, (h // oh, w // ow)), None)
     kh, kw = _window_extent(h, oh), _window_extent(w, ow)
     lead = x.shape[:-2]
-
-    def start(i, n, o):
-        return (i * n) // o
+    start = _window_start
 
     def at(idx, q):
         """The row and column of position ``q`` of output ``idx``'s window, clamped to ``x``."""
@@ -223,6 +221,11 @@ def _adaptive_max_pool2d(t, x, output_size):
                         name="adaptive_max_pool2d"), None)
 
 
+def _window_start(i, n, o):
+    """The start of adaptive pooling's window ``i`` of ``o`` over ``n``: ``floor(i n / o)``."""
+    return (i * n) // o
+
+
 def _window_end(i, n, o):
     """The end (exclusive) of adaptive pooling's window ``i`` of ``o`` over ``n``: ``ceil((i + 1) n / o)``."""
     return (i * n + n + o - 1) // o
@@ -230,7 +233,7 @@ def _window_end(i, n, o):
 
 def _window_extent(n: int, o: int) -> int:
     """The largest of adaptive pooling's ``o`` windows over ``n`` (PyTorch's)."""
-    return max(_window_end(i, n, o) - (i * n) // o for i in range(o))
+    return max(_window_end(i, n, o) - _window_start(i, n, o) for i in range(o))
 
 
 @rule("aten.avg_pool2d.default")
@@ -260,7 +263,7 @@ def _adaptive_avg_pool2d(t, x, output_size):
     lead = x.shape[:-2]
 
     def bounds(i, n, o):
-        return (i * n) // o, _window_end(i, n, o)
+        return _window_start(i, n, o), _window_end(i, n, o)
 
     def total(*idx):
         i, j = idx[-2], idx[-1]
