@@ -24,6 +24,11 @@ parameters and buffers among its inputs):
    2.13 it leaves batch norm's mutating form in the graph, so the export path is used.
    (Composite operators such as ``scaled_dot_product_attention`` are decomposed before the
    table is consulted on this path; ``KEEP`` is removed from the table for when they are not.)
+   A ``torch.no_grad()`` block of ``forward`` (Dynamo's grad-mode switches) is traced as
+   ``detach`` of each of its results read after it, the switches removed: the same values, no
+   gradient through them. The export's ``_assert_tensor_metadata`` checks (one on the operand of each dtype
+   conversion) are dropped, as inductor drops them: a check reading a node inside a partition
+   would make that node a partition output.
 2. **Partitions.** ``CapabilityBasedPartitioner`` groups the nodes te_grad translates (an
    operator with a rule in :data:`te_grad.frontends.aten.RULES`, a tensor result of a dtype
    te_grad takes) into connected subgraphs. Each subgraph is translated once at compile time
@@ -222,6 +227,60 @@ def _partition_io(nodes, members):
     return inputs, outputs
 
 
+def _detach_no_grad_regions(gm, enabled: bool) -> int:
+    """Each ``torch.no_grad()`` block of Dynamo's graph ``gm`` (its ``_set_grad_enabled`` calls;
+    ``enabled``, the grad mode the graph is compiled in) as ``detach`` of every result the
+    block's nodes give to nodes after it, the mode switches erased. The export traced the graph
+    under ``no_grad`` but the switch back on inside it made it trace a joint graph of
+    ``primals`` and ``tangents`` (parameters taken as user inputs), which failed to compile or
+    to run; detached, the values are the same and carry no gradient, as in PyTorch. Returns the
+    count of results detached."""
+    graph = gm.graph
+    inside, switches = [], []
+    for node in graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "__name__", "") == "_set_grad_enabled" \
+                and not node.users:
+            enabled = bool(node.args[0])
+            switches.append(node)
+        elif not enabled and node.op in ("call_function", "call_method", "call_module"):
+            inside.append(node)
+    if not switches:
+        return 0
+    members, cut = set(inside), 0
+    for node in inside:
+        later = [u for u in node.users if u not in members]
+        if not later or not isinstance(node.meta.get("example_value", node.meta.get("val")), torch.Tensor):
+            continue
+        with graph.inserting_after(node):
+            detached = graph.call_function(torch.Tensor.detach, (node,))
+        detached.meta = dict(node.meta)
+        for user in later:
+            user.replace_input_with(node, detached)
+        cut += 1
+    for node in switches:
+        graph.erase_node(node)
+    gm.recompile()
+    return cut
+
+
+def _drop_metadata_asserts(g) -> int:
+    """Erase ``g``'s ``_assert_tensor_metadata`` nodes (the export puts one after each dtype
+    conversion, checking its operand's dtype, device and layout against the trace), as inductor
+    does: the check read the operand, which made every conversion's operand a partition output,
+    and an integer one (``(h > 0).int().sum(-1).double()``) then pushed the whole chain out of
+    te_grad node by node. Returns the count erased."""
+    target = getattr(torch.ops.aten, "_assert_tensor_metadata", None)
+    target = getattr(target, "default", None)
+    erased = 0
+    for node in list(g.graph.nodes):
+        if node.op == "call_function" and target is not None and node.target is target and not node.users:
+            g.graph.erase_node(node)
+            erased += 1
+    if erased:
+        g.recompile()
+    return erased
+
+
 class _TeGradCall(torch.nn.Module):
     """A partition in the compiled graph: the te_grad op on the partition's tensor inputs."""
 
@@ -300,6 +359,7 @@ class Backend:
         if self.make_op is None:
             raise UserError("te_grad backend: use te_grad.torch.backend (or te_grad.torch.Backend())")
         fake_mode = detect_fake_mode(example_inputs)
+        _detach_no_grad_regions(gm, torch.is_grad_enabled())
         # mkldnn off while tracing: a recurrent layer then decomposes into its cells instead of
         # the CPU's fused mkldnn_rnn_layer, which te_grad does not translate
         with (fake_mode if fake_mode is not None else nullcontext()), torch.backends.mkldnn.flags(enabled=False):
@@ -322,6 +382,7 @@ class Backend:
             target = mutations[node.name]
             writes.append((k, index[by_name.get(target, target)]))
 
+        _drop_metadata_asserts(g)
         refused = self._partition(g)
         for node in g.graph.nodes:
             if node.op == "call_function" and node.target is not operator.getitem and _tensors(node.meta.get("val")):

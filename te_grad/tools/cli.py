@@ -565,6 +565,9 @@ def main(argv=None) -> int:
     p_fuzz.add_argument("--torch", action="store_true",
                         help="random torch.nn.Modules through the PyTorch importer instead, forward, "
                              "gradients and an SGD step against PyTorch's (needs torch)")
+    p_fuzz.add_argument("--dynamo", action="store_true",
+                        help="with --torch, each module also through torch.compile with te_grad's "
+                             "backend, at two batch sizes: outputs and gradients against PyTorch's")
     p_digits = sub.add_parser(
         "train-digits", help="train a small CNN on scikit-learn's 8x8 digits, next to the same model in PyTorch",
         description="Train Conv2d(1, 16, 3) -> ReLU -> MaxPool2d(2) -> Linear(256, 10) with Adam on 80% of "
@@ -588,7 +591,7 @@ def main(argv=None) -> int:
         return 0
     if args.command == "fuzz" and args.torch:
         from te_grad.tools.fuzz.torch_check import PASSING, run
-        result = run(args.programs, args.seed, compile_=not args.no_compile,
+        result = run(args.programs, args.seed, compile_=not args.no_compile, dynamo=args.dynamo,
                      progress_every=max(1, min(100, args.programs // 10)))
         return 1 if any(k not in PASSING for k in result["counts"]) else 0
     if args.command == "fuzz":

@@ -381,3 +381,111 @@ def test_std_where_the_variance_is_zero_has_eager_gradients(mode):
             assert torch.isfinite(p.grad).all(), name
             np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
     assert backend.stats["te_grad_ops"] >= 1
+
+
+class IntegerChain(torch.nn.Module):
+    """A count of positive features as a float factor: ``(h > 0).int().sum(-1).double()``."""
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h * (h > 0).int().sum(-1, keepdim=True).double() + h.float().double()
+
+
+@pytest.mark.parametrize("mode", [{}, {"dynamic": True}], ids=["default", "dynamic"])
+def test_a_chain_of_integer_results_ending_in_a_float_runs_in_one_te_grad_op(mode):
+    """The export checks each dtype conversion's operand (``_assert_tensor_metadata``); that
+    check made the comparison, the int32 cast and the int64 sum partition outputs, which te_grad
+    does not give, and the chain ran in PyTorch node by node. Batches 4, 7 and 13."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = IntegerChain().double()
+    twin = copy.deepcopy(net)
+    backend = tgt.Backend()
+    compiled = torch.compile(net, backend=backend, **mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tgt.FallbackWarning)
+        for b in (4, 7, 13):
+            x = torch.randn(b, 4, dtype=torch.float64)
+            out = [model(x) for model in (compiled, twin)]
+            np.testing.assert_allclose(out[0].detach().numpy(), out[1].detach().numpy(), rtol=1e-13, atol=1e-13)
+            for model, y in zip((compiled, twin), out):
+                model.zero_grad()
+                y.sum().backward()
+            for (name, p), q in zip(net.named_parameters(), twin.parameters()):
+                np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+    assert backend.stats["fallback_nodes"] == 0, backend.notes
+    assert backend.stats["te_grad_ops"] >= 1
+
+
+class NoGradBlock(torch.nn.Module):
+    """A ``torch.no_grad()`` block in ``forward``: its results are read after it, without gradient."""
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        with torch.no_grad():
+            scale = torch.sigmoid(h) * 1.5 + self.lin.weight.sum()
+        return h * scale + x * (x + scale)
+
+
+@pytest.mark.parametrize("mode", [{}, {"dynamic": True}], ids=["default", "dynamic"])
+def test_a_no_grad_block_in_forward_compiles_and_gives_eager_gradients(mode):
+    """Dynamo keeps the block as grad-mode switches, which made the export trace a joint graph
+    (parameters as user inputs, a tangent to feed): the compiled call failed. The block's results
+    are detached instead; outputs and parameter gradients as eager's, batches 4, 7 and 13."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = NoGradBlock().double()
+    twin = copy.deepcopy(net)
+    backend = tgt.Backend()
+    compiled = torch.compile(net, backend=backend, **mode)
+    for b in (4, 7, 13):
+        x = torch.randn(b, 4, dtype=torch.float64)
+        out = [model(x) for model in (compiled, twin)]
+        np.testing.assert_allclose(out[0].detach().numpy(), out[1].detach().numpy(), rtol=1e-13, atol=1e-13)
+        for model, y in zip((compiled, twin), out):
+            model.zero_grad()
+            y.sum().backward()
+        for (name, p), q in zip(net.named_parameters(), twin.parameters()):
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+    assert backend.stats["te_grad_ops"] >= 1
+
+
+class Saturated(torch.nn.Module):
+    """Softplus past ``exp``'s overflow and a binary cross entropy of a saturated sigmoid."""
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        v = self.lin(x)
+        target = torch.tensor([0.1, 0.4, 0.9, 0.4], dtype=v.dtype).expand_as(v)
+        return F.softplus(v * 500) + F.mish(v * 500) + F.binary_cross_entropy(torch.sigmoid(v * 40), target,
+                                                                               reduction="none")
+
+
+@pytest.mark.parametrize("mode", [{}, {"dynamic": True}], ids=["default", "dynamic"])
+def test_softplus_and_binary_cross_entropy_where_they_saturate_have_eager_gradients(mode):
+    """Traced, both were decomposed: softplus's unselected piece overflowed (a NaN gradient
+    where PyTorch's is 1) and the clamped logarithms of the cross entropy gave a NaN gradient
+    at a probability of exactly 1. Batches 4, 7 and 13."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = Saturated().double()
+    twin = copy.deepcopy(net)
+    backend = tgt.Backend()
+    compiled = torch.compile(net, backend=backend, **mode)
+    for b in (4, 7, 13):
+        x = torch.randn(b, 4, dtype=torch.float64) * 2
+        for model in (compiled, twin):
+            model.zero_grad()
+            model(x).sum().backward()
+        for (name, p), q in zip(net.named_parameters(), twin.parameters()):
+            assert torch.isfinite(p.grad).all(), name
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+    assert backend.stats["te_grad_ops"] >= 1 and backend.stats["fallback_nodes"] == 0, backend.notes

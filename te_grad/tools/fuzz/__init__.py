@@ -18,8 +18,9 @@ Conv2d, batch and layer norms, activations, pools, broadcasting arithmetic, soft
 slices, cat / chunk / split, matmul, reductions, attention, Embedding), in float32 or float64, with or without a dynamic
 batch, imported with ``te_grad.torch.import_model`` and checked against PyTorch: the forward
 in both modes, parameter gradients by the evaluator and compiled, one Trainer SGD step
-(weights and batch norm statistics). Operators te_grad refuses are counted by name; every
-failure is printed as a script rebuilding the module from its seed.
+(weights and batch norm statistics); with ``--dynamo``, each module also through
+``torch.compile`` with te_grad's backend at two batch sizes. Operators te_grad refuses are
+counted by name; every failure is printed as a script rebuilding the module from its seed.
 ``tests/tools/test_fuzz_import.py`` runs a fixed budget.
 """
 from __future__ import annotations

@@ -22,7 +22,11 @@ The checks (:func:`check`) against PyTorch, run over many seeds by :func:`run`
    ``num_batches_tracked``;
 4. with a dynamic batch, the same kernels at another batch size (1 to 3 more): the Trainer's
    prediction of every output after that step, then the parameters after a second step
-   (``mismatch-other-batch``).
+   (``mismatch-other-batch``);
+5. with ``dynamo`` (``--dynamo``), the module through ``torch.compile`` with te_grad's backend
+   (:class:`te_grad.torch.Backend`) in the gradient's mode, at the spec's batch and at a larger
+   one (Dynamo's second compile, on a symbolic batch): the outputs and the parameter gradients
+   against PyTorch's float64 module fed the same batches (``mismatch-dynamo``).
 
 An import that te_grad refuses with a :class:`~te_grad.errors.UserError` naming an operator
 (no rule, or a rule refusing its arguments) is ``rejected``, counted by operator; any other
@@ -153,14 +157,14 @@ def _torch_run(net, tensors, training, heads=None, reads=None):
     return [o.detach().numpy() for o in outs], grads, net
 
 
-def check(spec: Spec, compile_: bool = True) -> Outcome:
+def check(spec: Spec, compile_: bool = True, dynamo: bool = False) -> Outcome:
     """Import ``spec``'s module and check it against PyTorch (see the module docstring)."""
     families = sorted({n["family"] for n in spec.nodes})
     try:
         import torch  # noqa: F401
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _check(spec, compile_)
+            _check(spec, compile_, dynamo)
     except _Mismatch as m:
         return Outcome(m.kind, m.detail, families=families)
     except Exception as e:  # noqa: BLE001 - every error is an outcome
@@ -177,7 +181,7 @@ def check(spec: Spec, compile_: bool = True) -> Outcome:
     return Outcome("ok", families=families)
 
 
-def _check(spec: Spec, compile_: bool) -> None:
+def _check(spec: Spec, compile_: bool, dynamo: bool = False) -> None:
     import te_grad as tg
     from te_grad import train
     from te_grad.graph import topo_order
@@ -278,6 +282,52 @@ def _check(spec: Spec, compile_: bool) -> None:
                       _torch_step(nnet, tensors2, heads2, reads, lr) if f32 else None, rtol,
                       f"after a step at batch {other}", "mismatch-other-batch")
 
+    if dynamo:
+        _check_dynamo(spec, net, rng, rtol)
+
+
+def _check_dynamo(spec: Spec, net, rng, rtol: float) -> None:
+    """5. ``torch.compile(module, backend=te_grad.torch.Backend())`` in the gradient's mode at the
+    spec's batch, then at a larger one (Dynamo's second compile, on a symbolic batch): the outputs
+    and the parameter gradients of :func:`_torch_loss` against PyTorch's float64 module fed the
+    same batches (a float32 module's own eager run measures its rounding noise)."""
+    import torch
+    from te_grad.torch import Backend
+    torch._dynamo.reset()
+    reads = spec.reads or ["grad"]
+    f32 = spec.dtype == "float32"
+    nets = {"compiled": copy.deepcopy(net), "ref": copy.deepcopy(net).double()}
+    if f32:
+        nets["noise"] = copy.deepcopy(net)
+    for m in nets.values():
+        m.train(spec.grad_training)
+    run = dict(nets, compiled=torch.compile(nets["compiled"], backend=Backend()))
+    try:
+        for batch in (spec.batch, spec.batch + 1 + int(rng.integers(0, 3))):
+            _, tensors = _inputs(spec, rng, batch)
+            feeds = {"compiled": tensors, "ref": _float64(tensors), "noise": tensors}
+            outs = {k: _listed(run[k](*feeds[k])) for k in nets}
+            heads = [rng.standard_normal(tuple(o.shape)).astype(spec.dtype) for o in outs["ref"]]
+            for k in nets:
+                nets[k].zero_grad()
+                loss = _torch_loss(outs[k], [h.astype(np.float64) if k == "ref" else h for h in heads], reads)
+                if loss is not None:
+                    loss.backward()
+            for j, (g, w) in enumerate(zip(outs["compiled"], outs["ref"])):
+                _close(g.detach().numpy(), w.detach().numpy(), rtol, f"output {j} at batch {batch} (torch.compile)",
+                       "mismatch-dynamo", outs["noise"][j].detach().numpy() if f32 else None)
+            grads = {k: dict(nets[k].named_parameters()) for k in nets}
+            for name, w in grads["ref"].items():
+                if w.grad is None:
+                    continue
+                g = grads["compiled"][name].grad
+                g = np.zeros(tuple(w.shape), spec.dtype) if g is None else g.numpy()
+                n = grads["noise"][name].grad if f32 else None
+                _close(g, w.grad.numpy(), rtol, f"gradient of {name} at batch {batch} (torch.compile)",
+                       "mismatch-dynamo", n.numpy() if n is not None else None)
+    finally:
+        torch._dynamo.reset()
+
 
 def _close_params(trainer, tnet, nnet, rtol, when: str, kind: str) -> None:
     """The Trainer's parameters against PyTorch's float64 ``tnet`` (``nnet``: PyTorch's float32
@@ -316,22 +366,22 @@ def torch_sgd(net, lr):
     return torch.optim.SGD(net.parameters(), lr=lr, weight_decay=DECAY)
 
 
-def check_seed(seed: int, compile_: bool = True) -> Outcome:
+def check_seed(seed: int, compile_: bool = True, dynamo: bool = False) -> Outcome:
     """:func:`check` of :func:`generate` ``(seed)`` (what a failure's script calls)."""
-    return check(generate(seed), compile_=compile_)
+    return check(generate(seed), compile_=compile_, dynamo=dynamo)
 
 
-def script(spec: Spec, outcome: Outcome) -> str:
+def script(spec: Spec, outcome: Outcome, dynamo: bool = False) -> str:
     """A Python script that rebuilds ``spec``'s module from its seed and reruns the checks."""
     detail = "\n".join("# " + line for line in outcome.detail.strip().splitlines()[-12:])
     body = "\n".join("# " + line for line in spec.describe().splitlines())
     return (f"# te_grad fuzz --torch: {outcome.kind}\n{detail}\n# the module:\n{body}\n"
             "from te_grad.tools.fuzz.torch_check import check_seed\n\n"
-            f"print(check_seed({spec.seed}))\n")
+            f"print(check_seed({spec.seed}{', dynamo=True' if dynamo else ''}))\n")
 
 
 def run(programs: int, seed: int = 0, out: Optional[TextIO] = None, compile_: bool = True,
-        progress_every: int = 10) -> Dict[str, object]:
+        progress_every: int = 10, dynamo: bool = False) -> Dict[str, object]:
     """Check ``programs`` random modules; print the counts, the rejections by operator, the
     modules exercising each family, and a script per failure. Returns ``{"counts", "rejected",
     "families", "failures"}``."""
@@ -343,7 +393,7 @@ def run(programs: int, seed: int = 0, out: Optional[TextIO] = None, compile_: bo
     start = time.monotonic()
     for i in range(programs):
         spec = generate(seed * 1_000_003 + i)
-        outcome = check(spec, compile_=compile_)
+        outcome = check(spec, compile_=compile_, dynamo=dynamo)
         counts[outcome.kind] += 1
         rejected.update(outcome.rejected_ops)
         families.update(outcome.families)
@@ -360,6 +410,6 @@ def run(programs: int, seed: int = 0, out: Optional[TextIO] = None, compile_: bo
     for fam in FAMILIES:
         print(f"  modules with {fam}: {families[fam]}", file=out)
     for spec, outcome in failures:
-        print(f"\n# --- module {spec.seed} ---\n{script(spec, outcome)}", file=out)
+        print(f"\n# --- module {spec.seed} ---\n{script(spec, outcome, dynamo)}", file=out)
     return {"counts": dict(counts), "rejected": dict(rejected), "families": dict(families),
             "failures": [spec.seed for spec, _ in failures]}
