@@ -256,3 +256,16 @@ def test_a_module_that_met_pytorch_s_batch_norm_backward_bug_passes():
     assert [n["op"] for n in spec.nodes][-2:] == ["batch_norm2d", "sdpa"]
     outcome = check(spec)
     assert outcome.kind == "ok", outcome
+
+
+@pytest.mark.parametrize("how", ["no_grad", "count"])
+def test_a_module_through_torch_compile_with_te_grad_s_backend_passes(how):
+    """``--dynamo``: a module through ``torch.compile`` with te_grad's backend at two batch
+    sizes against PyTorch. Under the backend a ``torch.no_grad()`` block made the compiled call
+    fail (``crash``); an int32 count is the chain of integer results that fell back node by node."""
+    def drawn(s):
+        return any(n["op"].endswith("_stop" if how == "no_grad" else "_mask") and n.get("how") == how
+                   for n in s.nodes) and any(n["op"] in ("linear", "conv2d") for n in s.nodes) and len(s.nodes) < 9
+    spec = next(s for s in map(generate, range(400)) if drawn(s))
+    outcome = check(spec, dynamo=True)
+    assert outcome.kind == "ok", outcome
