@@ -108,6 +108,23 @@ FUNCTIONS = {
     "pow of tensors at a zero base or exponent": lambda v: torch.pow(_at(v, 0.0), v.abs() + 1)
     + torch.pow(_at(v, 0.0), _at(v, 0.0)) + torch.pow(v.abs() + 0.5, _at(v, 0.0)) * v + torch.pow(v.abs() + 1, v),
     "sinc, at 0 too": lambda v: torch.sinc(v) * v + torch.sinc(_at(v, 0.0)) + torch.sinc(v * 1e-20),
+    "max and min of all, tied too": lambda v: v * v.max() + v.min() + torch.stack([v, v.detach()], -1).max()
+    + torch.cat([v, v.detach()]).reshape(-1).min(),
+    "clamp by tensors": lambda v: torch.clamp(v, v.flip(-1) * 0.5, v[:, :1] + 1) + torch.clamp(v, min=v.flip(0))
+    + torch.clamp(v, max=v.roll(1, -1)) * v,
+    "clamp by tensors, on and across the bounds": lambda v: torch.clamp(
+        _at(v, torch.tensor([-2.0, -1.0, 0.0, 2.0], dtype=torch.float64)),
+        _at(v.flip(-1), torch.tensor([-1.0, 1.0, 0.0, 1.0], dtype=torch.float64)),
+        _at(v.roll(1, -1), torch.tensor([1.0, -1.0, 0.0, 1.0], dtype=torch.float64))) * v,
+    "clamp by tensors of NaN": lambda v: torch.clamp(torch.log(v), _at(v, -1.0), _at(v.flip(-1), 1.0)) * 0
+    + torch.clamp(torch.log(v), _at(v, 1.0), _at(v.flip(-1), -1.0)).nan_to_num(0.0),
+    "cosine similarity": lambda v: F.cosine_similarity(v, v.flip(0), dim=-1)[:, None] * v
+    + F.cosine_similarity(v, v * (v > 10), dim=-1)[:, None],
+    "bitwise not and isnan": lambda v: v * (~(v > 0)) + v * torch.isnan(torch.log(v)) + (~(v > 0).int()) * v,
+    "pow of a number": lambda v: 2.0 ** v + 0.0 ** v.abs() + 0.0 ** _at(v, 0.0) + 0.5 ** _at(v, 0.0),
+    "nan_to_num": lambda v: torch.nan_to_num(torch.log(v), 0.5, 3.0, -3.0) * v,
+    "label smoothing": lambda v: F.cross_entropy(v, (v.detach() > 0).long().sum(-1).clamp(max=3), label_smoothing=0.2,
+                                                 reduction="none")[:, None] * v,
     "softplus past exp's overflow": lambda v: F.softplus(v * 500) + F.softplus(v, 2.0, 1.0) * v,
     "mish past exp's overflow": lambda v: F.mish(v * 500) + F.mish(v),
     "binary cross entropy at 0 and 1": lambda v: F.binary_cross_entropy(

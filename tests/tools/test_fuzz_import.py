@@ -99,8 +99,8 @@ def test_the_generator_draws_batch_norm_statistics_read_after_their_update(stat)
 
 @pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "std", "cdist", "index", "index_from_end", "add_mask",
                                 "count_mask", "flip", "repeat", "upsample", "group_norm", "leaky_relu", "elu", "relu6",
-                                "hardtanh", "hardswish", "softplus", "mish", "bilinear", "bilinear_aligned", "roll", "adaptive_max_pool2d",
-                                "adaptive_max_pool2d_overlapping"])
+                                "hardtanh", "hardswish", "softplus", "mish", "bilinear", "bilinear_aligned", "roll",
+                                "adaptive_max_pool2d", "adaptive_max_pool2d_overlapping"])
 def test_the_generator_draws_each_operator_it_names(op):
     """Each construct the generator names is drawn (a flip of the batch axis under a dynamic
     batch among the flips, bilinear upsampling with its corners aligned or not, indices

@@ -9,8 +9,11 @@
   (and NaN for NaN).
 - ``softplus`` is kept whole: its gradient is 1 where ``exp`` of the second piece would overflow;
   ``sinc`` too: its gradient at 0 is 0.
-- ``pow(a, b)`` of two tensors has PyTorch's gradients 0 where its formulas give ``0 * inf``:
-  the exponent's where ``a = 0`` and ``b >= 0``, the base's where ``b = 0``.
+- ``pow(a, b)`` of two tensors (or of a number and a tensor) has PyTorch's gradients 0 where
+  its formulas give ``0 * inf``: the exponent's where ``a = 0`` and ``b >= 0``, the base's where
+  ``b = 0``.
+- ``clamp`` by tensor bounds differentiates as PyTorch's (see :func:`_clamp_tensor`);
+  ``bitwise_not`` of bools and integers, ``isnan``.
 """
 from __future__ import annotations
 
@@ -101,6 +104,65 @@ rule("aten.pow.Tensor_Tensor", promote=True)(binary(_pow_of_tensors, "pow"))
 @rule("aten.clamp.default")
 def _clamp(t, x, min=None, max=None):  # noqa: A002 - ATen's names
     return nn.clip(x, min, max)
+
+
+@rule("aten.clamp.Tensor", promote=True)
+def _clamp_tensor(t, x, min=None, max=None):  # noqa: A002 - ATen's names
+    """``min(max(x, lo), hi)`` with bounds read from tensors (broadcast), as PyTorch computes and
+    differentiates it: ``x``'s gradient where ``lo <= x <= hi``, ``lo``'s where ``x < lo < hi``,
+    ``hi``'s where ``x > hi`` or ``lo > hi`` (the result then ``hi``), none where ``x < lo = hi``
+    or ``x`` is NaN (the result NaN, ``hi``'s gradient kept where ``lo > hi``)."""
+    lo, hi = min, max
+    if lo is None and hi is None:
+        raise UserError("clamp: at least one of min and max must be given")
+    operands = [v for v in (x, lo, hi) if v is not None]
+    shape = nn.elementwise.broadcast_shape("clamp", *[v.shape for v in operands if isinstance(v, Tensor)])
+    read = nn.elementwise.broadcast_read
+
+    def body(*i):
+        v = read(x, i)
+        zero = dsl.const(0.0, v.dtype)
+        nan = dsl.if_then_else(v != v, dsl.stop_gradient(v), zero)  # NaN where x is: added to hi
+        if hi is None:
+            a = read(lo, i)
+            return dsl.if_then_else(v >= a, v, dsl.if_then_else(v < a, a, dsl.stop_gradient(v)))
+        b = read(hi, i)
+        if lo is None:
+            return dsl.if_then_else(v <= b, v, dsl.if_then_else(v > b, b, dsl.stop_gradient(v)))
+        a = read(lo, i)
+        return dsl.if_then_else(
+            dsl.all(v >= a, v <= b), v, dsl.if_then_else(
+                dsl.all(v < a, a < b), a, dsl.if_then_else(
+                    dsl.any(v > b, a > b), b + nan,
+                    dsl.stop_gradient(dsl.minimum(dsl.maximum(v, a), b)))))
+    return dsl.compute(shape, body, name="clamp")
+
+
+@rule("aten.bitwise_not.default")
+def _bitwise_not(t, x):
+    """``not x`` of a bool tensor, ``-x - 1`` (two's complement) of an integer one."""
+    if x.dtype == dtypes.BOOL:
+        return dsl.compute(x.shape, lambda *i: dsl.logical_not(x[i]), name="bitwise_not")
+    if dtypes.is_float(x.dtype):
+        raise UserError(f"bitwise_not of a {x.dtype} tensor")
+    return dsl.compute(x.shape, lambda *i: -x[i] - dsl.const(1, x.dtype), name="bitwise_not")
+
+
+@rule("aten.isnan.default")
+def _isnan(t, x):
+    """``x != x`` (false for integers)."""
+    if not dtypes.is_float(x.dtype):
+        return dsl.compute(x.shape, lambda *i: dsl.const(0, x.dtype) != dsl.const(0, x.dtype), name="isnan")
+    return dsl.compute(x.shape, lambda *i: x[i] != x[i], name="isnan")
+
+
+@rule("aten.pow.Scalar", promote=True)
+def _pow_scalar(t, base, x):
+    """``base ** x`` of a number and a float tensor, with :func:`_pow_of_tensors`' gradients
+    (none where ``base = 0`` and ``x >= 0``)."""
+    if not isinstance(x, Tensor) or not dtypes.is_float(x.dtype):
+        raise UserError(f"pow of the number {base!r} to a non-float tensor is not translated")
+    return dsl.compute(x.shape, lambda *i: _pow_of_tensors(dsl.const(float(base), x.dtype), x[i]), name="pow")
 
 
 @rule("aten.hardtanh.default")

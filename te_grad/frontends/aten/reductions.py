@@ -2,7 +2,8 @@
 softmax.
 
 - ``max.dim`` / ``min.dim`` give ``(values, indices)``, the values read at the first extreme's
-  index, so that the gradient goes to that element alone (PyTorch's; ``amax`` splits it over ties).
+  index, so that the gradient goes to that element alone (PyTorch's; ``amax`` splits it over ties,
+  and so do ``max()`` / ``min()`` of every element).
 - ``cdist(x1, x2, p)[.., i, j] = (sum_k |x1[.., i, k] - x2[.., j, k]|^p)^(1/p)``, 0's gradient 0.
 - ``var(x, dims, correction) = sum (x - mean)^2 / (n - correction)``; ``std = sqrt(var)``, its
   gradient 0 where the variance is 0, as PyTorch's (so are the 2-norm's and ``cdist``'s at 0).
@@ -133,6 +134,20 @@ def _amax(t, x, dims=(), keepdim=False):
 @on_a_scalar
 def _amin(t, x, dims=(), keepdim=False):
     return nn.min(x, _axes(dims, x.ndim), keepdims=keepdim)
+
+
+def _extreme_of_all(reduce):
+    """``x.max()`` / ``x.min()`` over every element, 0-d: ``amax`` / ``amin`` of all dimensions,
+    whose gradient is split evenly over tied elements, as PyTorch's (``evenly_distribute_backward``)."""
+    def apply(t, x):
+        if x.ndim == 0:
+            return dsl.compute((), lambda: x[()], name="extreme")
+        return reduce(x, tuple(range(x.ndim)), keepdims=False)
+    return apply
+
+
+RULES["aten.max.default"] = _extreme_of_all(nn.max)
+RULES["aten.min.default"] = _extreme_of_all(nn.min)
 
 
 @rule("aten.var.correction")

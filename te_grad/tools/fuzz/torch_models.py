@@ -4,8 +4,8 @@
 (:func:`generate`: a DAG over one float input, and an int input of ids when an ``Embedding`` is
 drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d (its running
 statistics also read after the update), LayerNorm, GroupNorm, activations (among them
-LeakyReLU, ELU, SELU, ReLU6, Hardtanh, Hardswish, Softplus and Mish past ``exp``'s overflow), pools (adaptive max pooling among them, its windows
-overlapping), nearest and bilinear upsampling (corners aligned or not, by factors of 2, 3, 1.5
+LeakyReLU, ELU, SELU, ReLU6, Hardtanh, Hardswish, Softplus and Mish past ``exp``'s overflow),
+pools (adaptive max pooling among them, its windows overlapping), nearest and bilinear upsampling (corners aligned or not, by factors of 2, 3, 1.5
 and 0.5), broadcasting arithmetic with tensors, parameters, scalars and masks converted to
 numbers (``(x > 0).to(dtype)``, ``.long()``, int32 counts, a 0-d count summed along dim 0),
 residual adds, operands detached (``.detach()``, a ``torch.no_grad()`` block), parameters read
