@@ -100,7 +100,8 @@ def test_the_generator_draws_batch_norm_statistics_read_after_their_update(stat)
 @pytest.mark.parametrize("op", ["max_dim", "min_dim", "cumsum", "prod", "std", "cdist", "index", "index_from_end", "add_mask",
                                 "count_mask", "flip", "repeat", "upsample", "group_norm", "leaky_relu", "elu", "relu6",
                                 "hardtanh", "hardswish", "softplus", "mish", "bilinear", "bilinear_aligned", "roll",
-                                "adaptive_max_pool2d", "adaptive_max_pool2d_overlapping"])
+                                "adaptive_max_pool2d", "adaptive_max_pool2d_overlapping", "clamp", "pow_scalar",
+                                "max_of_all"])
 def test_the_generator_draws_each_operator_it_names(op):
     """Each construct the generator names is drawn (a flip of the batch axis under a dynamic
     batch among the flips, bilinear upsampling with its corners aligned or not, indices
@@ -113,6 +114,8 @@ def test_the_generator_draws_each_operator_it_names(op):
         if op == "adaptive_max_pool2d_overlapping":
             return n["op"] == "adaptive_max_pool2d" and any(
                 a % b for a, b in zip(s.shapes[n["args"][0]][2:], n["size"]))
+        if op == "max_of_all":
+            return n["op"].endswith("_keepdim") and n["reduce"] in ("max", "min")
         if op == "count_mask":
             return n["op"].endswith("_mask") and n["how"] == "count"
         if op == "index_from_end":

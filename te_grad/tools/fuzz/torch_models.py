@@ -5,17 +5,19 @@
 drawn, of the ops the importer translates: Linear, Conv2d, BatchNorm1d/2d (its running
 statistics also read after the update), LayerNorm, GroupNorm, activations (among them
 LeakyReLU, ELU, SELU, ReLU6, Hardtanh, Hardswish, Softplus and Mish past ``exp``'s overflow),
-pools (adaptive max pooling among them, its windows overlapping), nearest and bilinear upsampling (corners aligned or not, by factors of 2, 3, 1.5
-and 0.5), broadcasting arithmetic with tensors, parameters, scalars and masks converted to
-numbers (``(x > 0).to(dtype)``, ``.long()``, int32 counts, a 0-d count summed along dim 0),
-residual adds, operands detached (``.detach()``, a ``torch.no_grad()`` block), parameters read
-only where their gradient is zero (``0 * p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``),
-softmax / log_softmax, views, permutations, flips, rolls and repeats, a linear layer between
-views that flatten its input's leading axes into rows and restore them, slices, advanced
-indexing by two index tensors (some indices counted from the end), ``cat`` / ``chunk`` /
-``split``, ``matmul`` / ``bmm``, reductions (``max`` / ``min`` along a dimension, ``cumsum``,
-``prod``, ``std``), ``cdist`` (p 1, 2, 3), ``scaled_dot_product_attention``), each in float32 or
-float64, with or without a dynamic batch.
+pools (adaptive max pooling among them, its windows overlapping), nearest and bilinear
+upsampling (corners aligned or not, by factors of 2, 3, 1.5 and 0.5), broadcasting arithmetic
+with tensors, parameters, scalars and masks converted to numbers (``(x > 0).to(dtype)``,
+``.long()``, int32 counts, a 0-d count summed along dim 0), residual adds and clamps to a band
+around another value, a number to a tensor's power, ``x.max()`` / ``x.min()`` of every element,
+operands detached (``.detach()``, a ``torch.no_grad()`` block), parameters read only where
+their gradient is zero (``0 * p.sum()``, ``x * (p > 0)``, ``zeros_like(p)``), softmax /
+log_softmax, views, permutations, flips, rolls and repeats, a linear layer between views that
+flatten its input's leading axes into rows and restore them, slices, advanced indexing by two
+index tensors (some indices counted from the end), ``cat`` / ``chunk`` / ``split``, ``matmul``
+/ ``bmm``, reductions (``max`` / ``min`` along a dimension, ``cumsum``, ``prod``, ``std``),
+``cdist`` (p 1, 2, 3), ``scaled_dot_product_attention``), each in float32 or float64, with or
+without a dynamic batch.
 A module returns its last value, or (30% of them) a tuple of it and one or two other values,
 among them perhaps a probe (a linear layer on detached features); the loss reads each output
 with its gradient, under ``stop_gradient`` (PyTorch's ``.detach()``) or not at all
@@ -222,11 +224,16 @@ class _Gen:
         if form == "value":
             others = [u for u in self.float_values if u != v and self.spec.shapes[u] == s]
             if others:
+                if fn == "sub" and self.chance(0.3):  # clamp to a band around another value (tensor bounds)
+                    return self.add("residual", "clamp", [v, self.pick(others)], s)
                 return self.add("residual", fn, [v, self.pick(others)], s)
             return self.add("arith", fn, [v, v], s)
         if form == "keepdim" and len(s) > 1:
             d = 1 + self.r(len(s) - 1)
-            return self.add("arith", fn + "_keepdim", [v], s, dim=d, reduce=self.pick(["mean", "amax", "sum"]))
+            red = self.pick(["mean", "amax", "sum"])
+            if red == "amax" and self.chance(0.4):  # x.max() / x.min() of every element, 0-d
+                red = self.pick(["max", "min"])
+            return self.add("arith", fn + "_keepdim", [v], s, dim=d, reduce=red)
         if form == "mask":  # a comparison converted to numbers in forward (.to(dtype), .long()), or
             # its int32 count along the last axis beside the 0-d count's sum along dim 0
             return self.add("arith", fn + "_mask", [v], s, how=self.pick(["to", "long", "count"]))
@@ -242,8 +249,10 @@ class _Gen:
             k = 1 + self.r(len(s) - 1)
             pshape = tuple(d if self.chance(0.7) else 1 for d in s[-k:])
             return self.add("arith", fn + "_param", [v], s, pshape=pshape)
-        return self.add("arith", fn + "_scalar", [v], s, scalar=float(self.pick([0.5, -1.5, 2.0, 3.25])),
-                        left=self.chance(0.5))
+        scalar, left = float(self.pick([0.5, -1.5, 2.0, 3.25])), self.chance(0.5)
+        if fn == "mul" and left and self.chance(0.3):  # a number to the tensor's power
+            return self.add("arith", "pow_scalar", [v], s, scalar=abs(scalar))
+        return self.add("arith", fn + "_scalar", [v], s, scalar=scalar, left=left)
 
     def softmax(self):
         v = self.value()
@@ -629,8 +638,13 @@ def _apply(net, name, node, args, torch, F):
     base = op.split("_")[0]
     if op in binops:
         return binops[op](x, args[1])
+    if op == "clamp":
+        return torch.clamp(x, args[1] - 0.25, args[1] + 0.25)
+    if op == "pow_scalar":
+        return node["scalar"] ** x
     if op.endswith("_keepdim"):
-        red = getattr(x, node["reduce"])(node["dim"], keepdim=True)
+        red = getattr(x, node["reduce"])() if node["reduce"] in ("max", "min") else \
+            getattr(x, node["reduce"])(node["dim"], keepdim=True)
         return binops[base](x, red)
     if op.endswith("_param"):
         return binops[base](x, net.params[name])
