@@ -26,7 +26,7 @@ from te_grad import dsl
 from te_grad.ops import identity_of, reduction
 from te_grad.graph import free_vars
 from te_grad.intervals import grid_values
-from te_grad.ir import Const, Expr, ReduceAxis, Tensor, Var
+from te_grad.ir import Const, Expr, ReduceAxis, Tensor, Var, as_expr
 from te_grad.transform import substitute
 
 from .loop_order import representative
@@ -61,8 +61,10 @@ def scans(stage: Stage) -> Stage:
     if got is None:
         return stage
     body, par = got
-    return replace(stage, body=tuple(body), parallel_extent=shape_of[id(par)] if par is not None else 0,
-                   parallel_axis=par)
+    extent = shape_of[id(par)] if par is not None else 0
+    if isinstance(extent, Expr):  # a size known at run time: its representative value, as the
+        extent = representative(extent) or 0  # schedule's; the kernel binds the call's (codegen.kernel)
+    return replace(stage, body=tuple(body), parallel_extent=extent, parallel_axis=par)
 
 
 def _long(extent) -> bool:
@@ -124,7 +126,7 @@ def scan_nests(t: Tensor, order: Sequence[Var], shape_of: Dict[int, int], r: Red
     store = Store(t, store_at, dsl.cast(t.dtype, value), combine=combiner)
     body = guarded(cond, store)
 
-    full = {id(a): (dsl.const(0), dsl.const(shape_of[id(a)])) for a in order}
+    full = {id(a): (dsl.const(0), as_expr(shape_of[id(a)])) for a in order}  # an extent may be a size (tg.var)
     pos = next(k for k, a in enumerate(order) if a is v)
     outer, inner = list(order[:pos]), list(order[pos + 1:])
     if not inner:  # v innermost: the running value stays in a register

@@ -67,3 +67,26 @@ def test_sliding_windows_and_shrinking_bounds_stay_direct():
     kern, _ = assert_kernel_matches([window, shrinking], [x], _feed(np.random.default_rng(5), x),
                                     scaled=True)
     assert _scanned(kern) == []
+
+
+def test_a_scan_under_a_batch_known_at_run_time():
+    """A cumsum along axis 1 of a (batch, 9, 3) tensor whose batch is a size variable, and its
+    gradient, both scans with the batch split among threads: the batch's extent once went into a
+    constant (a UserError), then into the stage's split extent as an expression (a UserError at
+    emission), and an imported model with a cumsum after a dynamic batch lost its one step
+    kernel for every batch size."""
+    batch = tg.var("batch", min=1)
+    x = tg.placeholder((batch, 9, 3), dtype="float64", name="X")
+    k = tg.reduce_axis((0, 9), "k")
+    y = tg.compute((batch, 9, 3), lambda b, j, c: tg.sum(x[b, k, c], axis=k, where=k <= j), name="cumsum")
+    head = tg.placeholder(y.shape, dtype="float64", name="head")
+    (dx,) = tg.gradient(y, [x], head=head)
+    for threads in (1, 2):
+        kern = tg.build([y, dx], [x, head], threads=threads)
+        assert _scanned(kern) == ["cumsum", "dX"]
+        rng = np.random.default_rng(threads)
+        for n in (1, 4, 7):
+            a, h = rng.standard_normal((n, 9, 3)), rng.standard_normal((n, 9, 3))
+            got_y, got_dx = kern(a, h)
+            np.testing.assert_allclose(got_y, np.cumsum(a, axis=1), rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(got_dx, np.cumsum(h[:, ::-1], axis=1)[:, ::-1], rtol=1e-12, atol=1e-12)
