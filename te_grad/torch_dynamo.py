@@ -26,7 +26,9 @@ parameters and buffers among its inputs):
    table is consulted on this path; ``KEEP`` is removed from the table for when they are not.)
    A ``torch.no_grad()`` block of ``forward`` (Dynamo's grad-mode switches) is traced as
    ``detach`` of each of its results read after it, the switches removed: the same values, no
-   gradient through them. The export's ``_assert_tensor_metadata`` checks (one on the operand of each dtype
+   gradient through them. A block that changes a tensor made before it in place (a buffer's
+   running average, a parameter, an activation) would be differentiated through the export's
+   functional form, where PyTorch records nothing: such a graph runs in PyTorch, noted. The export's ``_assert_tensor_metadata`` checks (one on the operand of each dtype
    conversion) are dropped, as inductor drops them: a check reading a node inside a partition
    would make that node a partition output.
 2. **Partitions.** ``CapabilityBasedPartitioner`` groups the nodes te_grad translates (an
@@ -227,6 +229,34 @@ def _partition_io(nodes, members):
     return inputs, outputs
 
 
+def _mutates(node) -> bool:
+    """Whether Dynamo's ``node`` changes its first operand in place (``x.add_(..)``,
+    ``torch.relu_``, ``inplace=True``, ``x[i] = ..``, ``out=``)."""
+    if node.op not in ("call_method", "call_function"):
+        return False
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or name in ("setitem", "__setitem__") or \
+        node.kwargs.get("inplace") is True or "out" in node.kwargs
+
+
+def _no_grad_mutation(gm, enabled: bool):
+    """The first node of a ``torch.no_grad()`` block of ``gm`` that changes in place a tensor made
+    outside the block (a buffer's running average, a parameter, an activation), or None. Eager
+    PyTorch records no gradient through such a change while later reads see the new value; the
+    export's functional form would differentiate the new value, so such a graph runs in PyTorch."""
+    inside = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "__name__", "") == "_set_grad_enabled" \
+                and not node.users:
+            enabled = bool(node.args[0])
+        elif not enabled and node.op in ("call_function", "call_method", "call_module"):
+            inside.add(node)
+            target = node.args[0] if node.args else None
+            if _mutates(node) and isinstance(target, torch.fx.Node) and target not in inside:
+                return node
+    return None
+
+
 def _detach_no_grad_regions(gm, enabled: bool) -> int:
     """Each ``torch.no_grad()`` block of Dynamo's graph ``gm`` (its ``_set_grad_enabled`` calls;
     ``enabled``, the grad mode the graph is compiled in) as ``detach`` of every result the
@@ -344,7 +374,8 @@ class Backend:
 
     def __init__(self):
         #: counts: ``graphs`` compiled, ``te_grad_ops`` built, ``te_grad_calls`` (forward calls of
-        #: the te_grad ops), ``fallback_nodes`` (tensor nodes left to PyTorch, over all graphs)
+        #: the te_grad ops), ``fallback_nodes`` (tensor nodes left to PyTorch, over all graphs),
+        #: ``graphs_in_pytorch`` (graphs run wholly in PyTorch: an in-place change in a no_grad block)
         self.stats: Counter = Counter()
         #: the te_grad ops built, in order (:class:`te_grad.torch.TorchOp`)
         self.ops: list = []
@@ -359,6 +390,12 @@ class Backend:
         if self.make_op is None:
             raise UserError("te_grad backend: use te_grad.torch.backend (or te_grad.torch.Backend())")
         fake_mode = detect_fake_mode(example_inputs)
+        mutation = _no_grad_mutation(gm, torch.is_grad_enabled())
+        if mutation is not None:
+            self.stats["graphs_in_pytorch"] += 1
+            self._note(mutation, "a torch.no_grad() block changes a tensor made before it in place, which "
+                                 "te_grad would differentiate: the whole graph runs in PyTorch")
+            return gm.forward
         _detach_no_grad_regions(gm, torch.is_grad_enabled())
         # mkldnn off while tracing: a recurrent layer then decomposes into its cells instead of
         # the CPU's fused mkldnn_rnn_layer, which te_grad does not translate

@@ -489,3 +489,70 @@ def test_softplus_and_binary_cross_entropy_where_they_saturate_have_eager_gradie
             assert torch.isfinite(p.grad).all(), name
             np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
     assert backend.stats["te_grad_ops"] >= 1 and backend.stats["fallback_nodes"] == 0, backend.notes
+
+
+class RunningAverage(torch.nn.Module):
+    """A buffer's running average of the features, updated in place under ``no_grad``."""
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("average", torch.zeros(4))
+
+    def forward(self, x):
+        h = self.lin(x)
+        with torch.no_grad():
+            self.average.mul_(0.9).add_(h.mean(0), alpha=0.1)
+        return h * self.average
+
+
+class ScaledWeight(torch.nn.Module):
+    """A parameter halved in place under ``no_grad`` before the layer reads it."""
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.lin.weight.mul_(0.5)
+        return self.lin(x)
+
+
+class ClampedInPlace(torch.nn.Module):
+    """An activation clamped in place under ``no_grad``: eager's gradient ignores the clamp."""
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x) * 1
+        with torch.no_grad():
+            h.clamp_(min=0)
+        return h
+
+
+@pytest.mark.parametrize("make", [RunningAverage, ScaledWeight, ClampedInPlace], ids=lambda m: m.__name__)
+def test_an_in_place_change_in_a_no_grad_block_runs_the_graph_in_pytorch(make):
+    """The export's functional form differentiated the changed tensor (a running average's
+    gradient twice eager's, a parameter's gradient lost, the clamp's mask applied), where eager
+    PyTorch records nothing: such a graph runs in PyTorch, saying why; gradients and buffers as
+    eager's, batches 4, 7 and 13."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = make().double()
+    twin = copy.deepcopy(net)
+    backend = tgt.Backend()
+    compiled = torch.compile(net, backend=backend)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", tgt.FallbackWarning)
+        for b in (4, 7, 13):
+            x = torch.randn(b, 4, dtype=torch.float64)
+            for model in (compiled, twin):
+                model.zero_grad()
+                model(x).sum().backward()
+            for (name, p), q in zip(net.named_parameters(), twin.parameters()):
+                assert p.grad is not None, name
+                np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+            for (name, u), v in zip(net.named_buffers(), twin.buffers()):
+                np.testing.assert_allclose(u.numpy(), v.numpy(), rtol=1e-13, atol=1e-13, err_msg=name)
+    assert backend.stats["graphs_in_pytorch"] >= 1
+    assert any("no_grad() block changes a tensor made before it in place" in str(w.message) for w in caught)

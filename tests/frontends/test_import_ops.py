@@ -131,6 +131,8 @@ FUNCTIONS = {
         torch.where(_EDGES, _at(v, 0.0), _at(v, 1.0)), _TARGETS.expand(v.shape[0], -1), reduction="none") + v,
     "binary cross entropy of a saturated sigmoid": lambda v: F.binary_cross_entropy(
         torch.sigmoid(v * 40), (_TARGETS * 0.8 + 0.1).expand(v.shape[0], -1)) * v,
+    "binary cross entropy of a tiny probability, the target's gradient": lambda v: F.binary_cross_entropy(
+        _at(v, 1e-50), torch.sigmoid(v), reduction="none") + F.binary_cross_entropy(_at(v, 1.0 - 1e-16), torch.sigmoid(v)),
     "binary cross entropy, weighted, summed": lambda v: F.binary_cross_entropy(
         torch.sigmoid(v), torch.sigmoid(v.flip(-1)), weight=_TARGETS[0] + 1, reduction="sum") * v,
 }
@@ -382,6 +384,36 @@ def test_hardsigmoid_has_pytorch_s_gradient_on_its_kinks():
         np.testing.assert_allclose(trainer.params[n], p.detach().numpy(), rtol=1e-7, atol=1e-8)
 
 
+class _Unary(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, v):
+        return self.fn(v)
+
+
+def test_clamp_by_tensor_bounds_on_and_across_its_bounds_and_at_nan_is_pytorch_s():
+    """Every combination of ``x`` below, on, between and above the bounds, ``lo < hi``, ``lo =
+    hi``, ``lo > hi``, and NaN in each operand: the value and the three gradients as PyTorch's."""
+    class Clamp(torch.nn.Module):
+        def forward(self, x, lo, hi):
+            return torch.clamp(x, lo, hi) + torch.clamp(x, min=lo) * 2 + torch.clamp(x, max=hi) * 3
+    values = [-2.0, -1.0, 0.0, 1.0, 2.0, float("nan")]
+    grid = torch.tensor([(x, lo, hi) for x in values for lo in values for hi in values], dtype=torch.float64).t()
+    x, lo, hi = (g.reshape(6, -1) for g in grid)
+    model = tgt.import_model(Clamp(), (x, lo, hi))
+    xs = model.input_placeholders()
+    out = model(*xs, train.Context(training=False))
+    grads = tg.gradient([out], xs)
+    got = tg.evaluate([out] + grads, dict(zip(xs, (x.numpy(), lo.numpy(), hi.numpy()))))
+    operands = [t.clone().requires_grad_(True) for t in (x, lo, hi)]
+    want = Clamp()(*operands)
+    want = [want] + list(torch.autograd.grad(want.sum(), operands))
+    for what, g, w in zip(("value", "x's gradient", "lo's gradient", "hi's gradient"), got, want):
+        np.testing.assert_array_equal(g, w.detach().numpy(), err_msg=what)
+
+
 def test_hardsigmoid_and_hardswish_of_nan_are_nan_with_a_nan_gradient():
     """NaN fell through both comparisons to the last piece: hardsigmoid(NaN) was 1 (PyTorch's is
     NaN) and hardswish's gradient there 1. PyTorch's own gradient at NaN is NaN from its
@@ -407,6 +439,16 @@ def test_hardsigmoid_and_hardswish_of_nan_are_nan_with_a_nan_gradient():
     # (PyTorch's CPU hardsigmoid multiplies by 1/6 rounded to float32, hence the tolerance)
     np.testing.assert_allclose(got_grad[finite], want_grad.numpy()[finite], rtol=1e-7)
     assert np.isnan(got_grad[~finite]).all()
+    # hardsigmoid alone: its gradient at NaN is 0 in PyTorch's kernels, vectorized or not
+    xr = x.clone().requires_grad_(True)
+    want_alone, = torch.autograd.grad(F.hardsigmoid(torch.log(xr)).sum(), xr)
+    net2 = _Unary(lambda v: F.hardsigmoid(torch.log(v)))
+    m2 = tgt.import_model(net2, (x,))
+    x2 = m2.input_placeholders()
+    g2, = tg.gradient([m2(*x2, train.Context(training=False))], x2)
+    got_alone = tg.evaluate([g2], {x2[0]: x.numpy()})[0]
+    np.testing.assert_allclose(got_alone, want_alone.numpy(), rtol=1e-7)
+    assert (got_alone[~finite] == 0).all()
 
 
 @pytest.mark.parametrize("p", [0.5, float("inf")])

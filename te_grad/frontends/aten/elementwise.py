@@ -110,8 +110,8 @@ def _clamp(t, x, min=None, max=None):  # noqa: A002 - ATen's names
 def _clamp_tensor(t, x, min=None, max=None):  # noqa: A002 - ATen's names
     """``min(max(x, lo), hi)`` with bounds read from tensors (broadcast), as PyTorch computes and
     differentiates it: ``x``'s gradient where ``lo <= x <= hi``, ``lo``'s where ``x < lo < hi``,
-    ``hi``'s where ``x > hi`` or ``lo > hi`` (the result then ``hi``), none where ``x < lo = hi``
-    or ``x`` is NaN (the result NaN, ``hi``'s gradient kept where ``lo > hi``)."""
+    ``hi``'s where ``x > hi`` or ``lo > hi`` (the result then ``hi``), none where ``x < lo = hi``.
+    The result is NaN where ``x`` or a bound is, the gradients those comparisons give."""
     lo, hi = min, max
     if lo is None and hi is None:
         raise UserError("clamp: at least one of min and max must be given")
@@ -121,20 +121,19 @@ def _clamp_tensor(t, x, min=None, max=None):  # noqa: A002 - ATen's names
 
     def body(*i):
         v = read(x, i)
-        zero = dsl.const(0.0, v.dtype)
-        nan = dsl.if_then_else(v != v, dsl.stop_gradient(v), zero)  # NaN where x is: added to hi
+        a = read(lo, i) if lo is not None else None
+        b = read(hi, i) if hi is not None else None
+        # NaN where x or a bound is (added to the piece the comparisons pick, which keeps its gradient)
+        nan = dsl.if_then_else(dsl.any(*[u != u for u in (v, a, b) if u is not None]),
+                               dsl.const(float("nan"), v.dtype), dsl.const(0.0, v.dtype))
         if hi is None:
-            a = read(lo, i)
-            return dsl.if_then_else(v >= a, v, dsl.if_then_else(v < a, a, dsl.stop_gradient(v)))
-        b = read(hi, i)
+            return dsl.if_then_else(v >= a, v, dsl.if_then_else(v < a, a, dsl.stop_gradient(v))) + nan
         if lo is None:
-            return dsl.if_then_else(v <= b, v, dsl.if_then_else(v > b, b, dsl.stop_gradient(v)))
-        a = read(lo, i)
+            return dsl.if_then_else(v <= b, v, dsl.if_then_else(v > b, b, dsl.stop_gradient(v))) + nan
         return dsl.if_then_else(
             dsl.all(v >= a, v <= b), v, dsl.if_then_else(
                 dsl.all(v < a, a < b), a, dsl.if_then_else(
-                    dsl.any(v > b, a > b), b + nan,
-                    dsl.stop_gradient(dsl.minimum(dsl.maximum(v, a), b)))))
+                    dsl.any(v > b, a > b), b, dsl.stop_gradient(dsl.minimum(dsl.maximum(v, a), b))))) + nan
     return dsl.compute(shape, body, name="clamp")
 
 
@@ -186,10 +185,11 @@ def _hardswish(t, x):
 @rule("aten.hardsigmoid.default")
 def _hardsigmoid(t, x):
     """``relu6(x + 3) / 6`` by pieces, kept whole (:data:`~.table.KEEP`) for PyTorch's gradient
-    at the kinks: 0 at ``x = -3`` and ``x = 3`` (decomposed, ``1/6``)."""
+    at the kinks: 0 at ``x = -3`` and ``x = 3`` (decomposed, ``1/6``), and at NaN (the value NaN)."""
     three, zero, one = dsl.const(3.0, x.dtype), dsl.const(0.0, x.dtype), dsl.const(1.0, x.dtype)
-    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(  # NaN in the middle piece: NaN, as PyTorch's
-        x[i] <= -three, zero, dsl.if_then_else(x[i] >= three, one, x[i] / 6.0 + 0.5)), name="hardsigmoid")
+    return dsl.compute(x.shape, lambda *i: dsl.if_then_else(  # NaN: NaN with gradient 0, as PyTorch's
+        x[i] <= -three, zero, dsl.if_then_else(x[i] >= three, one, dsl.if_then_else(
+            x[i] == x[i], x[i] / 6.0 + 0.5, dsl.stop_gradient(x[i])))), name="hardsigmoid")
 
 
 @rule("aten.sinc.default", promote=True)

@@ -6,9 +6,9 @@
 - ``mse_loss(x, y, reduction)``: ``(x - y)^2`` elementwise, reduced by mean or sum.
 - ``binary_cross_entropy(x, y, weight, reduction)``: ``-w (y max(log x, -100) + (1 - y)
   max(log1p(-x), -100))``, kept whole with PyTorch's gradient ``w (x - y) / max(x (1 - x), eps)``
-  for ``x``: decomposed, the derivative of the clamped logarithms was NaN at ``x = 0`` and
-  ``x = 1`` (a float32 sigmoid saturates to 1 above about 17) and 0 where a logarithm is clamped
-  (``eps`` is 1e-12 rounded to float32, as PyTorch's).
+  for ``x`` and ``log1p(-x) - log(x)`` for ``y``: decomposed, the derivative of the clamped
+  logarithms was NaN at ``x = 0`` and ``x = 1`` (a float32 sigmoid saturates to 1 above about 17)
+  and 0 where a logarithm is clamped (``eps`` is 1e-12 rounded to float32, as PyTorch's).
 """
 from __future__ import annotations
 
@@ -71,10 +71,12 @@ _BCE_EPSILON = float(np.float32(1e-12))
 
 @rule("aten.binary_cross_entropy.default")
 def _binary_cross_entropy(t, x, y, weight=None, reduction=1):
-    """The loss of the clamped logarithms of ``x`` read under ``stop_gradient``, plus
-    ``stop_gradient(d) * (x - stop_gradient(x))`` (0 for finite ``x``) with ``d`` PyTorch's
-    derivative ``(x - y) / max(x (1 - x), 1e-12)``: the gradient of ``x`` is ``d`` times the
-    weight, that of ``y`` the difference of the clamped logarithms, as PyTorch's."""
+    """The loss of the clamped logarithms of ``x``, read under ``stop_gradient`` with ``y``, plus
+    ``stop_gradient(d) * (x - stop_gradient(x))`` and ``stop_gradient(e) * (y - stop_gradient(y))``
+    (0 for finite ``x`` and ``y``), with ``d = (x - y) / max(x (1 - x), eps)`` and ``e = log1p(-x) -
+    log(x)``, PyTorch's derivatives: the gradient of ``x`` is ``d``, that of ``y`` is ``e`` (times
+    the weight). Where ``x`` is exactly 0 or 1, PyTorch's ``e`` is infinite; here it is the
+    difference of the clamped logarithms, +-100."""
     how = _reduction("binary_cross_entropy", reduction)
     for what, v in (("target", y), ("weight", weight)):
         if isinstance(v, Tensor) and not same_shape(tuple(x.shape), tuple(v.shape)):
@@ -86,11 +88,14 @@ def _binary_cross_entropy(t, x, y, weight=None, reduction=1):
 
     def term(i):
         p, q = x[i], y[i]
-        fixed = dsl.stop_gradient(p)
+        fixed, target = dsl.stop_gradient(p), dsl.stop_gradient(q)
         log_p = dsl.maximum(dsl.log(fixed), clamp)
         log_q = dsl.maximum(dsl.log1p(-fixed), clamp)
         slope = dsl.stop_gradient((p - q) / dsl.maximum(p * (one - p), dsl.const(_BCE_EPSILON, x.dtype)))
-        loss = -(q * log_p + (one - q) * log_q) + slope * (p - fixed)
+        logit = dsl.log1p(-fixed) - dsl.log(fixed)
+        finite = dsl.abs(logit) < dsl.const(float("inf"), x.dtype)
+        odds = dsl.stop_gradient(dsl.if_then_else(finite, logit, log_q - log_p))
+        loss = -(target * log_p + (one - target) * log_q) + slope * (p - fixed) + odds * (q - target)
         return loss * weight[i] if isinstance(weight, Tensor) else loss
     return _reduce_all("binary_cross_entropy", x.shape, term, how)
 

@@ -138,7 +138,8 @@ def _amin(t, x, dims=(), keepdim=False):
 
 def _extreme_of_all(reduce):
     """``x.max()`` / ``x.min()`` over every element, 0-d: ``amax`` / ``amin`` of all dimensions,
-    whose gradient is split evenly over tied elements, as PyTorch's (``evenly_distribute_backward``)."""
+    whose gradient is split evenly over tied elements, as PyTorch's (``evenly_distribute_backward``;
+    where the result is NaN, PyTorch splits it over the NaN elements, te_grad gives none)."""
     def apply(t, x):
         if x.ndim == 0:
             return dsl.compute((), lambda: x[()], name="extreme")
