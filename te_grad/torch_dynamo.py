@@ -28,9 +28,10 @@ parameters and buffers among its inputs):
    ``detach`` of each of its results read after it, the switches removed: the same values, no
    gradient through them. A block that changes a tensor made before it in place (a buffer's
    running average, a parameter, an activation) would be differentiated through the export's
-   functional form, where PyTorch records nothing: such a graph runs in PyTorch, noted. The export's ``_assert_tensor_metadata`` checks (one on the operand of each dtype
-   conversion) are dropped, as inductor drops them: a check reading a node inside a partition
-   would make that node a partition output.
+   functional form, where PyTorch records nothing: such a graph runs in PyTorch, noted. The
+   export's ``_assert_tensor_metadata`` checks (one on the operand of each dtype conversion) are
+   dropped, as inductor drops them: a check reading a node inside a partition would make that
+   node a partition output.
 2. **Partitions.** ``CapabilityBasedPartitioner`` groups the nodes te_grad translates (an
    operator with a rule in :data:`te_grad.frontends.aten.RULES`, a tensor result of a dtype
    te_grad takes) into connected subgraphs. Each subgraph is translated once at compile time
