@@ -125,6 +125,9 @@ FUNCTIONS = {
     "nan_to_num": lambda v: torch.nan_to_num(torch.log(v), 0.5, 3.0, -3.0) * v,
     "label smoothing": lambda v: F.cross_entropy(v, (v.detach() > 0).long().sum(-1).clamp(max=3), label_smoothing=0.2,
                                                  reduction="none")[:, None] * v,
+    "xlogy and xlog1py, at x = 0 too": lambda v: torch.xlogy(_at(v, 0.0), v.abs() + 0.5)
+    + torch.xlogy(v.abs(), v.abs() + 1)
+    + torch.special.xlog1py(_at(v, 0.0), v.abs()) * v + torch.special.xlog1py(v, v.abs()),
     "softplus past exp's overflow": lambda v: F.softplus(v * 500) + F.softplus(v, 2.0, 1.0) * v,
     "mish past exp's overflow": lambda v: F.mish(v * 500) + F.mish(v),
     "binary cross entropy at 0 and 1": lambda v: F.binary_cross_entropy(
@@ -132,7 +135,8 @@ FUNCTIONS = {
     "binary cross entropy of a saturated sigmoid": lambda v: F.binary_cross_entropy(
         torch.sigmoid(v * 40), (_TARGETS * 0.8 + 0.1).expand(v.shape[0], -1)) * v,
     "binary cross entropy of a tiny probability, the target's gradient": lambda v: F.binary_cross_entropy(
-        _at(v, 1e-50), torch.sigmoid(v), reduction="none") + F.binary_cross_entropy(_at(v, 1.0 - 1e-16), torch.sigmoid(v)),
+        _at(v, 1e-50), torch.sigmoid(v), reduction="none")
+    + F.binary_cross_entropy(_at(v, 1.0 - 1e-16), torch.sigmoid(v)),
     "binary cross entropy, weighted, summed": lambda v: F.binary_cross_entropy(
         torch.sigmoid(v), torch.sigmoid(v.flip(-1)), weight=_TARGETS[0] + 1, reduction="sum") * v,
 }
@@ -391,6 +395,14 @@ class _Unary(torch.nn.Module):
 
     def forward(self, v):
         return self.fn(v)
+
+
+def test_entropy_whose_gradient_at_0_is_infinite_is_refused():
+    """``special.entr``'s gradient at 0 is infinite in PyTorch; decomposed, te_grad's was 0: kept
+    whole with no rule, refused by name."""
+    with pytest.raises(UserError, match="special_entr"):
+        tgt.import_model(_Net(lambda v: torch.special.entr(v.abs())).double(),
+                         (torch.randn(6, 4, dtype=torch.float64),))
 
 
 def test_clamp_by_tensor_bounds_on_and_across_its_bounds_and_at_nan_is_pytorch_s():

@@ -12,6 +12,8 @@
 - ``pow(a, b)`` of two tensors (or of a number and a tensor) has PyTorch's gradients 0 where
   its formulas give ``0 * inf``: the exponent's where ``a = 0`` and ``b >= 0``, the base's where
   ``b = 0``.
+- ``xlogy`` / ``special.xlog1py`` are kept whole, with PyTorch's gradient ``log(y)`` for ``x`` at
+  ``x = 0`` (decomposed, 0).
 - ``clamp`` by tensor bounds differentiates as PyTorch's (see :func:`_clamp_tensor`);
   ``bitwise_not`` of bools and integers, ``isnan``.
 """
@@ -204,6 +206,28 @@ def _sinc(t, x):
         px = dsl.if_then_else(at_zero, one, x[i]) * math.pi
         return dsl.if_then_else(at_zero, one, dsl.sin(px) / px)
     return dsl.compute(x.shape, body, name="sinc")
+
+
+def _times_log(log_fn, edge: float):
+    """``x * log_fn(y)``, 0 where ``x = 0`` (and ``y`` is not NaN), with PyTorch's gradients:
+    ``log_fn(y)`` for ``x`` (0 where ``x = 0`` and ``y <= edge``, the logarithm's domain's
+    edge), ``x * log_fn'(y)`` for ``y`` (0 where ``x = 0``). Where ``x = 0`` the value is
+    ``(x - stop_gradient(x)) * stop_gradient(log_fn(y))``, and the product reads ``y`` at a safe
+    point there (decomposed, ``x = 0`` selected a constant 0: ``x``'s gradient was 0). At ``x = 0``
+    and ``y`` on the edge (``0 / 0`` in PyTorch's ``y`` gradient, NaN) ``y``'s gradient is 0."""
+    def fn(u, v):
+        zero = dsl.const(0.0, u.dtype)
+        at_zero = dsl.all(u == zero, v == v)
+        inside = v > dsl.const(edge, v.dtype)
+        safe = dsl.if_then_else(at_zero, dsl.const(edge + 1.0, v.dtype), v)
+        slope = dsl.stop_gradient(dsl.if_then_else(inside, log_fn(dsl.if_then_else(inside, v, dsl.const(
+            edge + 1.0, v.dtype))), zero))
+        return dsl.if_then_else(at_zero, (u - dsl.stop_gradient(u)) * slope, u * log_fn(safe))
+    return fn
+
+
+rule("aten.xlogy.Tensor", promote=True)(binary(_times_log(dsl.log, 0.0), "xlogy"))
+rule("aten.special_xlog1py.default", promote=True)(binary(_times_log(dsl.log1p, -1.0), "xlog1py"))
 
 
 @rule("aten.softplus.default")

@@ -31,7 +31,9 @@ KEEP = ("aten.scaled_dot_product_attention.default", "aten.linear.default", "ate
         "aten.std.correction", "aten.std_mean.correction",  # decomposed, sqrt(var): NaN gradient at 0
         "aten.hardswish.default", "aten.hardsigmoid.default",  # decomposed, another gradient at x = +-3
         # decomposed, a NaN gradient where the unselected piece overflows or divides by 0
-        "aten.softplus.default", "aten.binary_cross_entropy.default", "aten.sinc.default")
+        "aten.softplus.default", "aten.binary_cross_entropy.default", "aten.sinc.default",
+        "aten.xlogy.Tensor", "aten.special_xlog1py.default",  # decomposed, x's gradient 0 at x = 0
+        "aten.special_entr.default")  # decomposed, its gradient at 0 is 0 (PyTorch's inf): no rule, refused
 
 
 def rule(*names: str, promote: bool = False):
