@@ -240,41 +240,43 @@ def _mutates(node) -> bool:
         node.kwargs.get("inplace") is True or "out" in node.kwargs
 
 
-def _no_grad_mutation(gm, enabled: bool):
-    """The first node of a ``torch.no_grad()`` block of ``gm`` that changes in place a tensor made
-    outside the block (a buffer's running average, a parameter, an activation), or None. Eager
-    PyTorch records no gradient through such a change while later reads see the new value; the
-    export's functional form would differentiate the new value, so such a graph runs in PyTorch."""
-    inside = set()
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and getattr(node.target, "__name__", "") == "_set_grad_enabled" \
-                and not node.users:
-            enabled = bool(node.args[0])
-        elif not enabled and node.op in ("call_function", "call_method", "call_module"):
-            inside.add(node)
-            target = node.args[0] if node.args else None
-            if _mutates(node) and isinstance(target, torch.fx.Node) and target not in inside:
-                return node
-    return None
-
-
-def _detach_no_grad_regions(gm, enabled: bool) -> int:
-    """Each ``torch.no_grad()`` block of Dynamo's graph ``gm`` (its ``_set_grad_enabled`` calls;
-    ``enabled``, the grad mode the graph is compiled in) as ``detach`` of every result the
-    block's nodes give to nodes after it, the mode switches erased. The export traced the graph
-    under ``no_grad`` but the switch back on inside it made it trace a joint graph of
-    ``primals`` and ``tangents`` (parameters taken as user inputs), which failed to compile or
-    to run; detached, the values are the same and carry no gradient, as in PyTorch. Returns the
-    count of results detached."""
-    graph = gm.graph
+def _no_grad_blocks(gm, enabled: bool):
+    """``(nodes, switches)``: the nodes of ``gm`` inside its ``torch.no_grad()`` blocks, in order,
+    and its ``_set_grad_enabled`` nodes (``enabled``: the grad mode the graph is compiled in)."""
     inside, switches = [], []
-    for node in graph.nodes:
+    for node in gm.graph.nodes:
         if node.op == "call_function" and getattr(node.target, "__name__", "") == "_set_grad_enabled" \
                 and not node.users:
             enabled = bool(node.args[0])
             switches.append(node)
         elif not enabled and node.op in ("call_function", "call_method", "call_module"):
             inside.append(node)
+    return inside, switches
+
+
+def _no_grad_mutation(gm, enabled: bool):
+    """The first node of a ``torch.no_grad()`` block of ``gm`` that changes in place a tensor made
+    outside the block (a buffer's running average, a parameter, an activation), or None. Eager
+    PyTorch records no gradient through such a change while later reads see the new value; the
+    export's functional form would differentiate the new value, so such a graph runs in PyTorch."""
+    seen = set()
+    for node in _no_grad_blocks(gm, enabled)[0]:
+        seen.add(node)
+        target = node.args[0] if node.args else None
+        if _mutates(node) and isinstance(target, torch.fx.Node) and target not in seen:
+            return node
+    return None
+
+
+def _detach_no_grad_regions(gm, enabled: bool) -> int:
+    """Each ``torch.no_grad()`` block of Dynamo's graph ``gm`` (:func:`_no_grad_blocks`) as
+    ``detach`` of every result the block's nodes give to nodes after it, the mode switches
+    erased. The export traced the graph under ``no_grad`` but the switch back on inside it made
+    it trace a joint graph of ``primals`` and ``tangents`` (parameters taken as user inputs),
+    which failed to compile or to run; detached, the values are the same and carry no gradient,
+    as in PyTorch. Returns the count of results detached."""
+    graph = gm.graph
+    inside, switches = _no_grad_blocks(gm, enabled)
     if not switches:
         return 0
     members, cut = set(inside), 0
